@@ -1,0 +1,1 @@
+"""Command-line verbs, one module each (see :mod:`lmforge.cli.main`)."""
