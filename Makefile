@@ -19,8 +19,10 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# Until `lmforge quickstart` lands, the demo shows every preset and one model in detail.
 demo: $(STAMP)
-	$(VENV)/bin/lmforge demo
+	$(VENV)/bin/lmforge model list
+	$(VENV)/bin/lmforge model info gpt-tiny
 
 test: $(STAMP)
 	$(PY) -m pytest -q

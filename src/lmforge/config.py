@@ -1,0 +1,291 @@
+"""`ModelConfig`: one flat, plain-data description of every model lmforge can build.
+
+A config is a dataclass of strings, numbers and booleans, so it round-trips through JSON and YAML
+unchanged. Variants are named by strings (``position="rope"``, ``activation="swiglu"``) rather than
+by classes, as in litgpt. :meth:`ModelConfig.validate` checks every field and names the one to fix.
+
+The same fields express the classic families::
+
+    BERT     encoder          learned  layernorm post  gelu       segments, embedding norm, MLM head
+    GPT-2    decoder          learned  layernorm pre   gelu-tanh  tied LM head, final norm
+    T5       encoder-decoder  t5-bias  rmsnorm   pre   relu       shared + tied embeddings, no attn scale
+    BART     encoder-decoder  learned  layernorm post  gelu       embedding norm, position offset 2
+    Llama    decoder          rope     rmsnorm   pre   swiglu     GQA (n_kv_heads < n_heads), no bias
+
+Example:
+    >>> from lmforge.config import ModelConfig
+    >>> cfg = ModelConfig.from_preset("gpt-tiny")
+    >>> cfg.d_model, cfg.n_layers
+    (384, 6)
+    >>> ModelConfig.from_dict(cfg.to_dict()) == cfg
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ARCHS = ("encoder", "decoder", "encoder-decoder")
+POSITIONS = ("sinusoidal", "learned", "relative", "t5-bias", "rope", "alibi", "none")
+NORMS = ("layernorm", "rmsnorm")
+NORM_POSITIONS = ("pre", "post")
+# "-tanh" variants use the tanh approximation of GELU (GPT-2's gelu_new, T5 v1.1's gated-gelu).
+ACTIVATIONS = ("relu", "gelu", "gelu-tanh", "silu", "geglu", "geglu-tanh", "reglu", "swiglu")
+GATED_ACTIVATIONS = ("geglu", "geglu-tanh", "reglu", "swiglu")
+HEADS = ("lm", "mlm", "none")
+
+PRESET_DIR = Path(__file__).parent / "presets"
+
+
+class ConfigError(ValueError):
+    """A config field has a bad value; the message names the field and what is allowed."""
+
+
+@dataclass
+class ModelConfig:
+    """Every knob of an lmforge Transformer. See the module docstring for how families map onto it.
+
+    Field groups:
+        shape: ``arch, vocab_size, d_model, n_heads, n_kv_heads, head_dim, d_ff, n_layers,
+            n_decoder_layers, max_seq_len``.
+        regularisation: ``dropout`` (residual + embeddings), ``attn_dropout``, ``ffn_dropout``.
+        positions: ``position`` and its parameters (``position_offset`` for RoBERTa/BART learned
+            tables, ``relative_k``/``relative_values`` for Shaw, ``t5_num_buckets``/``t5_max_distance``,
+            ``rope_theta``/``rotary_pct``).
+        embeddings: ``embedding_dim`` (ALBERT factorisation when < d_model), ``type_vocab_size``
+            (segments; 0 = none), ``scale_embeddings`` (multiply by sqrt(d_model)), ``embedding_norm``,
+            ``tie_embeddings`` (input/output), ``share_embeddings`` (encoder/decoder).
+        layers: ``norm``, ``norm_position``, ``final_norm``, ``activation``, ``bias``, ``attn_scale``
+            (False for T5, which folds 1/sqrt(d) into its init), ``share_layers`` (ALBERT).
+        heads: ``head`` (lm | mlm | none), ``lm_head_bias``, ``lm_head_scale`` (T5 v1.0 scales the
+            decoder output by d_model**-0.5 before its tied head), ``pooler``.
+        special tokens: ids recorded from the tokenizer (None when absent).
+    """
+
+    # --- shape -------------------------------------------------------------------------------
+    arch: str = "decoder"
+    vocab_size: int = 8192
+    d_model: int = 384
+    n_heads: int = 6
+    n_kv_heads: int | None = None  # None = n_heads (MHA); 1 = MQA; in between = GQA
+    head_dim: int | None = None  # None = d_model // n_heads (T5 v1.1 decouples them)
+    d_ff: int = 1536
+    n_layers: int = 6  # encoder layers, or decoder layers for a decoder-only model
+    n_decoder_layers: int | None = None  # encoder-decoder only; None = n_layers
+    max_seq_len: int = 256
+    # --- regularisation ----------------------------------------------------------------------
+    dropout: float = 0.0
+    attn_dropout: float = 0.0
+    ffn_dropout: float = 0.0
+    # --- positions ---------------------------------------------------------------------------
+    position: str = "learned"
+    position_offset: int = 0  # RoBERTa/BART learned tables start at index 2 (padding_idx + 1)
+    relative_k: int = 16  # Shaw et al.: distances beyond +-k share the clipped embedding
+    relative_values: bool = False  # Shaw et al. also add a relative term to the values
+    t5_num_buckets: int = 32
+    t5_max_distance: int = 128
+    rope_theta: float = 10000.0
+    rotary_pct: float = 1.0  # fraction of each head's dims that rotate (GPT-NeoX-style partial)
+    # --- embeddings --------------------------------------------------------------------------
+    embedding_dim: int | None = None  # ALBERT-style factorisation E < d_model; None = d_model
+    type_vocab_size: int = 0
+    scale_embeddings: bool = False
+    embedding_norm: bool = False
+    tie_embeddings: bool = True
+    share_embeddings: bool = True
+    # --- layers ------------------------------------------------------------------------------
+    norm: str = "layernorm"
+    norm_position: str = "pre"
+    final_norm: bool = True
+    layer_norm_eps: float = 1e-5
+    activation: str = "gelu"
+    bias: bool = True
+    attn_scale: bool = True
+    share_layers: bool = False
+    # --- heads -------------------------------------------------------------------------------
+    head: str = "lm"
+    lm_head_bias: bool = False
+    lm_head_scale: bool = False
+    pooler: bool = False
+    mlm_head_activation: str = "gelu"
+    initializer_range: float = 0.02
+    # --- special tokens (recorded from the tokenizer) ----------------------------------------
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    unk_token_id: int | None = None
+    mask_token_id: int | None = None
+    cls_token_id: int | None = None
+    sep_token_id: int | None = None
+    decoder_start_token_id: int | None = None
+    # --- bookkeeping -------------------------------------------------------------------------
+    name: str = "custom"
+    extra: dict[str, Any] = field(default_factory=dict)  # free-form notes (e.g. HF provenance)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ------------------------------------------------------------------ derived quantities
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def dim_per_head(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+    @property
+    def embed_dim(self) -> int:
+        return self.embedding_dim if self.embedding_dim is not None else self.d_model
+
+    @property
+    def decoder_layers(self) -> int:
+        return self.n_decoder_layers if self.n_decoder_layers is not None else self.n_layers
+
+    @property
+    def gated(self) -> bool:
+        return self.activation in GATED_ACTIVATIONS
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> "ModelConfig":
+        """Check every field; raise :class:`ConfigError` naming the first bad one."""
+
+        def choice(name: str, allowed: tuple[str, ...]) -> None:
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ConfigError(f"ModelConfig.{name}={value!r} is not one of {', '.join(allowed)}")
+
+        def positive(name: str, value: Any = None) -> None:
+            value = getattr(self, name) if value is None else value
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"ModelConfig.{name}={value!r} must be a positive integer")
+
+        choice("arch", ARCHS)
+        choice("position", POSITIONS)
+        choice("norm", NORMS)
+        choice("norm_position", NORM_POSITIONS)
+        choice("activation", ACTIVATIONS)
+        choice("mlm_head_activation", ACTIVATIONS[:4])
+        choice("head", HEADS)
+        for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_seq_len"):
+            positive(name)
+        for name in ("n_kv_heads", "head_dim", "n_decoder_layers", "embedding_dim"):
+            if getattr(self, name) is not None:
+                positive(name)
+        for name in ("dropout", "attn_dropout", "ffn_dropout"):
+            p = getattr(self, name)
+            if not 0.0 <= p < 1.0:
+                raise ConfigError(f"ModelConfig.{name}={p!r} must be in [0, 1)")
+        if self.head_dim is None and self.d_model % self.n_heads:
+            raise ConfigError(
+                f"ModelConfig.d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
+                "change one of them or set head_dim explicitly"
+            )
+        if self.n_heads % self.kv_heads:
+            raise ConfigError(
+                f"ModelConfig.n_kv_heads={self.kv_heads} must divide n_heads={self.n_heads} "
+                "(each group of query heads shares one key/value head)"
+            )
+        if self.position == "rope":
+            rot = int(self.dim_per_head * self.rotary_pct)
+            if not 0.0 < self.rotary_pct <= 1.0 or rot % 2:
+                raise ConfigError(
+                    f"ModelConfig.rotary_pct={self.rotary_pct} gives {rot} rotary dims per head; "
+                    "it must be in (0, 1] and give an even number"
+                )
+        if self.position == "sinusoidal" and self.embed_dim % 2:
+            raise ConfigError("ModelConfig.position='sinusoidal' needs an even embedding width")
+        if self.position == "relative" and self.relative_k <= 0:
+            raise ConfigError(f"ModelConfig.relative_k={self.relative_k} must be positive")
+        if self.layer_norm_eps <= 0:
+            raise ConfigError(f"ModelConfig.layer_norm_eps={self.layer_norm_eps} must be positive")
+        if self.position_offset < 0:
+            raise ConfigError(f"ModelConfig.position_offset={self.position_offset} must be >= 0")
+        if self.type_vocab_size < 0:
+            raise ConfigError(f"ModelConfig.type_vocab_size={self.type_vocab_size} must be >= 0")
+        if self.head == "mlm" and self.arch != "encoder":
+            raise ConfigError(f"ModelConfig.head='mlm' needs arch='encoder' (got arch={self.arch!r})")
+        if self.pooler and self.arch != "encoder":
+            raise ConfigError(f"ModelConfig.pooler=True needs arch='encoder' (got arch={self.arch!r})")
+        if self.n_decoder_layers is not None and self.arch != "encoder-decoder":
+            raise ConfigError("ModelConfig.n_decoder_layers is only meaningful for arch='encoder-decoder'")
+        for name in (f.name for f in fields(self) if f.name.endswith("_token_id")):
+            tid = getattr(self, name)
+            if tid is not None and not 0 <= tid < self.vocab_size:
+                raise ConfigError(f"ModelConfig.{name}={tid} is outside the vocabulary [0, {self.vocab_size})")
+        return self
+
+    # ------------------------------------------------------------------ serialisation
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> "ModelConfig":
+        """Build from a plain dict; unknown keys are an error that names them (typos must not pass)."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: expected a mapping of ModelConfig fields, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"{source}: unknown ModelConfig field(s) {', '.join(unknown)}")
+        try:
+            return cls(**data)
+        except TypeError as exc:  # e.g. a wrong type that dataclass init cannot take
+            raise ConfigError(f"{source}: {exc}") from exc
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from exc
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        """A validated copy with some fields changed."""
+        return ModelConfig.from_dict({**self.to_dict(), **changes})
+
+    def save(self, path: str | Path) -> None:
+        from lmforge.utils.io import atomic_write_text
+
+        path = Path(path)
+        text = yaml.safe_dump(self.to_dict(), sort_keys=False) if path.suffix in (".yaml", ".yml") else (
+            json.dumps(self.to_dict(), indent=2) + "\n"
+        )
+        atomic_write_text(path, text)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ModelConfig":
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such config file")
+        text = path.read_text(encoding="utf-8")
+        try:
+            data = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
+        except (json.JSONDecodeError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{path}: not valid {'YAML' if path.suffix in ('.yaml', '.yml') else 'JSON'}: {exc}")
+        return cls.from_dict(data, source=str(path))
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> "ModelConfig":
+        """A named preset (see :func:`list_presets`), with optional field overrides."""
+        path = PRESET_DIR / f"{name}.yaml"
+        if not path.is_file():
+            raise ConfigError(f"unknown preset {name!r}; available: {', '.join(list_presets())}")
+        cfg = cls.load(path)
+        return cfg.replace(**overrides) if overrides else cfg
+
+
+def list_presets() -> list[str]:
+    """Names of the bundled presets, e.g. ``['bart-base', ..., 'gpt-tiny', ...]``."""
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def resolve_config(name_or_path: str | Path) -> ModelConfig:
+    """A preset name, a config file (.json/.yaml), or a checkpoint folder holding config.json."""
+    path = Path(name_or_path)
+    if path.is_dir():
+        return ModelConfig.load(path / "config.json")
+    if path.is_file():
+        return ModelConfig.load(path)
+    return ModelConfig.from_preset(str(name_or_path))

@@ -1,0 +1,73 @@
+"""Output heads: the LM head, BERT's MLM head and the pooler.
+
+- :class:`LMHead` maps hidden states to vocabulary logits, ``(B, T, D) -> (B, T, V)``. Tied to the
+  input embeddings by default (Press & Wolf 2017), in which case it owns no weight: the caller passes
+  the embedding matrix. T5 v1.0 rescales the decoder output by d_model**-0.5 before its tied head.
+- :class:`MLMHead` is BERT's prediction head: dense -> activation -> LayerNorm -> (tied) decoder + bias.
+- :class:`Pooler` is BERT's sentence vector: tanh(dense(h[:, 0])), ``(B, T, D) -> (B, D)``.
+
+Example:
+    >>> import torch
+    >>> head = LMHead(d_model=8, vocab_size=20, embed_dim=8, tied=False)
+    >>> head(torch.randn(2, 3, 8)).shape
+    torch.Size([2, 3, 20])
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lmforge.nn.activations import activation_fn
+from lmforge.nn.norms import build_norm
+
+
+class LMHead(nn.Module):
+    def __init__(
+        self, d_model: int, vocab_size: int, embed_dim: int, tied: bool, bias: bool = False, scale: bool = False
+    ):
+        super().__init__()
+        # With factorised embeddings (E < D) a tied head first maps D back down to E.
+        self.proj = nn.Linear(d_model, embed_dim, bias=False) if tied and embed_dim != d_model else None
+        self.weight = None if tied else nn.Parameter(torch.empty(vocab_size, d_model))
+        self.bias = nn.Parameter(torch.zeros(vocab_size)) if bias else None
+        self.scale = d_model**-0.5 if scale else 1.0
+        if self.weight is not None:
+            nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, h: torch.Tensor, tied_weight: torch.Tensor | None = None) -> torch.Tensor:
+        """h (..., D) -> logits (..., V); ``tied_weight`` (V, E) is the input embedding when tied."""
+        if self.scale != 1.0:
+            h = h * self.scale
+        if self.proj is not None:
+            h = self.proj(h)
+        weight = self.weight if self.weight is not None else tied_weight
+        return F.linear(h, weight, self.bias)
+
+
+class MLMHead(nn.Module):
+    def __init__(
+        self, d_model: int, vocab_size: int, embed_dim: int, activation: str, norm: str, eps: float, tied: bool
+    ):
+        super().__init__()
+        self.dense = nn.Linear(d_model, embed_dim)
+        self.act = activation_fn(activation)
+        self.norm = build_norm(norm, embed_dim, eps)
+        self.decoder = None if tied else nn.Linear(embed_dim, vocab_size, bias=False)
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+
+    def forward(self, h: torch.Tensor, tied_weight: torch.Tensor | None = None) -> torch.Tensor:
+        """h (..., D) -> logits (..., V)."""
+        h = self.norm(self.act(self.dense(h)))
+        weight = self.decoder.weight if self.decoder is not None else tied_weight
+        return F.linear(h, weight, self.bias)
+
+
+class Pooler(nn.Module):
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.dense = nn.Linear(d_model, d_model)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:  # (B, T, D) -> (B, D)
+        return torch.tanh(self.dense(h[:, 0]))

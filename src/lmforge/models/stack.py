@@ -1,0 +1,127 @@
+"""A stack of Transformer layers: the encoder, or the decoder (causal, optionally cross-attending).
+
+The stack turns token vectors into contextual vectors. It builds the positional signals and the
+attention mask once per forward and hands them to every layer through an AttentionContext:
+
+    tokens (B, T, E) -> embeddings -> layer_1 ... layer_N -> final norm -> (B, T, D)
+
+With ``share_layers`` (ALBERT) one layer's weights serve every depth.
+
+Example:
+    >>> import torch
+    >>> from lmforge.config import ModelConfig
+    >>> cfg = ModelConfig(d_model=32, n_heads=4, d_ff=64, vocab_size=10, n_layers=2)
+    >>> stack = TransformerStack(cfg, n_layers=2, causal=True)
+    >>> h, _ = stack(torch.randn(2, 5, 32))
+    >>> h.shape
+    torch.Size([2, 5, 32])
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lmforge.config import ModelConfig
+from lmforge.nn.attention import AttentionContext
+from lmforge.nn.block import Block
+from lmforge.nn.embeddings import StackEmbeddings
+from lmforge.nn.kv_cache import KVCache
+from lmforge.nn.masks import build_mask
+from lmforge.nn.norms import build_norm
+from lmforge.nn.positions.alibi import ALiBi
+from lmforge.nn.positions.rope import RotaryEmbedding
+from lmforge.nn.positions.t5_bias import T5RelativeBias
+
+
+class TransformerStack(nn.Module):
+    def __init__(self, cfg: ModelConfig, n_layers: int, causal: bool, cross: bool = False):
+        super().__init__()
+        self.causal = causal
+        self.n_layers = n_layers
+        self.position = cfg.position
+        self.embed = StackEmbeddings(cfg)
+        self.rel_bias = (
+            T5RelativeBias(cfg.n_heads, not causal, cfg.t5_num_buckets, cfg.t5_max_distance)
+            if cfg.position == "t5-bias"
+            else None
+        )
+        self.alibi = ALiBi(cfg.n_heads) if cfg.position == "alibi" else None
+        self.rope = (
+            RotaryEmbedding(cfg.dim_per_head, cfg.rope_theta, int(cfg.dim_per_head * cfg.rotary_pct))
+            if cfg.position == "rope"
+            else None
+        )
+        self.layers = nn.ModuleList(Block(cfg, cross) for _ in range(1 if cfg.share_layers else n_layers))
+        self.final_norm = build_norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.bias) if cfg.final_norm else None
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        memory: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        output_hidden_states: bool = False,
+    ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """Contextualise token vectors.
+
+        Args:
+            tokens: (B, T, E) token embeddings (looked up by the model).
+            attention_mask: (B, T) or (B, S) with 1 for real tokens, or a complete (B, T, S) bool mask.
+            token_type_ids: (B, T) segment ids, for models with segment embeddings.
+            position_ids: (B, T) absolute positions; default: cached length + 0..T-1.
+            memory: (B, S_src, D) encoder output, for cross-attention.
+            memory_mask: (B, S_src) with 1 for real source tokens.
+            cache: KV cache to read and extend (incremental decoding).
+            output_hidden_states: also return the input of every layer and the final output.
+
+        Returns:
+            (B, T, D) hidden states, and the list of N+1 hidden states when asked.
+        """
+        B, T, _ = tokens.shape
+        device = tokens.device
+        past = cache.seq_len() if cache is not None else 0
+        S = past + T
+        if position_ids is None:
+            position_ids = torch.arange(past, S, device=device)[None]  # (1, T)
+        x = self.embed(tokens, position_ids, token_type_ids)  # (B, T, D)
+
+        explicit = attention_mask if attention_mask is not None and attention_mask.dim() == 3 else None
+        padding = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
+        q_pos, k_pos = torch.arange(past, S, device=device), torch.arange(S, device=device)
+        bias = None
+        if self.rel_bias is not None:
+            bias = self.rel_bias(q_pos, k_pos)  # (1, H, T, S)
+        elif self.alibi is not None:
+            bias = self.alibi(q_pos, k_pos)
+        has_bias = bias is not None or self.position == "relative"
+        plain_causal = self.causal and explicit is None and T == S and not has_bias
+        if plain_causal and (padding is None or bool(padding.bool().all())):
+            mask, is_causal = None, True  # SDPA's built-in causal kernel, no mask tensor at all
+        else:
+            mask = build_mask(T, S, self.causal, padding, explicit, device)
+            is_causal = False
+        ctx = AttentionContext(
+            mask=mask,
+            is_causal=is_causal,
+            bias=bias,
+            rope=self.rope(position_ids) if self.rope is not None else None,
+            rel_index=self.layers[0].attn.relative.indices(q_pos, k_pos) if self.position == "relative" else None,
+            cache=cache,
+            cross_mask=memory_mask.bool()[:, None, None, :] if memory_mask is not None else None,
+        )
+
+        hidden = [x] if output_hidden_states else None
+        for i in range(self.n_layers):
+            layer = self.layers[0 if len(self.layers) == 1 else i]
+            x = layer(x, ctx, memory, layer=i)
+            if hidden is not None:
+                hidden.append(x)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+            if hidden is not None:
+                hidden[-1] = x
+        return x, hidden

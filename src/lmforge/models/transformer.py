@@ -1,0 +1,247 @@
+"""The lmforge Transformer: encoder-only, decoder-only or encoder-decoder, from one ModelConfig.
+
+    encoder          ids -> embed -> [bidirectional stack] -> MLM head / pooler      (BERT, RoBERTa)
+    decoder          ids -> embed -> [causal stack]        -> LM head                (GPT-2, Llama)
+    encoder-decoder  src -> embed -> [encoder] ----------------.
+                     tgt -> embed -> [causal stack + cross-attn] -> LM head          (T5, BART)
+
+Forward contract (later issues rely on it)::
+
+    out = model(input_ids, attention_mask=None, token_type_ids=None, decoder_input_ids=None,
+                decoder_attention_mask=None, past_key_values=None, use_cache=False, labels=None)
+    out.logits              (B, T, V)   (decoder logits for encoder-decoder models)
+    out.last_hidden_state   (B, T, D)
+    out.hidden_states       [N+1 x (B, T, D)] when output_hidden_states=True
+    out.past_key_values     KVCache when use_cache=True
+    out.loss                mean cross-entropy over labels != -100, when labels are given
+
+``labels`` are aligned with the predictions (the model does not shift them): the loss is
+CE(logits[:, t], labels[:, t]). With labels, logits are computed only at the labelled positions and
+returned flat as (N, V): an MLM batch projects 15% of the tokens to the vocabulary instead of all of
+them. For an encoder-decoder model without ``decoder_input_ids``, they are ``labels`` shifted right.
+
+Example:
+    >>> import torch
+    >>> from lmforge.config import ModelConfig
+    >>> model = Transformer(ModelConfig.from_preset("gpt-tiny"))
+    >>> ids = torch.randint(0, 8192, (2, 16))
+    >>> model(ids).logits.shape
+    torch.Size([2, 16, 8192])
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from lmforge.config import ModelConfig
+from lmforge.models.heads import LMHead, MLMHead, Pooler
+from lmforge.models.stack import TransformerStack
+from lmforge.nn.kv_cache import KVCache
+from lmforge.nn.loss import cross_entropy
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor | None = None
+    last_hidden_state: torch.Tensor | None = None
+    hidden_states: list[torch.Tensor] | None = None
+    past_key_values: KVCache | None = None
+    loss: torch.Tensor | None = None
+    n_targets: int | None = None  # labelled tokens behind ``loss`` (for token-weighted accumulation)
+    encoder_last_hidden_state: torch.Tensor | None = None
+    encoder_hidden_states: list[torch.Tensor] | None = None
+    pooler_output: torch.Tensor | None = None
+
+
+def shift_right(labels: torch.Tensor, start_id: int, pad_id: int) -> torch.Tensor:
+    """Decoder inputs from targets: (B, T) -> (B, T), ``[start, y_0 .. y_{T-2}]``, -100 -> pad."""
+    shifted = labels.new_full(labels.shape, start_id)
+    shifted[:, 1:] = labels[:, :-1]
+    return shifted.masked_fill(shifted == -100, pad_id)
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        cfg = self.config = config.validate()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.embed_dim)
+        self.encoder = self.decoder = None
+        self.decoder_embed_tokens = None
+        if cfg.arch in ("encoder", "encoder-decoder"):
+            self.encoder = TransformerStack(cfg, cfg.n_layers, causal=False)
+        if cfg.arch == "decoder":
+            self.decoder = TransformerStack(cfg, cfg.n_layers, causal=True)
+        elif cfg.arch == "encoder-decoder":
+            self.decoder = TransformerStack(cfg, cfg.decoder_layers, causal=True, cross=True)
+            if not cfg.share_embeddings:
+                self.decoder_embed_tokens = nn.Embedding(cfg.vocab_size, cfg.embed_dim)
+        self.lm_head = self.mlm_head = self.pooler = None
+        if cfg.head == "lm":
+            self.lm_head = LMHead(
+                cfg.d_model, cfg.vocab_size, cfg.embed_dim, cfg.tie_embeddings, cfg.lm_head_bias, cfg.lm_head_scale
+            )
+        elif cfg.head == "mlm":
+            self.mlm_head = MLMHead(
+                cfg.d_model, cfg.vocab_size, cfg.embed_dim, cfg.mlm_head_activation, cfg.norm,
+                cfg.layer_norm_eps, cfg.tie_embeddings,
+            )
+        if cfg.pooler:
+            self.pooler = Pooler(cfg.d_model)
+        self.reset_parameters()
+
+    # ------------------------------------------------------------------ init
+    def reset_parameters(self) -> None:
+        """GPT-2 initialisation: N(0, 0.02), with residual output projections scaled by 1/sqrt(2L) so
+        the residual stream's variance does not grow with depth."""
+        std = self.config.initializer_range
+        depth = self.config.n_layers + (self.config.decoder_layers if self.config.arch == "encoder-decoder" else 0)
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear):
+                scaled = name.endswith(("attn.o", "ffn.down"))
+                nn.init.normal_(module.weight, std=std / math.sqrt(2 * depth) if scaled else std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, std=std)
+            elif isinstance(module, nn.LayerNorm):
+                if module.weight is not None:
+                    nn.init.ones_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def output_embedding(self) -> torch.Tensor:
+        """The (V, E) matrix a tied head multiplies by."""
+        emb = self.decoder_embed_tokens if self.decoder_embed_tokens is not None else self.embed_tokens
+        return emb.weight
+
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
+        if self.mlm_head is not None:
+            return self.mlm_head(h, self.embed_tokens.weight)
+        if self.lm_head is not None:
+            return self.lm_head(h, self.output_embedding)
+        raise ValueError(f"model {self.config.name!r} has head='none': it produces hidden states, not logits")
+
+    def encode(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """Run the encoder stack: (B, S) ids -> (B, S, D) states (and all layers when asked)."""
+        if self.encoder is None:
+            raise ValueError(f"model {self.config.name!r} (arch={self.config.arch}) has no encoder")
+        tokens = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        return self.encoder(tokens, attention_mask, token_type_ids, position_ids, output_hidden_states=output_hidden_states)
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        decoder_input_ids: torch.Tensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: KVCache | None = None,
+        use_cache: bool = False,
+        labels: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> ModelOutput:
+        """See the module docstring. ``encoder_hidden_states`` (B, S, D) skips re-running the encoder
+        (generation); ``inputs_embeds`` (B, T, E) replaces the token lookup (prompt tuning)."""
+        cfg = self.config
+        out = ModelOutput()
+        cache = past_key_values if past_key_values is not None else (KVCache() if use_cache else None)
+        if cfg.arch == "encoder":
+            h, out.hidden_states = self.encode(
+                input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_hidden_states
+            )
+            if self.pooler is not None:
+                out.pooler_output = self.pooler(h)
+        elif cfg.arch == "decoder":
+            tokens = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+            h, out.hidden_states = self.decoder(
+                tokens, attention_mask, token_type_ids, position_ids, cache=cache,
+                output_hidden_states=output_hidden_states,
+            )
+        else:
+            memory = encoder_hidden_states
+            if memory is None:
+                memory, out.encoder_hidden_states = self.encode(
+                    input_ids, attention_mask, token_type_ids, None, inputs_embeds, output_hidden_states
+                )
+            out.encoder_last_hidden_state = memory
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                if labels is None:
+                    raise ValueError("an encoder-decoder forward needs decoder_input_ids (or labels to shift)")
+                decoder_input_ids = shift_right(labels, self._decoder_start_id(), cfg.pad_token_id or 0)
+            if decoder_inputs_embeds is None:
+                table = self.decoder_embed_tokens if self.decoder_embed_tokens is not None else self.embed_tokens
+                decoder_inputs_embeds = table(decoder_input_ids)
+            memory_mask = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
+            h, out.hidden_states = self.decoder(
+                decoder_inputs_embeds, decoder_attention_mask, None, position_ids, memory, memory_mask, cache,
+                output_hidden_states,
+            )
+        out.last_hidden_state = h
+        out.past_key_values = cache if use_cache else None
+        if cfg.head == "none":
+            return out
+        if labels is None:
+            out.logits = self._head(h)  # (B, T, V)
+            return out
+        selected = labels != -100  # (B, T)
+        out.logits = self._head(h[selected])  # (N, V): only labelled positions reach the vocabulary
+        target = labels[selected]
+        out.loss = cross_entropy(out.logits, target)
+        out.n_targets = int(target.numel())
+        return out
+
+    def _decoder_start_id(self) -> int:
+        cfg = self.config
+        for tid in (cfg.decoder_start_token_id, cfg.bos_token_id, cfg.pad_token_id):
+            if tid is not None:
+                return tid
+        return 0
+
+    # ------------------------------------------------------------------ bookkeeping
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        """Unique parameters (tied weights counted once); optionally without token/position tables."""
+        params = {id(p): p for p in self.parameters()}
+        if exclude_embeddings:
+            for name, p in self.named_parameters():
+                if "embed_tokens" in name or name.endswith("positions.weight"):
+                    params.pop(id(p), None)
+        return sum(p.numel() for p in params.values())
+
+    def flops_per_token(self, seq_len: int | None = None) -> int:
+        """Estimated training FLOPs per token (forward + backward), PaLM appendix B:
+        6 * N_matmul + 12 * L * d_attn * T, where N_matmul counts the weights every token multiplies
+        by (non-embedding parameters plus the output projection to the vocabulary)."""
+        cfg = self.config
+        T = seq_len or cfg.max_seq_len
+        n = self.num_parameters(exclude_embeddings=True)
+        if cfg.head != "none":
+            n += cfg.vocab_size * cfg.embed_dim if cfg.tie_embeddings else 0
+        d_attn = cfg.n_heads * cfg.dim_per_head
+        attn_layers = cfg.n_layers + (2 * cfg.decoder_layers if cfg.arch == "encoder-decoder" else 0)
+        return int(6 * n + 12 * attn_layers * d_attn * T)
+
+    def save(self, path: str | Path, tokenizer=None) -> Path:
+        """Write ``config.json`` + ``model.safetensors`` (+ tokenizer) atomically; see lmforge.checkpoint."""
+        from lmforge.checkpoint import save
+
+        return save(self, path, tokenizer=tokenizer)

@@ -1,0 +1,155 @@
+"""Multi-head attention (Vaswani et al. 2017), self or cross, with GQA/MQA and a KV cache.
+
+    Attention(Q, K, V) = softmax(Q K^T * scale + bias + mask) V
+
+``n_kv_heads < n_heads`` gives grouped-query attention (GQA; MQA when 1): each group of query heads
+shares one key/value head, which shrinks the KV cache. Position information that acts inside
+attention arrives through :class:`AttentionContext`: RoPE's cos/sin, an additive bias (T5, ALiBi) or
+Shaw relative tables (owned by the layer, since Shaw learns them per layer).
+
+The fast path is ``F.scaled_dot_product_attention`` (fused kernels on CPU and GPU). Only Shaw's
+relative *values* need the attention weights themselves, so that case runs the explicit softmax.
+
+Projections are named ``q, k, v, o`` so PEFT methods can target them by name.
+
+Example:
+    >>> import torch
+    >>> from lmforge.config import ModelConfig
+    >>> cfg = ModelConfig(d_model=32, n_heads=4, n_kv_heads=2, d_ff=64, vocab_size=100)
+    >>> attn = Attention(cfg)
+    >>> attn(torch.randn(2, 5, 32), AttentionContext(is_causal=True)).shape
+    torch.Size([2, 5, 32])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lmforge.config import ModelConfig
+from lmforge.nn.kv_cache import KVCache
+from lmforge.nn.positions.rope import apply_rotary
+from lmforge.nn.positions.shaw_relative import ShawRelativePositions
+
+
+@dataclass
+class AttentionContext:
+    """Everything a layer needs to know about positions and masking, built once per stack forward.
+
+    Attributes:
+        mask: bool (B|1, 1, T, S), True = may attend; None = no restriction beyond ``is_causal``.
+        is_causal: use SDPA's built-in causal mask (only when T == S and ``mask`` is None).
+        bias: additive logits (1|B, H, T, S) from T5 buckets or ALiBi, or None.
+        rope: (cos, sin), each (B|1, 1, T, rotary_dim), or None.
+        rel_index: (T, S) indices into Shaw tables, or None.
+        cache: the KV cache to read and extend, or None.
+        cross_mask: bool (B, 1, 1, S_src) for cross-attention, or None.
+    """
+
+    mask: torch.Tensor | None = None
+    is_causal: bool = False
+    bias: torch.Tensor | None = None
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None
+    rel_index: torch.Tensor | None = None
+    cache: KVCache | None = None
+    cross_mask: torch.Tensor | None = None
+
+
+class Attention(nn.Module):
+    """Self-attention, or cross-attention when ``cross=True`` (keys/values from ``memory``).
+
+    Shapes: x (B, T, D), memory (B, S, D) -> (B, T, D).
+    """
+
+    def __init__(self, cfg: ModelConfig, cross: bool = False):
+        super().__init__()
+        self.cross = cross
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.dim_per_head
+        inner, kv_inner = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        self.q = nn.Linear(cfg.d_model, inner, bias=cfg.bias)
+        self.k = nn.Linear(cfg.d_model, kv_inner, bias=cfg.bias)
+        self.v = nn.Linear(cfg.d_model, kv_inner, bias=cfg.bias)
+        self.o = nn.Linear(inner, cfg.d_model, bias=cfg.bias)
+        # T5 folds 1/sqrt(d) into its initialisation, so its logits are unscaled.
+        self.scale = self.head_dim**-0.5 if cfg.attn_scale else 1.0
+        self.dropout = cfg.attn_dropout
+        self.relative = (
+            ShawRelativePositions(self.head_dim, cfg.relative_k, cfg.relative_values)
+            if cfg.position == "relative" and not cross
+            else None
+        )
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, n, self.head_dim).transpose(1, 2)  # (B, n, T, hd)
+
+    def _keys_values(self, x: torch.Tensor, memory: torch.Tensor | None, ctx: AttentionContext, layer: int):
+        if self.cross:
+            cache = ctx.cache
+            if cache is not None and layer in cache.cross:
+                return cache.cross[layer]  # computed once per source
+            k, v = self._heads(self.k(memory), self.n_kv_heads), self._heads(self.v(memory), self.n_kv_heads)
+            if cache is not None:
+                cache.cross[layer] = (k, v)
+            return k, v
+        k, v = self._heads(self.k(x), self.n_kv_heads), self._heads(self.v(x), self.n_kv_heads)  # (B, Hkv, T, hd)
+        if ctx.rope is not None:
+            k = apply_rotary(k, *ctx.rope)
+        if ctx.cache is not None:
+            k, v = ctx.cache.update(layer, k, v)  # (B, Hkv, S, hd)
+        return k, v
+
+    def forward(
+        self, x: torch.Tensor, ctx: AttentionContext, memory: torch.Tensor | None = None, layer: int = 0
+    ) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self._heads(self.q(x), self.n_heads)  # (B, H, T, hd)
+        if ctx.rope is not None and not self.cross:
+            q = apply_rotary(q, *ctx.rope)
+        k, v = self._keys_values(x, memory, ctx, layer)  # (B, Hkv, S, hd)
+
+        if self.cross:
+            mask, bias, is_causal = ctx.cross_mask, None, False
+        else:
+            mask, bias, is_causal = ctx.mask, ctx.bias, ctx.is_causal
+        if self.relative is not None:
+            rel_bias = self.relative.key_bias(q, ctx.rel_index, self.scale)  # (B, H, T, S)
+            bias = rel_bias if bias is None else bias + rel_bias
+        attn_mask = _merge_mask_and_bias(mask, bias, q.dtype)
+        dropout = self.dropout if self.training else 0.0
+
+        if self.relative is not None and self.relative.value_table is not None:
+            out = self._explicit(q, k, v, attn_mask, dropout, ctx.rel_index)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=is_causal and attn_mask is None,
+                scale=self.scale, enable_gqa=self.n_kv_heads != self.n_heads,
+            )  # (B, H, T, hd)
+        out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H*hd)
+        return self.o(out)
+
+    def _explicit(self, q, k, v, attn_mask, dropout, rel_index):
+        """Softmax attention written out, for Shaw relative values: z_i = sum_j a_ij (v_j + a^V_ij)."""
+        if self.n_kv_heads != self.n_heads:
+            k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
+            v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
+        scores = (q @ k.transpose(-2, -1)) * self.scale  # (B, H, T, S)
+        if attn_mask is not None:
+            scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+        probs = scores.float().softmax(-1).to(q.dtype)
+        if dropout:
+            probs = F.dropout(probs, dropout, training=True)
+        return probs @ v + self.relative.value_term(probs, rel_index)  # (B, H, T, hd)
+
+
+def _merge_mask_and_bias(
+    mask: torch.Tensor | None, bias: torch.Tensor | None, dtype: torch.dtype
+) -> torch.Tensor | None:
+    """SDPA takes one attn_mask: a bool mask, or a float bias with -inf where masked."""
+    if bias is None:
+        return mask
+    bias = bias.to(dtype)
+    return bias if mask is None else bias.masked_fill(~mask, float("-inf"))

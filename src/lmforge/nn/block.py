@@ -1,0 +1,59 @@
+"""One Transformer layer: self-attention, optional cross-attention, feed-forward, each residual.
+
+    pre-norm  (GPT-2, T5, Llama):  x = x + Sublayer(Norm(x))
+    post-norm (BERT, BART, 2017):  x = Norm(x + Sublayer(x))
+
+Pre-norm keeps an identity path from input to output, which is why deep pre-norm stacks train
+without warmup tricks; post-norm is what the original BERT/BART checkpoints use.
+
+Example:
+    >>> import torch
+    >>> from lmforge.config import ModelConfig
+    >>> from lmforge.nn.attention import AttentionContext
+    >>> block = Block(ModelConfig(d_model=32, n_heads=4, d_ff=64, vocab_size=10))
+    >>> block(torch.randn(2, 5, 32), AttentionContext(is_causal=True)).shape
+    torch.Size([2, 5, 32])
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lmforge.config import ModelConfig
+from lmforge.nn.attention import Attention, AttentionContext
+from lmforge.nn.ffn import FeedForward
+from lmforge.nn.norms import build_norm
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, cross: bool = False):
+        super().__init__()
+        self.pre_norm = cfg.norm_position == "pre"
+        self.dropout = cfg.dropout
+
+        def norm() -> nn.Module:
+            return build_norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.bias)
+
+        self.attn_norm, self.attn = norm(), Attention(cfg)
+        self.cross_norm, self.cross_attn = (norm(), Attention(cfg, cross=True)) if cross else (None, None)
+        self.ffn_norm = norm()
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias, cfg.ffn_dropout)
+
+    def _residual(self, x: torch.Tensor, norm: nn.Module, sublayer) -> torch.Tensor:
+        if self.pre_norm:
+            return x + self._drop(sublayer(norm(x)))
+        return norm(x + self._drop(sublayer(x)))
+
+    def _drop(self, x: torch.Tensor) -> torch.Tensor:
+        return F.dropout(x, self.dropout, training=True) if self.dropout and self.training else x
+
+    def forward(
+        self, x: torch.Tensor, ctx: AttentionContext, memory: torch.Tensor | None = None, layer: int = 0
+    ) -> torch.Tensor:
+        """x (B, T, D), memory (B, S, D) or None -> (B, T, D). ``layer`` indexes the KV cache."""
+        x = self._residual(x, self.attn_norm, lambda h: self.attn(h, ctx, layer=layer))
+        if self.cross_attn is not None:
+            x = self._residual(x, self.cross_norm, lambda h: self.cross_attn(h, ctx, memory, layer=layer))
+        return self._residual(x, self.ffn_norm, self.ffn)

@@ -1,0 +1,115 @@
+"""Pre-training objectives as seeded batch transforms (collators), one file each.
+
+Every objective is built from plain ids and options, never from a tokenizer, and turns a list of
+tokenised examples into model inputs: ``objective(examples) -> dict[str, Tensor]``. Labels are aligned
+with the predictions (the loss is CE(logits[:, t], labels[:, t]), with -100 ignored), padding is on the
+right, and ``state_dict()`` / ``load_state_dict()`` restore the random stream for exact resume.
+
+==================  =============================  ==================  ==========================
+name                class                          architecture        paper
+==================  =============================  ==================  ==========================
+``mlm``             ``MaskedLM``                   encoder             BERT; SpanBERT
+``nsp``             ``NextSentencePrediction``     encoder             BERT (off unless asked)
+``clm``             ``CausalLM``                   decoder             GPT
+``prefix-lm``       ``PrefixLM``                   decoder             T5 §3.2; UniLM
+``span-corruption`` ``SpanCorruption``             encoder-decoder     T5
+``denoising``       ``BartDenoising``              encoder-decoder     BART
+==================  =============================  ==================  ==========================
+
+Example::
+
+    >>> from lmforge.objectives import build_objective, check_architecture
+    >>> clm = build_objective("clm", pad_token_id=0)
+    >>> clm([[5, 6, 7]])["labels"].tolist()
+    [[6, 7]]
+    >>> check_architecture("span-corruption", "decoder")
+    Traceback (most recent call last):
+    ...
+    ValueError: objective 'span-corruption' does not fit arch='decoder': it produces decoder targets (labels, decoder_input_ids) from a corrupted encoder input; it needs arch='encoder-decoder'
+"""
+
+from __future__ import annotations
+
+from lmforge.objectives.clm import CausalLM
+from lmforge.objectives.denoising import BartDenoising
+from lmforge.objectives.mlm import MaskedLM
+from lmforge.objectives.nsp import NextSentencePrediction
+from lmforge.objectives.prefix_lm import PrefixLM
+from lmforge.objectives.span_corruption import SpanCorruption, compute_input_and_target_lengths
+
+ARCHITECTURES = ("encoder", "decoder", "encoder-decoder")  # the values of ModelConfig.arch
+
+OBJECTIVES = {
+    "mlm": MaskedLM,
+    "nsp": NextSentencePrediction,
+    "clm": CausalLM,
+    "prefix-lm": PrefixLM,
+    "span-corruption": SpanCorruption,
+    "denoising": BartDenoising,
+}
+
+# objective -> (architectures it trains, why), so a mismatch can be explained, not just refused.
+FITS = {
+    "mlm": (("encoder",), "it predicts tokens from bidirectional context at the input positions"),
+    "nsp": (("encoder",), "it classifies a sentence pair from the [CLS] output of a bidirectional encoder"),
+    "clm": (("decoder",), "it trains next-token prediction under a causal mask"),
+    "prefix-lm": (("decoder",), "it passes a (B, T, T) prefix mask to a single decoder stack"),
+    "span-corruption": (
+        ("encoder-decoder",),
+        "it produces decoder targets (labels, decoder_input_ids) from a corrupted encoder input",
+    ),
+    "denoising": (
+        ("encoder-decoder",),
+        "it produces decoder targets (labels, decoder_input_ids) from a corrupted encoder input",
+    ),
+}
+
+
+def _canonical(name: str) -> str:
+    key = name.strip().lower().replace("_", "-")
+    if key not in OBJECTIVES:
+        raise ValueError(f"unknown objective {name!r}; choose one of {sorted(OBJECTIVES)}")
+    return key
+
+
+def build_objective(name: str, **options):
+    """Construct an objective by name (``mlm|nsp|clm|prefix-lm|span-corruption|denoising``).
+
+    ``options`` are the class's keyword arguments: special-token ids, rates and ``seed``.
+    """
+    return OBJECTIVES[_canonical(name)](**options)
+
+
+def architectures_for(name: str) -> tuple[str, ...]:
+    """The model architectures an objective can train, e.g. ``("encoder-decoder",)``."""
+    return FITS[_canonical(name)][0]
+
+
+def check_architecture(name: str, architecture: str) -> None:
+    """Raise ValueError, with the reason, when objective ``name`` cannot train an ``architecture`` model."""
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"unknown architecture {architecture!r}; choose one of {list(ARCHITECTURES)}")
+    key = _canonical(name)
+    fits, why = FITS[key]
+    if architecture not in fits:
+        raise ValueError(
+            f"objective {key!r} does not fit arch={architecture!r}: {why}; it needs arch="
+            + " or ".join(repr(a) for a in fits)
+        )
+
+
+__all__ = [
+    "ARCHITECTURES",
+    "FITS",
+    "OBJECTIVES",
+    "BartDenoising",
+    "CausalLM",
+    "MaskedLM",
+    "NextSentencePrediction",
+    "PrefixLM",
+    "SpanCorruption",
+    "architectures_for",
+    "build_objective",
+    "check_architecture",
+    "compute_input_and_target_lengths",
+]
