@@ -107,7 +107,7 @@ def sentence_permutation(
     more sentence. Or pass the ``sentence_lengths`` directly; they must sum to T.
     """
     if sentence_lengths is None:
-        ends = torch.isin(tokens, id_set(sentence_end_ids or ())).nonzero().squeeze(1) + 1  # exclusive ends
+        ends = torch.isin(tokens, id_set(() if sentence_end_ids is None else sentence_end_ids)).nonzero().squeeze(1) + 1  # exclusive ends
         bounds = torch.unique(torch.cat([torch.tensor([0]), ends, torch.tensor([len(tokens)])]))
         sentence_lengths = bounds.diff().tolist()
     if sum(sentence_lengths) != len(tokens):

@@ -87,12 +87,12 @@ class NextSentencePrediction(Seeded):
         if any(len(doc) < 2 for doc in docs):
             raise ValueError("every NSP document needs at least 2 sentences, so that an IsNext pair exists")
         pairs, type_ids, labels = [], [], []
-        for d, doc in enumerate(docs):
+        for d in range(len(docs)):
             a, b, label = self._sample_pair(docs, d)
             a, b = self._truncate(a, b)
             cls, sep = torch.tensor([self.cls_token_id]), torch.tensor([self.sep_token_id])
             pairs.append(torch.cat([cls, a, sep, b, sep]))
-            type_ids.append(torch.cat([torch.zeros(len(a) + 2, dtype=torch.long), torch.ones(len(b) + 1, dtype=torch.long)]))
+            type_ids.append(torch.tensor([0] * (len(a) + 2) + [1] * (len(b) + 1)))  # [CLS] A [SEP] | B [SEP]
             labels.append(label)
         input_ids, real = pad(pairs, self.pad_token_id)  # (B, T) each
         batch = {

@@ -1,0 +1,205 @@
+"""Training-step throughput: lmforge against Hugging Face transformers, side by side in one run.
+
+For each family (tiny GPT, BERT and T5 shapes) both implementations run the same work: forward,
+loss, backward and a fused-AdamW step, in bf16 autocast on the CPU (or on CUDA when present). Each
+measurement is the median over ``--repeats`` timed steps after warm-up; lmforge and HF steps are
+interleaved so slow drifts of a noisy machine hit both alike. MFU is measured against a bf16 matmul
+peak that this script measures itself.
+
+Usage:
+    python benchmarks/train_step.py                # eager and compiled, all three families
+    python benchmarks/train_step.py --quick        # fewer repeats, no compile
+    python benchmarks/train_step.py --families gpt --compile-hf
+
+Output: one line per (family, mode) with tokens/s for both, the ratio and MFU, then a JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+# The benchmark measures code, not a log flood from transformers.
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import transformers as hf  # noqa: E402
+
+from lmforge.config import ModelConfig  # noqa: E402
+from lmforge.models import Transformer  # noqa: E402
+
+
+def device_and_dtype() -> tuple[str, torch.dtype]:
+    if torch.cuda.is_available():
+        return "cuda", torch.bfloat16
+    return "cpu", torch.bfloat16
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def matmul_peak(device: str, n: int = 2048, repeats: int = 10) -> float:
+    """Median bf16 GFLOP/s of an n x n x n matmul: the MFU denominator."""
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        a @ b
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(times) / 1e9
+
+
+# ---------------------------------------------------------------------------- the three shapes
+@dataclass
+class Case:
+    family: str
+    ours: torch.nn.Module
+    theirs: torch.nn.Module
+    batch_ours: dict
+    batch_theirs: dict
+    tokens: int
+    flops_per_step: float
+
+
+def gpt_case(batch: int, seq: int, vocab: int) -> Case:
+    cfg = ModelConfig.from_preset("gpt-tiny", vocab_size=vocab, max_seq_len=seq, dropout=0.0, attn_dropout=0.0)
+    ours = Transformer(cfg)
+    theirs = hf.GPT2LMHeadModel(
+        hf.GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=cfg.d_model, n_layer=cfg.n_layers,
+                      n_head=cfg.n_heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    )
+    x = torch.randint(0, vocab, (batch, seq + 1))
+    return Case(
+        "gpt", ours, theirs,
+        {"input_ids": x[:, :-1], "labels": x[:, 1:]},  # lmforge labels are pre-shifted
+        {"input_ids": x[:, :-1], "labels": x[:, :-1]},  # HF shifts inside
+        batch * seq, ours.flops_per_token(seq) * batch * seq,
+    )
+
+
+def bert_case(batch: int, seq: int, vocab: int) -> Case:
+    cfg = ModelConfig.from_preset("bert-tiny", vocab_size=vocab, max_seq_len=seq, dropout=0.0, attn_dropout=0.0)
+    ours = Transformer(cfg)
+    theirs = hf.BertForMaskedLM(
+        hf.BertConfig(vocab_size=vocab, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
+                      num_attention_heads=cfg.n_heads, intermediate_size=cfg.d_ff, max_position_embeddings=seq,
+                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    )
+    ids = torch.randint(0, vocab, (batch, seq))
+    labels = torch.where(torch.rand(batch, seq) < 0.15, ids, torch.full_like(ids, -100))
+    batch_in = {"input_ids": ids, "labels": labels, "attention_mask": torch.ones_like(ids)}
+    return Case("bert", ours, theirs, batch_in, dict(batch_in), batch * seq, ours.flops_per_token(seq) * batch * seq)
+
+
+def t5_case(batch: int, seq: int, vocab: int) -> Case:
+    cfg = ModelConfig.from_preset("t5-tiny", vocab_size=vocab, dropout=0.0)
+    ours = Transformer(cfg)
+    theirs = hf.T5ForConditionalGeneration(
+        hf.T5Config(vocab_size=vocab, d_model=cfg.d_model, d_kv=cfg.dim_per_head, d_ff=cfg.d_ff,
+                    num_layers=cfg.n_layers, num_decoder_layers=cfg.decoder_layers, num_heads=cfg.n_heads,
+                    dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0)
+    )
+    tgt_len = seq // 4  # span corruption's targets are ~a quarter of its inputs
+    src, tgt = torch.randint(1, vocab, (batch, seq)), torch.randint(1, vocab, (batch, tgt_len))
+    batch_in = {"input_ids": src, "labels": tgt}
+    return Case("t5", ours, theirs, batch_in, dict(batch_in), batch * (seq + tgt_len),
+                ours.flops_per_token(seq) * batch * (seq + tgt_len))
+
+
+# ---------------------------------------------------------------------------- timing
+def make_step(model: torch.nn.Module, batch: dict, device: str, compile_model: bool):
+    model.to(device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    run = torch.compile(model) if compile_model else model
+    batch = {k: v.to(device) for k, v in batch.items()}
+
+    def step() -> float:
+        with torch.autocast(device, dtype=torch.bfloat16):
+            loss = run(**batch).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return float(loss)
+
+    return step
+
+
+def time_pair(step_a, step_b, device: str, warmup: int, repeats: int) -> tuple[float, float]:
+    for _ in range(warmup):
+        step_a()
+        step_b()
+    ta, tb = [], []
+    for _ in range(repeats):
+        for step, times in ((step_a, ta), (step_b, tb)):
+            sync(device)
+            t0 = time.perf_counter()
+            step()
+            sync(device)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(ta), statistics.median(tb)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--families", default="gpt,bert,t5", help="comma-separated subset of gpt,bert,t5")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--repeats", type=int, default=7, help="timed steps per implementation (median)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile measurements")
+    p.add_argument("--compile-hf", action="store_true", help="also compile the HF model (else HF stays eager)")
+    p.add_argument("--quick", action="store_true", help="3 repeats, 1 warm-up, no compile")
+    p.add_argument("--json", action="store_true", help="print only the JSON line")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.repeats, args.warmup, args.no_compile = 3, 1, True
+    device, _ = device_and_dtype()
+    torch.manual_seed(0)
+    peak = matmul_peak(device)
+    builders = {"gpt": gpt_case, "bert": bert_case, "t5": t5_case}
+    results = []
+    say = (lambda *a: None) if args.json else print
+    say(f"device={device} threads={torch.get_num_threads()} torch={torch.__version__} "
+        f"transformers={hf.__version__} bf16 matmul peak={peak:.0f} GFLOP/s")
+    modes = ["eager"] + ([] if args.no_compile else ["compile"])
+    for family in args.families.split(","):
+        for mode in modes:
+            case = builders[family](args.batch, args.seq, args.vocab)
+            compiled = mode == "compile"
+            ours = make_step(case.ours, case.batch_ours, device, compiled)
+            theirs = make_step(case.theirs, case.batch_theirs, device, compiled and args.compile_hf)
+            warmup = args.warmup + (2 if compiled else 0)
+            t_ours, t_theirs = time_pair(ours, theirs, device, warmup, args.repeats)
+            row = {
+                "family": family, "mode": mode, "hf_mode": "compile" if compiled and args.compile_hf else "eager",
+                "lmforge_tok_s": case.tokens / t_ours, "hf_tok_s": case.tokens / t_theirs,
+                "ratio": t_theirs / t_ours,
+                "lmforge_mfu": case.flops_per_step / t_ours / (peak * 1e9),
+                "hf_mfu": case.flops_per_step / t_theirs / (peak * 1e9),
+            }
+            results.append(row)
+            say(f"{family:<5} {mode:<8} lmforge {row['lmforge_tok_s']:8.0f} tok/s  HF({row['hf_mode']}) "
+                f"{row['hf_tok_s']:8.0f} tok/s  ratio {row['ratio']:.2f}x  "
+                f"MFU lmforge {row['lmforge_mfu']:.1%} HF {row['hf_mfu']:.1%}")
+            sys.stdout.flush()
+    print(json.dumps({"benchmark": "train_step", "device": device, "peak_gflops": peak, "results": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
