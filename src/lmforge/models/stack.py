@@ -99,7 +99,8 @@ class TransformerStack(nn.Module):
             bias = self.alibi(q_pos, k_pos)
         has_bias = bias is not None or self.position == "relative"
         plain_causal = self.causal and explicit is None and T == S and not has_bias
-        if plain_causal and (padding is None or bool(padding.bool().all())):
+        no_padding = padding is None or (not torch.compiler.is_compiling() and bool(padding.bool().all()))
+        if plain_causal and no_padding:
             mask, is_causal = None, True  # SDPA's built-in causal kernel, no mask tensor at all
         else:
             mask = build_mask(T, S, self.causal, padding, explicit, device)

@@ -203,12 +203,19 @@ class Transformer(nn.Module):
         if labels is None:
             out.logits = self._head(h)  # (B, T, V)
             return out
-        selected = labels != -100  # (B, T)
-        out.logits = self._head(h[selected])  # (N, V): only labelled positions reach the vocabulary
-        target = labels[selected]
-        out.loss = cross_entropy(out.logits, target)
-        out.n_targets = int(target.numel())
+        out.logits, out.loss, out.n_targets = self._labelled_loss(h, labels)
         return out
+
+    # Selecting the labelled rows has a data-dependent shape, which torch.compile cannot trace
+    # without a break; excluding this method keeps the whole body in one compiled graph, and the
+    # head's matmul plus the lean loss run just as fast eagerly.
+    @torch.compiler.disable
+    def _labelled_loss(self, h: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """h (B, T, D), labels (B, T) -> logits (N, V) at labelled positions, mean CE, N."""
+        selected = labels != -100  # (B, T)
+        logits = self._head(h[selected])  # (N, V): only labelled positions reach the vocabulary
+        target = labels[selected]
+        return logits, cross_entropy(logits, target), int(target.numel())
 
     def _decoder_start_id(self) -> int:
         cfg = self.config

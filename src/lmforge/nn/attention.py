@@ -76,6 +76,7 @@ class Attention(nn.Module):
         # T5 folds 1/sqrt(d) into its initialisation, so its logits are unscaled.
         self.scale = self.head_dim**-0.5 if cfg.attn_scale else 1.0
         self.dropout = cfg.attn_dropout
+        self.fuse_qkv = True
         self.relative = (
             ShawRelativePositions(self.head_dim, cfg.relative_k, cfg.relative_values)
             if cfg.position == "relative" and not cross
@@ -86,30 +87,38 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, n, self.head_dim).transpose(1, 2)  # (B, n, T, hd)
 
-    def _keys_values(self, x: torch.Tensor, memory: torch.Tensor | None, ctx: AttentionContext, layer: int):
+    def _project(self, x: torch.Tensor, memory: torch.Tensor | None, ctx: AttentionContext, layer: int):
+        """Queries (B, H, T, hd) and keys/values (B, Hkv, S, hd), with RoPE and the cache applied."""
         if self.cross:
+            q = self._heads(self.q(x), self.n_heads)
             cache = ctx.cache
             if cache is not None and layer in cache.cross:
-                return cache.cross[layer]  # computed once per source
+                return (q, *cache.cross[layer])  # computed once per source
             k, v = self._heads(self.k(memory), self.n_kv_heads), self._heads(self.v(memory), self.n_kv_heads)
             if cache is not None:
                 cache.cross[layer] = (k, v)
-            return k, v
-        k, v = self._heads(self.k(x), self.n_kv_heads), self._heads(self.v(x), self.n_kv_heads)  # (B, Hkv, T, hd)
+            return q, k, v
+        if self.fuse_qkv and all(type(m) is nn.Linear for m in (self.q, self.k, self.v)):
+            # One (D -> (H + 2 Hkv) hd) matmul instead of three: fewer, larger GEMMs run faster. Only
+            # for plain Linears, so a PEFT-wrapped projection still goes through its own forward.
+            weight = torch.cat([self.q.weight, self.k.weight, self.v.weight])
+            bias = torch.cat([self.q.bias, self.k.bias, self.v.bias]) if self.q.bias is not None else None
+            kv_inner = self.n_kv_heads * self.head_dim
+            q, k, v = F.linear(x, weight, bias).split([self.n_heads * self.head_dim, kv_inner, kv_inner], dim=-1)
+        else:
+            q, k, v = self.q(x), self.k(x), self.v(x)
+        q, k, v = self._heads(q, self.n_heads), self._heads(k, self.n_kv_heads), self._heads(v, self.n_kv_heads)
         if ctx.rope is not None:
-            k = apply_rotary(k, *ctx.rope)
+            q, k = apply_rotary(q, *ctx.rope), apply_rotary(k, *ctx.rope)
         if ctx.cache is not None:
             k, v = ctx.cache.update(layer, k, v)  # (B, Hkv, S, hd)
-        return k, v
+        return q, k, v
 
     def forward(
         self, x: torch.Tensor, ctx: AttentionContext, memory: torch.Tensor | None = None, layer: int = 0
     ) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self._heads(self.q(x), self.n_heads)  # (B, H, T, hd)
-        if ctx.rope is not None and not self.cross:
-            q = apply_rotary(q, *ctx.rope)
-        k, v = self._keys_values(x, memory, ctx, layer)  # (B, Hkv, S, hd)
+        q, k, v = self._project(x, memory, ctx, layer)  # (B, H, T, hd), (B, Hkv, S, hd) x 2
 
         if self.cross:
             mask, bias, is_causal = ctx.cross_mask, None, False

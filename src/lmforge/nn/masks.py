@@ -49,7 +49,9 @@ def build_mask(
             keep = key_padding.bool()
             if keep.shape[-1] < k_len:  # padding given for the new positions only
                 keep = torch.cat([keep.new_ones(keep.shape[0], k_len - keep.shape[-1]), keep], dim=-1)
-            if not bool(keep.all()):
+            # An all-ones padding mask is dropped so SDPA can take its mask-free kernel; reading
+            # that back is a host sync torch.compile cannot trace, so compiled graphs keep the mask.
+            if torch.compiler.is_compiling() or not bool(keep.all()):
                 pad = keep[:, None, None, :]  # (B, 1, 1, S)
                 mask = pad if mask is None else mask & pad
     if mask is None:
