@@ -1,0 +1,91 @@
+"""``lmforge convert``: Hugging Face model folders to lmforge model folders, and back.
+
+Example::
+
+    $ lmforge convert from-hf path/to/all-MiniLM-L6-v2 minilm/
+    $ lmforge convert to-hf minilm/ minilm-hf/     # loads with transformers.AutoModel / AutoTokenizer
+
+Errors (no config.json, an unsupported model type or field, a missing tensor, a shape mismatch) are
+one line on stderr with exit code 2, and DST is left untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "convert", help="convert Hugging Face model folders to lmforge and back",
+        description="Convert between Hugging Face model folders and lmforge model folders. Supported: BERT, "
+        "RoBERTa, GPT-2, T5 (v1.0 and v1.1), BART, mBART and Llama.",
+    )
+    sub = parser.add_subparsers(dest="convert_command", metavar="SUBCOMMAND")
+
+    src = sub.add_parser(
+        "from-hf", help="HF model folder -> lmforge model folder",
+        description="Read a Hugging Face model folder (config.json + model.safetensors, sharded safetensors, or "
+        "pytorch_model.bin read with torch.load(weights_only=True)) and write an lmforge model folder "
+        "(config.json + model.safetensors + tokenizer). Task heads such as a sequence classifier are kept "
+        "beside the body as head.safetensors + head.json.",
+    )
+    src.add_argument("src", metavar="SRC", help="Hugging Face model folder")
+    src.add_argument("dst", metavar="DST", help="lmforge model folder to write")
+    src.add_argument("--architecture", metavar="CLASS",
+                     help="HF class to read SRC as, e.g. BertModel (default: the first of config.json's architectures)")
+    src.add_argument("--dtype", choices=DTYPES, help="cast the weights (default: keep the checkpoint's precision)")
+    src.add_argument("--overwrite", action="store_true", help="replace DST if it already exists")
+    src.set_defaults(func=run_from_hf)
+
+    dst = sub.add_parser(
+        "to-hf", help="lmforge model folder -> HF model folder",
+        description="Write an lmforge model folder as a Hugging Face folder that transformers' "
+        "AutoModel*.from_pretrained loads offline, with tokenizer.json and tokenizer_config.json for "
+        "AutoTokenizer. Fails, naming the field, if no supported HF architecture expresses the config.",
+    )
+    dst.add_argument("src", metavar="SRC", help="lmforge model folder")
+    dst.add_argument("dst", metavar="DST", help="Hugging Face model folder to write")
+    dst.add_argument("--dtype", choices=DTYPES, help="cast the weights (default: as stored)")
+    dst.add_argument("--overwrite", action="store_true", help="replace DST if it already exists")
+    dst.set_defaults(func=run_to_hf)
+    parser.set_defaults(func=lambda args: parser.print_help() or 0)
+
+
+def _dtype(name: str | None):
+    import torch
+
+    return getattr(torch, name) if name else None
+
+
+def run_from_hf(args) -> int:
+    from lmforge.interop.hf import convert_from_hf
+
+    conv = convert_from_hf(args.src, args.dst, architecture=args.architecture, dtype=_dtype(args.dtype),
+                           overwrite=args.overwrite)
+    for note in conv.notes:
+        print(f"note: {note}", file=sys.stderr)
+    cfg = conv.model.config
+    layers = f"{cfg.n_layers}+{cfg.decoder_layers}" if cfg.arch == "encoder-decoder" else cfg.n_layers
+    parts = [f"{conv.architecture} -> {cfg.arch}, {layers} layers, d_model {cfg.d_model}, head {cfg.head}",
+             f"{conv.model.num_parameters():,} parameters"]
+    parts.append(f"tokenizer {conv.tokenizer.kind}" if conv.tokenizer is not None else "no tokenizer")
+    if conv.task_head is not None:
+        parts.append(f"task head kept in head.safetensors ({', '.join(conv.task_head.tensors)})")
+    print(f"wrote {args.dst}: " + "; ".join(parts))
+    return 0
+
+
+def run_to_hf(args) -> int:
+    from pathlib import Path
+
+    from lmforge.interop.hf import convert_to_hf
+
+    path = convert_to_hf(args.src, args.dst, dtype=_dtype(args.dtype), overwrite=args.overwrite)
+    hf = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    has_tokenizer = (Path(path) / "tokenizer.json").is_file()
+    tokenizer = "tokenizer.json + tokenizer_config.json" if has_tokenizer else "no tokenizer"
+    print(f"wrote {path}: {hf['architectures'][0]} (model_type {hf['model_type']}); {tokenizer}")
+    return 0
