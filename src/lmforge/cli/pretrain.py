@@ -1,0 +1,167 @@
+"""``lmforge pretrain``: pre-train a model on prepared shards with one of the objectives.
+
+Settings come from ``--config FILE.yaml`` (the keys of :class:`lmforge.training.TrainConfig`), and the command
+line overrides the file. ``--resume`` continues the run in ``--out`` exactly where its last checkpoint left it;
+without ``--config`` it reuses ``OUT/config.yaml``, so ``lmforge pretrain --out runs/x --resume`` is enough.
+
+Example::
+
+    $ lmforge data prepare corpus.txt --tokenizer tok/ --out data/corpus
+    $ lmforge pretrain --model gpt-tiny --objective clm --data data/corpus --out runs/gpt \\
+          --max-steps 2000 --batch-size 16 --lr 6e-4 --warmup 100 --override n_layers=4
+    $ lmforge pretrain --out runs/gpt --resume          # after a crash, Ctrl-C or SIGTERM
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import typing
+import warnings
+from pathlib import Path
+
+import yaml
+
+from lmforge.cli.main import UserError
+
+# (setting, help). Types, defaults and choices come from TrainConfig, so the two cannot drift apart.
+OPTIONS = [
+    ("model", "preset name, config file or model folder (a folder's weights are loaded)"),
+    ("objective", "pre-training objective"),
+    ("tokenizer", "tokenizer folder (default: the copy inside --data)"),
+    ("data", "prepared shards (output of `lmforge data prepare`)"),
+    ("out", "run folder: config, tokenizer, checkpoints, logs, final model"),
+    ("max_steps", "optimizer steps"),
+    ("batch_size", "sequences per micro-batch"),
+    ("grad_accum", "micro-batches per optimizer step (effective batch = batch-size x grad-accum)"),
+    ("seq_len", "model input length (default: the model's max_seq_len)"),
+    ("lr", "peak learning rate"),
+    ("warmup", "linear warmup steps"),
+    ("schedule", "learning-rate schedule after warmup"),
+    ("min_lr_ratio", "end of linear/cosine decay, as a share of --lr"),
+    ("weight_decay", "AdamW weight decay (not applied to biases, norms, embeddings)"),
+    ("grad_clip", "clip the global gradient norm to this (0: off)"),
+    ("eval_every", "evaluate on the val split every N steps (0: never)"),
+    ("eval_batches", "batches per evaluation"),
+    ("save_every", "write a checkpoint every N steps (and always at the end)"),
+    ("keep_checkpoints", "how many of the newest checkpoints to keep"),
+    ("precision", "bf16 autocast or fp32; auto = bf16 where the hardware has it"),
+    ("compile", "torch.compile the model"),
+    ("activation_checkpointing", "recompute activations in backward to save memory"),
+    ("device", "where to train"),
+    ("num_workers", "DataLoader worker processes"),
+    ("seed", "seed of initial weights, data order, masking and dropout"),
+    ("resume", "continue the run in --out from its newest intact checkpoint"),
+    ("progress", "show the progress bar"),
+    ("tensorboard", "write TensorBoard events"),
+]
+CHOICES = {"objective": "PRETRAIN_OBJECTIVES", "schedule": "SCHEDULES", "precision": "PRECISIONS",
+           "device": "DEVICES"}
+
+
+def _key_values(pairs: list[str] | None, flag: str) -> dict:
+    """``["n_layers=2", "bias=false"]`` -> ``{"n_layers": 2, "bias": False}`` (values read as YAML scalars)."""
+    out = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"{flag} {pair!r}: expected KEY=VALUE, e.g. {flag} n_layers=2")
+        try:
+            out[key.strip()] = yaml.safe_load(value) if value.strip() else None
+        except yaml.YAMLError as exc:
+            raise UserError(f"{flag} {pair!r}: cannot read the value ({exc})") from exc
+    return out
+
+
+def _settings(args):
+    """The run's TrainConfig: defaults, then --config FILE (or OUT/config.yaml when resuming), then the flags."""
+    from lmforge.training.config import TrainConfig, read_settings, setting_names
+
+    given = {k: v for k, v in vars(args).items() if k in setting_names()}
+    given["overrides"] = _key_values(args.override, "--override")
+    given["objective_options"] = _key_values(args.objective_option, "--objective-option")
+    if args.config:
+        config = TrainConfig.from_dict(read_settings(args.config), source=args.config)
+    elif given.get("resume") and given.get("out") and (Path(given["out"]) / "config.yaml").is_file():
+        config = TrainConfig.load(Path(given["out"]) / "config.yaml")
+    else:
+        config = TrainConfig()
+    source = "command line" if not args.config else f"command line (over {args.config})"
+    config = config.updated(given, source=source)
+    config.require("model", "objective", "data", "out", source=args.config or "a --config file")
+    return config
+
+
+@contextlib.contextmanager
+def _plain_warnings():
+    """Show warnings as one ``warning:`` line each, without the source line of the library."""
+    previous = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        print(f"lmforge pretrain: warning: {message}", file=sys.stderr, flush=True)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = previous
+
+
+def run(args) -> int:
+    import signal
+
+    from lmforge.training.pretrain import build_pretraining
+
+    with _plain_warnings():
+        config = _settings(args)
+        built = build_pretraining(config)
+        config, model, trainer = built.config, built.model, built.trainer
+        cfg = model.config
+        dtype = "bf16" if trainer.autocast_dtype is not None else "fp32"
+        print(f"model {cfg.name} ({cfg.arch}, {model.num_parameters() / 1e6:.2f}M parameters, vocab "
+              f"{cfg.vocab_size:,}) | objective {config.objective} | batch {config.batch_size} x "
+              f"{config.grad_accum} | {dtype} on {trainer.device} | out {config.out}", file=sys.stderr)
+        result = trainer.fit()
+    if result.stopped_by in ("SIGINT", "SIGTERM"):
+        print(f"stopped by {result.stopped_by} at step {result.step}; checkpoint {result.checkpoint}. "
+              f"Continue with: lmforge pretrain --out {config.out} --resume", file=sys.stderr)
+        return 128 + int(getattr(signal, result.stopped_by))
+    loss = result.metrics.get("loss")
+    print(f"done: step {result.step}, loss {loss:.4f}, model saved to {result.model_dir}"
+          if isinstance(loss, float) else f"done: step {result.step}, model saved to {result.model_dir}")
+    return 0
+
+
+def register(subparsers) -> None:
+    from lmforge.training import config as tc
+
+    defaults = tc.TrainConfig()
+    hints = typing.get_type_hints(tc.TrainConfig)
+    parser = subparsers.add_parser(
+        "pretrain", help="pre-train a model (MLM, causal LM, prefix LM, span corruption, denoising)",
+        description="Pre-train a model on shards from `lmforge data prepare`. Every option can also be a key "
+                    "of --config FILE.yaml (dashes or underscores); the command line wins. Writes OUT/config.yaml, "
+                    "OUT/tokenizer/, OUT/checkpoints/step-NNNNNNNN/, OUT/metrics.jsonl, OUT/tensorboard/, "
+                    "OUT/loss.png and finally OUT/model/ (loadable by lmforge.load).",
+        argument_default=argparse.SUPPRESS)
+    parser.add_argument("--config", metavar="FILE.yaml", default=None, help="settings file (same keys as the options)")
+    for key, text in OPTIONS:
+        flag = "--" + key.replace("_", "-")
+        default = getattr(defaults, key)
+        kind = typing.get_args(hints[key])[0] if typing.get_args(hints[key]) else hints[key]
+        if kind is bool and default:
+            parser.add_argument(f"--no-{key.replace('_', '-')}", dest=key, action="store_false",
+                                help=text + " (on by default)")
+        elif kind is bool:
+            parser.add_argument(flag, dest=key, action="store_true", help=text)
+        else:
+            choices = getattr(tc, CHOICES[key]) if key in CHOICES else None
+            shown = "" if default is None else f" (default: {default})"
+            parser.add_argument(flag, dest=key, type=kind, choices=choices, help=text + shown,
+                                metavar=None if choices else key.upper().replace("_", "-"))
+    parser.add_argument("--override", action="append", default=None, metavar="KEY=VALUE",
+                        help="set a ModelConfig field, e.g. --override n_layers=2 --override d_model=64 (repeatable)")
+    parser.add_argument("--objective-option", action="append", default=None, metavar="KEY=VALUE",
+                        help="set an objective argument, e.g. --objective-option mlm_probability=0.2 (repeatable)")
+    parser.set_defaults(func=run)

@@ -1,0 +1,47 @@
+"""Pre-training: the Trainer loop, AdamW and LR schedules, precision, checkpoints for exact resume, logs.
+
+    config.py                    TrainConfig: every setting of a run, validated (YAML / command line)
+    trainer.py                   Trainer: token-normalised accumulation, clipping, eval, signals, resume
+    optim.py                     AdamW with weight decay on weight matrices only
+    schedules.py                 warmup + linear / cosine / inverse-sqrt / constant; slanted triangular
+    precision.py                 device and bf16-autocast choice
+    activation_checkpointing.py  recompute layer activations in backward to save memory
+    state.py                     checkpoint folders: atomic, checksummed, rotated; RNG capture/restore
+    logging.py                   metrics.jsonl, TensorBoard, loss.png, progress bar
+    pretrain.py                  the recipe behind `lmforge pretrain`: tokenizer + shards + objective + model
+
+Example:
+    >>> from lmforge.training import TrainConfig, pretrain
+    >>> pretrain(TrainConfig(model="bert-tiny", objective="mlm", data="data/corpus", out="runs/bert",
+    ...                      overrides={"n_layers": 2}, max_steps=200))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib
+
+# Imported lazily: the CLI reads TrainConfig to build `lmforge pretrain --help` without loading torch code.
+_LAZY = {
+    "enable_activation_checkpointing": "activation_checkpointing",
+    "TrainConfig": "config",
+    "build_optimizer": "optim",
+    "param_groups": "optim",
+    "resolve_device": "precision",
+    "resolve_precision": "precision",
+    "build_pretraining": "pretrain",
+    "pretrain": "pretrain",
+    "Schedule": "schedules",
+    "CheckpointManager": "state",
+    "CorruptCheckpoint": "state",
+    "RunExistsError": "trainer",
+    "Trainer": "trainer",
+    "TrainResult": "trainer",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"lmforge.training.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'lmforge.training' has no attribute {name!r}")

@@ -1,0 +1,193 @@
+"""The pre-training recipe: tokenizer + prepared shards + objective + model -> a Trainer and its run folder.
+
+This is where the pieces meet; the Trainer itself stays ignorant of objectives and data formats.
+
+* **Tokenizer.** ``config.tokenizer``, or the copy ``lmforge data prepare`` keeps in ``DATA/tokenizer``. It must
+  be the tokenizer the shards were made with (compared by digest).
+* **Model.** A preset name, a config file, or a model folder (its weights are loaded: continued pre-training),
+  with ``config.overrides`` applied. Special-token ids always come from the tokenizer, and so does
+  ``vocab_size`` unless the model folder or an override fixes it (it may be larger, never smaller).
+* **Objective.** Built by name; its keyword arguments are filled from the tokenizer by parameter name
+  (``pad_token_id``, ``mask_token_id``, ``sentinel_ids``, ``vocab_size``, ...), so an objective that needs a
+  token the tokenizer lacks is refused with a message naming it. ``check_architecture`` refuses objectives
+  that do not fit the model (span corruption on an encoder, ...).
+* **Data.** Objectives for decoder-only models read packed blocks of ``seq_len + 1`` tokens
+  (:class:`~lmforge.data.PackedDataset`); the others read document segments (:class:`~lmforge.data.DocumentDataset`)
+  of ``seq_len - 2`` tokens, leaving room for the framing tokens they add ([CLS] ... [SEP], <s> ... </s>,
+  ... </s>). Evaluation uses the ``val`` split in file order.
+
+The run folder is self-contained: ``config.yaml`` (these settings), ``tokenizer/``, ``checkpoints/``,
+``metrics.jsonl``, ``tensorboard/``, ``loss.png`` and, at the end, ``model/`` (loadable by ``lmforge.load``).
+
+Example:
+    >>> cfg = TrainConfig(model="gpt-tiny", objective="clm", data="data/corpus", out="runs/gpt",
+    ...                   overrides={"n_layers": 2}, max_steps=100)  # doctest: +SKIP
+    >>> pretrain(cfg).model_dir  # doctest: +SKIP
+    PosixPath('runs/gpt/model')
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lmforge import checkpoint as model_checkpoint
+from lmforge.config import ConfigError, ModelConfig, resolve_config
+from lmforge.data import DocumentDataset, PackedDataset, StatefulLoader, read_manifest
+from lmforge.data.sources import DataError
+from lmforge.models import Transformer
+from lmforge.objectives import OBJECTIVES, architectures_for, check_architecture
+from lmforge.tokenization import Tokenizer
+from lmforge.training.config import TrainConfig
+from lmforge.training.trainer import Trainer, TrainResult
+
+FRAMING_TOKENS = 2  # room left in a document segment for the special tokens an objective wraps it in
+TOKEN_FIELDS = tuple(f.name for f in fields(ModelConfig) if f.name.endswith("_token_id"))
+
+
+@dataclass
+class PretrainRun:
+    """Everything :func:`build_pretraining` assembled (handy for inspecting a run before training it)."""
+
+    config: TrainConfig
+    tokenizer: Tokenizer
+    model: Transformer
+    trainer: Trainer
+
+
+def load_tokenizer(config: TrainConfig) -> Tokenizer:
+    """The run's tokenizer, checked against the one the shards in ``config.data`` were prepared with."""
+    manifest = read_manifest(config.data)
+    path = Path(config.tokenizer) if config.tokenizer else Path(config.data) / manifest["tokenizer"]["path"]
+    tokenizer = Tokenizer.load(path)
+    if tokenizer.sha256() != manifest["tokenizer"]["sha256"]:
+        raise ConfigError(f"tokenizer {path} is not the one {config.data} was prepared with; "
+                          f"omit --tokenizer to use {Path(config.data) / manifest['tokenizer']['path']}")
+    return tokenizer
+
+
+def model_config_for(spec: str, tokenizer: Tokenizer, overrides: dict[str, Any]) -> ModelConfig:
+    """``spec`` (preset, config file or model folder) + ``overrides``, with the tokenizer's ids and vocabulary."""
+    base = resolve_config(spec)
+    has_weights = (Path(spec) / model_checkpoint.WEIGHTS_FILE).is_file()
+    vocab = overrides.get("vocab_size", base.vocab_size if has_weights else tokenizer.vocab_size)
+    if isinstance(vocab, int) and vocab < tokenizer.vocab_size:
+        raise ConfigError(f"vocab_size={vocab} is smaller than the tokenizer's {tokenizer.vocab_size} tokens"
+                          f"{' (fixed by the weights in ' + spec + ')' if has_weights else ''}")
+    ids = {name: None for name in TOKEN_FIELDS}
+    ids.update({k: v for k, v in tokenizer.special_token_ids().items() if k in ids})
+    return ModelConfig.from_dict({**base.to_dict(), **ids, "vocab_size": vocab, **overrides},
+                                 source="model overrides")
+
+
+def objective_kwargs(name: str, tokenizer: Tokenizer, seed: int, options: dict[str, Any]) -> dict[str, Any]:
+    """Keyword arguments for objective ``name``: its parameters that the tokenizer can fill, then ``options``.
+
+    Raises:
+        ConfigError: an unknown option, or a required id (e.g. ``mask_token_id``) the tokenizer does not have.
+    """
+    params = inspect.signature(OBJECTIVES[name]).parameters
+    ids = tokenizer.special_token_ids()
+    specials = {v for k, v in ids.items() if k.endswith("_token_id")} | set(ids.get("sentinel_token_ids", []))
+    available = {
+        **{k: v for k, v in ids.items() if k.endswith("_token_id")},
+        "pad_token_id": tokenizer.pad_id,  # GPT has no pad token; any id works, since pads carry no loss
+        "sentinel_ids": ids.get("sentinel_token_ids"),
+        "vocab_size": tokenizer.vocab_size,  # random replacements are drawn from the real tokens
+        "special_token_ids": sorted(specials),
+        "add_cls_sep": "cls_token_id" in ids and "sep_token_id" in ids,
+        "seed": seed,
+    }
+    kwargs = {k: v for k, v in available.items() if k in params and v is not None}
+    for key, value in options.items():
+        if key not in params:
+            raise ConfigError(f"objective_options: {name!r} has no option {key!r}; "
+                              f"it takes {', '.join(p for p in params if p != 'seed')}")
+        kwargs[key] = value
+    missing = [p.name for p in params.values() if p.default is inspect.Parameter.empty and p.name not in kwargs]
+    if missing:
+        raise ConfigError(f"objective {name!r} needs {', '.join(missing)}, which the tokenizer "
+                          f"(family {tokenizer.family!r}) does not define; use a tokenizer of a family that has it")
+    return kwargs
+
+
+def packed_fits(objective: str) -> bool:
+    """True when ``objective`` reads packed blocks (decoder-only objectives), False for document segments."""
+    return "decoder" in architectures_for(objective)
+
+
+def datasets_for(config: TrainConfig, seq_len: int) -> tuple[Any, Any]:
+    """``(train, eval)`` raw-batch sources for ``config.objective``; ``eval`` is None without a usable val split."""
+    packed = packed_fits(config.objective)
+
+    def make(split: str, shuffle: bool):
+        if packed:
+            return PackedDataset(config.data, seq_len, config.batch_size, split=split, seed=config.seed,
+                                 shuffle=shuffle)
+        return DocumentDataset(config.data, seq_len - FRAMING_TOKENS, config.batch_size, split=split,
+                               seed=config.seed, shuffle=shuffle)
+
+    train = make("train", True)
+    evaluation = None
+    if config.eval_every:
+        try:
+            evaluation = make("val", False)
+        except DataError as exc:
+            warnings.warn(f"no evaluation: {exc}", stacklevel=2)
+    if config.num_workers:
+        train = StatefulLoader(train, num_workers=config.num_workers)
+    return train, evaluation
+
+
+def _absolute(config: TrainConfig) -> TrainConfig:
+    # The saved config.yaml must still work when resumed from another working directory.
+    paths = {k: str(Path(getattr(config, k)).resolve()) for k in ("data", "tokenizer", "out")
+             if getattr(config, k)}
+    if config.model and Path(config.model).exists():
+        paths["model"] = str(Path(config.model).resolve())
+    return config.updated(paths)
+
+
+def build_pretraining(config: TrainConfig) -> PretrainRun:
+    """Check ``config`` and assemble tokenizer, model, objective, data and Trainer (nothing is trained)."""
+    config.require("model", "objective", "data", "out")
+    tokenizer = load_tokenizer(config)
+    model_config = model_config_for(config.model, tokenizer, config.overrides)
+    check_architecture(config.objective, model_config.arch)
+    seq_len = config.seq_len or model_config.max_seq_len
+    if seq_len > model_config.max_seq_len:
+        raise ConfigError(f"seq_len={seq_len} exceeds the model's max_seq_len={model_config.max_seq_len}; "
+                          f"lower --seq-len or pass --override max_seq_len={seq_len}")
+    if not packed_fits(config.objective) and seq_len <= FRAMING_TOKENS:
+        raise ConfigError(f"seq_len={seq_len} leaves no room for text besides the {FRAMING_TOKENS} framing tokens")
+    objective = OBJECTIVES[config.objective](
+        **objective_kwargs(config.objective, tokenizer, config.seed, config.objective_options))
+    eval_objective = OBJECTIVES[config.objective](
+        **objective_kwargs(config.objective, tokenizer, config.seed + 1, config.objective_options))
+    train_data, eval_data = datasets_for(config, seq_len)
+
+    torch.manual_seed(config.seed)  # the same seed, the same initial weights
+    model = Transformer(model_config)
+    if (Path(config.model) / model_checkpoint.WEIGHTS_FILE).is_file():
+        model_checkpoint.load_weights(model, Path(config.model) / model_checkpoint.WEIGHTS_FILE)
+
+    config = _absolute(config)
+    out = Path(config.out)
+    trainer = Trainer(model, objective, train_data, config, eval_data=eval_data, eval_objective=eval_objective,
+                      tokenizer=tokenizer)
+    if not config.resume:
+        trainer.check_fresh()  # before config.yaml is rewritten: refusing must leave the old run untouched
+    out.mkdir(parents=True, exist_ok=True)
+    config.save(out / "config.yaml")
+    tokenizer.save(out / "tokenizer")
+    return PretrainRun(config, tokenizer, model, trainer)
+
+
+def pretrain(config: TrainConfig) -> TrainResult:
+    """Build the run described by ``config`` and train it (see the module docstring)."""
+    return build_pretraining(config).trainer.fit()

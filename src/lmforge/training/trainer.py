@@ -1,0 +1,380 @@
+"""The training loop: objective-agnostic, token-normalised, resumable to the bit.
+
+One optimizer step::
+
+    raw_k   = next(train_data)                  k = 1..grad_accum  (token ids: (B, T+1) blocks or documents)
+    batch_k = objective(raw_k)                  the objective makes inputs and aligned labels (-100 = no loss)
+    N       = sum_k count(labels_k != -100)     counted first, over the whole accumulated batch
+    for k:  out = model(**batch_k)              out.loss = mean CE over batch_k's n_k targets
+            backward(out.loss * n_k / N)        so the gradient is that of the mean over all N targets
+    clip the global grad norm; lr = peak * schedule(step); AdamW step
+
+Weighting each micro-batch by its share of the targets (rather than averaging the micro-batch means) makes
+``grad_accum=k, batch_size=b`` produce the same update as ``grad_accum=1, batch_size=k*b``, even when the
+micro-batches hold different numbers of targets (MLM masks ~15% of each, padding varies).
+
+The trainer never learns which objective it runs: the objective turns raw batches into model inputs, and
+the model computes the loss. Evaluation reports loss, perplexity and the accuracy of the argmax prediction at
+the labelled positions (masked-token accuracy for MLM, next-token accuracy for causal LM).
+
+Exact resume. A checkpoint (see :mod:`lmforge.training.state`) holds the model, optimizer, step, the RNG
+states of Python, numpy and torch, the objective's generator and the data's position. Restoring them all
+makes the resumed run draw the same batches, the same masks and the same dropout as the uninterrupted one,
+so its losses and weights match bit for bit (fp32, same device and thread count). Creating a DataLoader
+iterator draws from torch's global generator, so data loading runs inside ``fork_rng``: it cannot shift the
+dropout stream depending on when an iterator happens to be created.
+
+Signals. SIGINT and SIGTERM finish the current step, save a checkpoint and return; a second SIGINT aborts
+at once.
+
+Example:
+    >>> import tempfile, torch, lmforge
+    >>> from lmforge.objectives import build_objective
+    >>> from lmforge.training import TrainConfig, Trainer
+    >>> model = lmforge.build_model("gpt-tiny", n_layers=1, d_model=32, n_heads=2, d_ff=64, vocab_size=50)
+    >>> data = [torch.randint(0, 50, (4, 17)) for _ in range(3)]  # three batches of 4 blocks of 16+1 tokens
+    >>> cfg = TrainConfig(max_steps=3, lr=1e-3, eval_every=0, progress=False, tensorboard=False, precision="fp32")
+    >>> result = Trainer(model, build_objective("clm", pad_token_id=0), data, cfg, out=tempfile.mkdtemp()).fit()
+    >>> result.step, result.stopped_by
+    (3, 'max_steps')
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import signal
+import sys
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+import lmforge
+from lmforge import checkpoint as model_checkpoint
+from lmforge.objectives.base import IGNORE_INDEX
+from lmforge.training.activation_checkpointing import enable_activation_checkpointing
+from lmforge.training.config import TrainConfig
+from lmforge.training.logging import RunLogger
+from lmforge.training.optim import build_optimizer
+from lmforge.training.precision import autocast, resolve_device, resolve_precision
+from lmforge.training.schedules import Schedule
+from lmforge.training.state import CheckpointManager, capture_rng, load_checkpoint, restore_rng, seed_all, to_json
+
+MODEL_DIR = "model"
+
+
+class RunExistsError(ValueError):
+    """The run folder already holds checkpoints, and resuming was not asked for."""
+
+
+@dataclass
+class TrainResult:
+    """What :meth:`Trainer.fit` did.
+
+    Attributes:
+        step: optimizer steps done in total (including those before a resume).
+        stopped_by: ``"max_steps"``, ``"steps"`` (the ``steps`` budget of this call), ``"SIGINT"`` or ``"SIGTERM"``.
+        checkpoint: the checkpoint folder written last (None if nothing was saved).
+        model_dir: the final model folder (``OUT/model``), written once ``max_steps`` is reached.
+        metrics: the last step's record (loss, lr, grad_norm, eval_* ...).
+    """
+
+    step: int
+    stopped_by: str
+    checkpoint: Path | None = None
+    model_dir: Path | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def _count_targets(batch: dict[str, Any]) -> int:
+    if "labels" not in batch:
+        raise ValueError("the objective produced a batch without 'labels': the trainer needs labelled batches")
+    return int((batch["labels"] != IGNORE_INDEX).sum())
+
+
+class Trainer:
+    """Pre-train ``model`` on ``objective(batch)`` for each raw batch of ``train_data``.
+
+    Args:
+        model: an lmforge Transformer (anything whose ``forward(**batch)`` returns ``loss`` and ``n_targets``).
+        objective: a collator ``objective(raw_batch) -> dict of tensors`` with ``labels``; its
+            ``state_dict()`` / ``load_state_dict()`` (if any) are checkpointed.
+        train_data: an iterable of raw batches, re-iterated at each epoch end; its ``state_dict()`` /
+            ``load_state_dict()`` (e.g. :class:`lmforge.data.PackedDataset`) make resume exact.
+        config: a :class:`TrainConfig` (optimizer, schedule, precision, eval/save cadence, ...).
+        out: run folder (default ``config.out``): ``checkpoints/``, ``metrics.jsonl``, ``tensorboard/``,
+            ``loss.png`` and, at the end, ``model/``.
+        eval_data: raw batches for evaluation (the first ``config.eval_batches``, the same ones every time).
+        eval_objective: collator for evaluation (default: a copy of ``objective`` as it is now); its random
+            state is reset before every evaluation, so every evaluation sees the same masks.
+        tokenizer: saved into the final model folder so that it is self-contained.
+    """
+
+    def __init__(self, model: torch.nn.Module, objective, train_data: Iterable, config: TrainConfig, *,
+                 out: str | Path | None = None, eval_data: Iterable | None = None, eval_objective=None,
+                 tokenizer=None) -> None:
+        if out is None and config.out is None:
+            raise ValueError("the Trainer needs a run folder: pass out=... or set config.out")
+        self.config = config.validate()
+        self.out = Path(out if out is not None else config.out)
+        self.device = resolve_device(config.device)
+        self.model = model.to(self.device)
+        self.objective = objective
+        self.train_data = train_data
+        self.eval_data = eval_data
+        self.eval_objective = eval_objective if eval_objective is not None else copy.deepcopy(objective)
+        self._eval_objective_state = copy.deepcopy(_state_of(self.eval_objective))
+        self._eval_data_state = copy.deepcopy(_state_of(eval_data))
+        self.tokenizer = tokenizer
+        self.autocast_dtype = resolve_precision(config.precision, self.device)
+        if config.activation_checkpointing:
+            enable_activation_checkpointing(self.model)
+        self.optimizer = build_optimizer(self.model, config.lr, config.weight_decay, config.betas, config.eps,
+                                         config.no_decay)
+        self._params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        self.schedule = Schedule.from_config(config)
+        self._forward = torch.compile(self.model) if config.compile else self.model
+        self.checkpoints = CheckpointManager(self.out / "checkpoints", keep=config.keep_checkpoints)
+        self.step = 0
+        self.tokens_seen = 0
+        self.skipped_steps = 0
+        self._batches = None  # the live iterator over train_data (created lazily, re-created each epoch)
+        self._started = False
+        self._last_saved: tuple[int, Path] | None = None
+        self._signal: int | None = None
+
+    # ------------------------------------------------------------------ one step
+    def _to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
+        return {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+                for k, v in batch.items()}
+
+    def _next_raw(self):
+        for _ in range(2):  # at most one epoch boundary per call
+            if self._batches is None:
+                self._batches = iter(self.train_data)
+            try:
+                with torch.random.fork_rng(devices=[]):
+                    return next(self._batches)
+            except StopIteration:
+                self._batches = None
+        raise ValueError("the training data yielded no batches")
+
+    def accumulate(self, batches: list[dict[str, Any]]) -> dict[str, Any]:
+        """Forward and backward over collated micro-batches, leaving the gradient of the token-mean loss
+        over all of them in ``.grad``.
+
+        Returns:
+            ``{"loss": mean CE over every target token (None if there is none), "targets": their count}``.
+        """
+        total = sum(_count_targets(b) for b in batches)  # known before any backward: the divisor of every term
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), device=self.device)
+        for batch in batches:
+            with autocast(self.device, self.autocast_dtype):
+                out = self._forward(**batch)
+            if out.loss is None:
+                raise ValueError("the model returned no loss; the objective's batches must carry labels")
+            n = out.n_targets if out.n_targets is not None else _count_targets(batch)
+            # out.loss is the mean over this micro-batch's n targets; n / total turns it into its share of
+            # the mean over the whole accumulated batch.
+            (out.loss * (n / max(total, 1))).backward()
+            loss_sum += out.loss.detach().float() * n
+        return {"loss": loss_sum.item() / total if total else None, "targets": total}
+
+    def train_step(self) -> dict[str, Any]:
+        """One optimizer step on the next ``grad_accum`` batches; returns the step's metrics record."""
+        cfg = self.config
+        batches = [self._to_device(self.objective(self._next_raw())) for _ in range(cfg.grad_accum)]
+        tokens = sum(int(v.numel()) for b in batches for k, v in b.items() if k.endswith("input_ids"))
+        stats = self.accumulate(batches)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self._params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+        lr = cfg.lr * self.schedule(self.step + 1)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        grad_norm = float(grad_norm)
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        else:  # one bad batch must not poison the weights and the Adam moments for the rest of the run
+            self.skipped_steps += 1
+            warnings.warn(f"step {self.step + 1}: non-finite gradient norm; update skipped", stacklevel=2)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.tokens_seen += tokens
+        return {"step": self.step, "loss": stats["loss"], "lr": lr,
+                "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
+                "tokens": tokens, "targets": stats["targets"]}
+
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Loss, perplexity and argmax accuracy over the labelled tokens of the first ``eval_batches`` batches.
+
+        Returns ``{}`` without evaluation data. The model's train/eval mode is restored afterwards.
+        """
+        if self.eval_data is None:
+            return {}
+        _load_state(self.eval_objective, copy.deepcopy(self._eval_objective_state))
+        _load_state(self.eval_data, copy.deepcopy(self._eval_data_state))
+        was_training = self.model.training
+        self.model.eval()
+        loss_sum, correct, total = 0.0, 0, 0
+        data = iter(self.eval_data)
+        try:
+            for _ in range(self.config.eval_batches):
+                try:
+                    with torch.random.fork_rng(devices=[]):
+                        raw = next(data)
+                except StopIteration:
+                    break
+                batch = self._to_device(self.eval_objective(raw))
+                with autocast(self.device, self.autocast_dtype):
+                    out = self._forward(**batch)
+                labels = batch["labels"]
+                target = labels[labels != IGNORE_INDEX]  # (N,), in the order of out.logits' rows
+                loss_sum += float(out.loss) * len(target)
+                correct += int((out.logits.argmax(-1) == target).sum())
+                total += len(target)
+        finally:
+            self.model.train(was_training)
+        if total == 0:
+            return {}
+        loss = loss_sum / total
+        return {"eval_loss": loss, "eval_ppl": math.exp(loss) if loss < 700 else None,
+                "eval_accuracy": correct / total}
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Everything but weights and optimizer tensors that resuming needs, in JSON form."""
+        return {
+            "step": self.step, "tokens": self.tokens_seen, "skipped_steps": self.skipped_steps,
+            "rng": to_json(capture_rng()),
+            "objective": to_json(_state_of(self.objective)),
+            "data": to_json(_state_of(self.train_data)),
+            "schedule": self.schedule.state_dict(), "config": self.config.to_dict(),
+            "lmforge_version": lmforge.__version__, "saved_at": time.time(),
+        }
+
+    def save_checkpoint(self) -> Path:
+        """Write ``OUT/checkpoints/step-NNNNNNNN`` (atomically), update ``latest``, rotate old ones."""
+        if not hasattr(self.train_data, "state_dict"):
+            warnings.warn("train_data has no state_dict(): a resumed run will restart the data from its "
+                          "beginning", stacklevel=2)
+        folder = self.checkpoints.save(self.step, self.model, self.optimizer, self.state_dict())
+        self._last_saved = (self.step, folder)
+        return folder
+
+    def resume(self) -> bool:
+        """Load the newest intact checkpoint of ``OUT`` (falling back, with a warning, past corrupt ones).
+
+        Returns False (with a warning) when the run folder has no checkpoint yet: the run starts at step 0.
+        """
+        found = self.checkpoints.latest_valid()
+        if found is None:
+            warnings.warn(f"{self.checkpoints.root}: no checkpoint to resume from; starting at step 0", stacklevel=2)
+            return False
+        folder, raw = found
+        state = load_checkpoint(folder, self.model, self.optimizer, raw)
+        self.step, self.tokens_seen = state["step"], state["tokens"]
+        self.skipped_steps = state.get("skipped_steps", 0)
+        _load_state(self.objective, state["objective"])
+        _load_state(self.train_data, state["data"])
+        restore_rng(state["rng"])
+        self._batches = None  # the next batch comes from the restored position
+        self._last_saved = (self.step, folder)
+        return True
+
+    def save_model(self) -> Path:
+        """Write the final model folder ``OUT/model`` (config, weights, tokenizer), loadable by lmforge.load."""
+        return model_checkpoint.save(self.model, self.out / MODEL_DIR, tokenizer=self.tokenizer)
+
+    # ------------------------------------------------------------------ the loop
+    def check_fresh(self) -> None:
+        """Raise RunExistsError if ``OUT`` already holds checkpoints (a fresh run would clobber them)."""
+        if self.checkpoints.steps():
+            raise RunExistsError(
+                f"{self.out} already holds a run (checkpoints up to step {self.checkpoints.steps()[-1]}): "
+                "resume it with --resume (resume=True) or choose another output folder")
+
+    def _begin(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        if self.config.resume:
+            if self.resume():
+                return
+        else:
+            self.check_fresh()
+        # A fresh run: the same seed gives the same dropout masks and the same data order every time.
+        seed_all(self.config.seed)
+
+    def fit(self, steps: int | None = None) -> TrainResult:
+        """Train until ``config.max_steps`` (or for at most ``steps`` more steps), then save a checkpoint.
+
+        The first call resumes from ``OUT`` when ``config.resume`` is set, and refuses to overwrite an existing
+        run otherwise. The schedule always spans ``config.max_steps``, so ``fit(steps=n)`` twice equals
+        ``fit()`` up to step ``2n``. Reaching ``max_steps`` also writes ``OUT/model``.
+        """
+        cfg = self.config
+        if not self._started:
+            self._begin()
+            self._started = True
+        target = cfg.max_steps if steps is None else min(cfg.max_steps, self.step + steps)
+        stopped_by = "max_steps" if target == cfg.max_steps else "steps"
+        record: dict[str, Any] = {}
+        self.model.train()
+        logger = RunLogger(self.out, self.step, cfg.max_steps, cfg.progress, cfg.tensorboard)
+        try:
+            with self._catch_signals():
+                while self.step < target:
+                    record = self.train_step()
+                    if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == cfg.max_steps):
+                        record.update(self.evaluate())
+                    logger.log(record)
+                    if self._signal is not None:
+                        stopped_by = signal.Signals(self._signal).name
+                        break
+                    if cfg.save_every and self.step % cfg.save_every == 0 and self.step < target:
+                        self.save_checkpoint()
+                        logger.plot()
+                if self._last_saved is None or self._last_saved[0] != self.step:
+                    self.save_checkpoint()
+        finally:
+            logger.close()
+        model_dir = self.save_model() if self.step >= cfg.max_steps else None
+        return TrainResult(self.step, stopped_by, self._last_saved[1] if self._last_saved else None, model_dir,
+                           record)
+
+    @contextlib.contextmanager
+    def _catch_signals(self):
+        """During the loop, SIGINT/SIGTERM ask for a checkpoint-and-stop after the current step."""
+        self._signal = None
+        if threading.current_thread() is not threading.main_thread():
+            yield  # Python delivers signals to the main thread only; nothing to install from here
+            return
+
+        def handler(signum, frame):
+            if self._signal is not None and signum == signal.SIGINT:
+                raise KeyboardInterrupt  # a second Ctrl-C: stop now, without the checkpoint
+            self._signal = signum
+            print(f"\n{signal.Signals(signum).name}: finishing step {self.step + 1} and saving a checkpoint "
+                  "(Ctrl-C again to abort without saving)", file=sys.stderr, flush=True)
+
+        previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+
+def _state_of(obj) -> Any:
+    return obj.state_dict() if obj is not None and hasattr(obj, "state_dict") else None
+
+
+def _load_state(obj, state) -> None:
+    if obj is not None and state is not None and hasattr(obj, "load_state_dict"):
+        obj.load_state_dict(state)
