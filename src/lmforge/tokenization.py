@@ -36,7 +36,8 @@ Example:
     'the cat sat'
     >>> tok.special_token_ids()
     {'bos_token_id': 0, 'eos_token_id': 0}
-    >>> tok.save(d / "tok"); Tokenizer.load(d / "tok").special_token_ids()["eos_token_id"]
+    >>> folder = tok.save(d / "tok")
+    >>> Tokenizer.load(folder).special_token_ids()["eos_token_id"]
     0
 """
 
@@ -286,6 +287,14 @@ class Tokenizer:
         self.sentinels = [t for t in sentinels if backend.token_to_id(t) is not None]
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Picklable for DataLoader workers: the lock is per process.
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     # ------------------------------------------------------------------ vocabulary
     @property
     def vocab_size(self) -> int:
@@ -339,13 +348,20 @@ class Tokenizer:
         return None
 
     def sha256(self) -> str:
-        """Digest of the serialised tokenizer: equal digests encode identically."""
-        return hashlib.sha256(self.backend.to_str().encode("utf-8")).hexdigest()
+        """Digest of the serialised tokenizer: equal digests encode identically.
+
+        Serialised after one parse, because Unigram scores written by a freshly trained tokenizer can
+        differ in the last digit from the same scores re-read (the same tokenizer, saved and loaded,
+        must keep its digest).
+        """
+        canonical = _Backend.from_str(self.backend.to_str()).to_str()
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
     # ------------------------------------------------------------------ encode / decode
     def tokenize(self, text: str) -> list[str]:
         """The tokens (strings) of ``text``, without special tokens."""
-        return self.backend.encode(text, add_special_tokens=False).tokens
+        with self._lock:
+            return self.backend.encode(text, add_special_tokens=False).tokens
 
     def encode(self, text: str | Sequence[str], pair: str | Sequence[str] | None = None, *,
                add_special_tokens: bool = True, is_split_into_words: bool = False) -> list[int]:
@@ -360,8 +376,9 @@ class Tokenizer:
         Returns:
             A list of ids, shape ``(T,)``.
         """
-        return self.backend.encode(text, pair, is_pretokenized=is_split_into_words,
-                                   add_special_tokens=add_special_tokens).ids
+        with self._lock:  # never while another thread has padding/truncation switched on
+            return self.backend.encode(text, pair, is_pretokenized=is_split_into_words,
+                                       add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         """Text of ``ids`` (a list or a 1-D tensor/array of ids)."""

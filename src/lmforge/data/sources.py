@@ -162,7 +162,8 @@ def _iter_txt(path: Path, stream: BinaryIO, errors: str) -> Iterator[str]:
             raise DataError(_where(path, fed - pending + exc.start, line)) from None
         fed += len(block)
         newlines += text.count("\n")
-        window = tail + text
+        # At the end, a final "\n" lets a last whitespace-only line (no newline of its own) end the document.
+        window = tail + text + ("" if block else "\n")
         parts = _BOUNDARY.split(window)
         if len(parts) > 1:
             head.append(parts[0])
@@ -170,14 +171,15 @@ def _iter_txt(path: Path, stream: BinaryIO, errors: str) -> Iterator[str]:
                 doc = doc.strip("\r\n")
                 if doc.strip():
                     yield doc
-            head, last = [], parts[-1]
+            # Keep the boundary's last "\n": whitespace-only lines in the next block still join it.
+            head, last = [], "\n" + parts[-1]
         else:
             last = window
         stripped = last.rstrip()
         head.append(stripped)
         tail = last[len(stripped):]
         if not block:
-            doc = "".join(head).strip("\r\n")
+            doc = ("".join(head) + tail).strip("\r\n")
             if doc.strip():
                 yield doc
             return

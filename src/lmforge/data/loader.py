@@ -1,0 +1,398 @@
+"""Streaming datasets over prepared shards: packed blocks for causal LM, document segments for MLM/T5/BART.
+
+Both datasets are ``torch.utils.data.IterableDataset`` s that yield whole *batches*, and every batch is a
+pure function of ``(seed, epoch, batch index, rank, world_size)``:
+
+* **Epoch order.** Shard order is shuffled with ``np.random.default_rng([seed, epoch, 0])`` and the
+  documents (or segments) inside shard ``s`` with ``default_rng([seed, epoch, 1, s])``; ``shuffle=False``
+  keeps file order.
+* **Packing** (:class:`PackedDataset`). The epoch's documents are concatenated with the boundary token
+  (eos; BERT: [SEP]) after each one, and the stream is cut into consecutive, non-overlapping blocks of
+  ``seq_len + 1`` tokens (the last partial block is dropped)::
+
+      stream:  d7 d7 d7 EOS d2 d2 EOS d9 d9 d9 d9 EOS d4 ...
+      blocks:  [------ seq_len+1 -----][------ seq_len+1 -----] ...
+
+  A block ``x`` trains on inputs ``x[:-1]`` and targets ``x[1:]``.
+* **Documents** (:class:`DocumentDataset`). Each document is cut into segments of at most ``max_len``
+  tokens; a sample is one segment, without special tokens.
+* **Ranks and workers.** Sample ``g`` of the epoch goes to rank ``g % world_size``; each rank keeps the same
+  number of samples (the remainder, fewer than ``world_size``, is dropped) and cuts them into batches.
+  Batch ``i`` of a rank is produced by DataLoader worker ``i % num_workers``, which is the order in
+  which ``DataLoader`` returns them, so the batches do not depend on the number of workers.
+* **Exact resume.** :meth:`state_dict` is ``{"epoch", "batch"}`` (+ settings that must match); after
+  :meth:`load_state_dict` the next batch is the one the uninterrupted run would have produced. Iterating
+  the dataset itself (or via :class:`StatefulLoader`, which adds DataLoader workers) keeps the state.
+
+Example:
+    >>> ds = PackedDataset("data/corpus", seq_len=256, batch_size=8, seed=0)  # doctest: +SKIP
+    >>> batch = next(iter(ds)); batch.shape  # (B, seq_len + 1) int64  # doctest: +SKIP
+    torch.Size([8, 257])
+    >>> state = ds.state_dict()                  # e.g. saved in a checkpoint  # doctest: +SKIP
+    >>> ds2 = PackedDataset("data/corpus", seq_len=256, batch_size=8, seed=0)  # doctest: +SKIP
+    >>> ds2.load_state_dict(state); torch.equal(next(iter(ds2)), next(iter(ds)))  # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import abc
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from lmforge.data.prepare import read_manifest
+from lmforge.data.sources import DataError
+
+
+def _default_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if rank is None or world_size is None:
+        dist = torch.distributed
+        initialised = dist.is_available() and dist.is_initialized()
+        rank = (dist.get_rank() if initialised else 0) if rank is None else rank
+        world_size = (dist.get_world_size() if initialised else 1) if world_size is None else world_size
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside world_size {world_size}")
+    return rank, world_size
+
+
+class ShardSet:
+    """One split of a prepared folder: shard sizes up front, token/offset memmaps opened lazily.
+
+    Memmaps are not pickled (a DataLoader worker opens its own), so the object is cheap to send.
+
+    Args:
+        folder: output folder of ``lmforge data prepare``.
+        split: ``"train"`` or ``"val"``.
+    """
+
+    def __init__(self, folder: str | Path, split: str = "train") -> None:
+        self.folder = Path(folder)
+        manifest = read_manifest(self.folder)
+        if split not in manifest["splits"]:
+            raise DataError(f"{folder}: no split {split!r} (splits: {', '.join(manifest['splits'])})")
+        self.split = split
+        self.manifest = manifest
+        self.shards = [c[split] for c in manifest["chunks"] if c.get(split)]
+        if not self.shards:
+            raise DataError(f"{folder}: split {split!r} is empty")
+        self.dtype = np.dtype(manifest["dtype"])
+        self.tokens = np.array([s["tokens"] for s in self.shards], dtype=np.int64)  # (S,)
+        self.documents = np.array([s["documents"] for s in self.shards], dtype=np.int64)  # (S,)
+        self._open: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_open": {}}
+
+    def arrays(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(tokens (N,), offsets (D + 1,))`` memmaps of shard ``shard``."""
+        if shard not in self._open:
+            info = self.shards[shard]
+            tokens = np.memmap(self.folder / info["bin"], dtype=self.dtype, mode="r", shape=(info["tokens"],))
+            offsets = np.memmap(self.folder / info["idx"], dtype=np.uint64, mode="r",
+                                shape=(info["documents"] + 1,))
+            self._open[shard] = (tokens, offsets.astype(np.int64))
+        return self._open[shard]
+
+    def lengths(self, shard: int) -> np.ndarray:
+        """Token count of each document of ``shard``, shape (D,)."""
+        offsets = self.arrays(shard)[1]
+        return offsets[1:] - offsets[:-1]
+
+
+class _ShardDataset(IterableDataset, abc.ABC):
+    """Epoch/batch bookkeeping, rank and worker slicing, state; subclasses define the samples."""
+
+    kind = "base"
+
+    def __init__(self, folder, *, split, batch_size, seed, shuffle, rank, world_size) -> None:
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size} must be >= 1")
+        if seed < 0:
+            raise ValueError(f"seed={seed} must be >= 0")
+        self.data = ShardSet(folder, split)
+        self.batch_size, self.seed, self.shuffle = batch_size, seed, shuffle
+        self.rank, self.world_size = _default_rank(rank, world_size)
+        self.epoch = 0
+        self.batch = 0  # next rank-local batch of `epoch`
+        self._cache: OrderedDict = OrderedDict()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_cache": OrderedDict()}
+
+    # ---- what a subclass defines
+    @abc.abstractmethod
+    def num_samples(self) -> int:
+        """Samples in one epoch, over all ranks."""
+
+    @abc.abstractmethod
+    def _samples(self, epoch: int, index: np.ndarray):
+        """The samples with epoch indices ``index`` (B,), as one batch."""
+
+    def _settings(self) -> dict[str, Any]:
+        return {}
+
+    # ---- epoch structure
+    def _shard_order(self, epoch: int) -> np.ndarray:
+        n = len(self.data)
+        return np.random.default_rng([self.seed, epoch, 0]).permutation(n) if self.shuffle else np.arange(n)
+
+    def _permutation(self, epoch: int, shard: int, n: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(n)
+        return np.random.default_rng([self.seed, epoch, 1, shard]).permutation(n)
+
+    def _cached(self, key, build):
+        # Consecutive batches come from the same one or two shards; a few entries suffice.
+        if key not in self._cache:
+            self._cache[key] = build()
+            while len(self._cache) > 4:
+                self._cache.popitem(last=False)
+        return self._cache[key]
+
+    def samples_per_rank(self) -> int:
+        return self.num_samples() // self.world_size
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (the last, partial batch is dropped)."""
+        return self.samples_per_rank() // self.batch_size
+
+    def get_batch(self, epoch: int, i: int):
+        """Batch ``i`` of this rank in ``epoch`` (random access; does not change the state)."""
+        if not 0 <= i < len(self):
+            raise IndexError(f"batch {i} is outside this epoch's {len(self)} batches")
+        local = np.arange(i * self.batch_size, (i + 1) * self.batch_size, dtype=np.int64)
+        return self._samples(epoch, local * self.world_size + self.rank)
+
+    def _batches(self, epoch: int, start: int, worker: int, workers: int) -> Iterator:
+        for i in range(start + worker, len(self), workers):
+            yield self.get_batch(epoch, i)
+
+    def __iter__(self) -> Iterator:
+        info = get_worker_info()
+        if info is not None:  # inside a DataLoader worker: a copy; the main process keeps the state
+            yield from self._batches(self.epoch, self.batch, info.id, info.num_workers)
+            return
+        if self.batch >= len(self):
+            self.epoch, self.batch = self.epoch + 1, 0
+        while self.batch < len(self):
+            i = self.batch
+            batch = self.get_batch(self.epoch, i)
+            self.batch = i + 1  # before yielding: a state saved now resumes after this batch
+            yield batch
+        self.epoch, self.batch = self.epoch + 1, 0
+
+    # ---- state
+    def state_dict(self) -> dict[str, Any]:
+        """Position (``epoch``, next ``batch``) plus the settings a resumed run must share."""
+        return {"kind": self.kind, "epoch": self.epoch, "batch": self.batch, "seed": self.seed,
+                "shuffle": self.shuffle, "batch_size": self.batch_size, "rank": self.rank,
+                "world_size": self.world_size, "split": self.data.split,
+                "data": self.data.manifest["fingerprint"], **self._settings()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a position saved by :meth:`state_dict`; settings must match (else ``ValueError``)."""
+        mine = self.state_dict()
+        for key, value in mine.items():
+            if key not in ("epoch", "batch") and state.get(key) != value:
+                raise ValueError(f"cannot resume: saved {key}={state.get(key)!r} but this dataset has {value!r}")
+        self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
+
+
+class PackedDataset(_ShardDataset):
+    """Contiguous packing for causal LM: batches of blocks of ``seq_len + 1`` tokens, shape ``(B, seq_len + 1)``.
+
+    Args:
+        folder: output folder of ``lmforge data prepare``.
+        seq_len: tokens of model input per block (a block holds ``seq_len + 1``: inputs and shifted targets).
+        batch_size: blocks per batch.
+        split: ``"train"`` or ``"val"``.
+        seed: shuffling seed.
+        shuffle: shuffle shard and document order each epoch (False: file order, for evaluation).
+        rank, world_size: this process's slice; default from ``torch.distributed`` if initialised, else 0/1.
+        eos_id: boundary token between documents; default the tokenizer's eos (BERT: [SEP]) from the manifest.
+
+    Example:
+        >>> ds = PackedDataset("data/corpus", seq_len=128, batch_size=4)  # doctest: +SKIP
+        >>> x = next(iter(ds)); inputs, targets = x[:, :-1], x[:, 1:]  # (4, 128) each  # doctest: +SKIP
+    """
+
+    kind = "packed"
+
+    def __init__(self, folder: str | Path, seq_len: int, batch_size: int, *, split: str = "train", seed: int = 0,
+                 shuffle: bool = True, rank: int | None = None, world_size: int | None = None,
+                 eos_id: int | None = None) -> None:
+        super().__init__(folder, split=split, batch_size=batch_size, seed=seed, shuffle=shuffle, rank=rank,
+                         world_size=world_size)
+        if seq_len < 1:
+            raise ValueError(f"seq_len={seq_len} must be >= 1")
+        self.seq_len = seq_len
+        self.block = seq_len + 1
+        self.eos_id = self.data.manifest["tokenizer"].get("boundary_token_id") if eos_id is None else eos_id
+        if self.eos_id is None:
+            raise DataError(f"{folder}: the tokenizer has no eos/sep token to separate documents; pass eos_id")
+        self.stream = self.data.tokens + self.data.documents  # (S,) tokens + one eos per document
+        if len(self) == 0:
+            raise DataError(f"{folder} split {split!r}: {int(self.stream.sum()):,} tokens make fewer than one "
+                            f"batch of {batch_size} x {self.block} tokens per rank ({self.world_size} ranks)")
+
+    def _settings(self) -> dict[str, Any]:
+        return {"seq_len": self.seq_len, "eos_id": self.eos_id}
+
+    def num_samples(self) -> int:
+        return int(self.stream.sum()) // self.block
+
+    def _layout(self, epoch: int, shard: int):
+        """Shard ``shard`` in epoch order: stream offsets (D+1,), token starts (D,), lengths (D,)."""
+        def build():
+            offsets = self.data.arrays(shard)[1]
+            perm = self._permutation(epoch, shard, len(offsets) - 1)
+            starts, lengths = offsets[:-1][perm], (offsets[1:] - offsets[:-1])[perm]
+            cum = np.zeros(len(perm) + 1, dtype=np.int64)
+            np.cumsum(lengths + 1, out=cum[1:])
+            return cum, starts, lengths
+        return self._cached(("layout", epoch, shard), build)
+
+    def _samples(self, epoch: int, index: np.ndarray) -> torch.Tensor:
+        order = self._cached(("order", epoch), lambda: self._shard_order(epoch))
+        shard_start = np.concatenate([[0], np.cumsum(self.stream[order])])  # (S+1,) in epoch order
+        pos = (index[:, None] * self.block + np.arange(self.block)).ravel()  # (B*L,) stream positions
+        out = np.empty(pos.size, dtype=np.int64)
+        where = np.searchsorted(shard_start, pos, side="right") - 1
+        for s in np.unique(where):
+            sel = where == s
+            cum, starts, lengths = self._layout(epoch, int(order[s]))
+            local = pos[sel] - shard_start[s]
+            doc = np.searchsorted(cum, local, side="right") - 1
+            offset = local - cum[doc]
+            is_eos = offset >= lengths[doc]
+            tokens = self.data.arrays(int(order[s]))[0]
+            src = starts[doc] + np.minimum(offset, lengths[doc] - 1)
+            out[sel] = np.where(is_eos, self.eos_id, tokens[src])
+        return torch.from_numpy(out.reshape(len(index), self.block))
+
+
+class DocumentDataset(_ShardDataset):
+    """Per-document samples for objectives that need whole documents (MLM segments, T5 / BART denoising).
+
+    Each document is cut into segments of at most ``max_len`` tokens; a batch is a list of ``batch_size``
+    1-D int64 tensors (segment lengths vary; no special tokens are added).
+
+    Args:
+        folder: output folder of ``lmforge data prepare``.
+        max_len: longest segment, in tokens.
+        batch_size: segments per batch.
+        split, seed, shuffle, rank, world_size: as for :class:`PackedDataset`.
+
+    Example:
+        >>> ds = DocumentDataset("data/corpus", max_len=510, batch_size=16)  # doctest: +SKIP
+        >>> [x.shape for x in next(iter(ds))][:2]  # doctest: +SKIP
+        [torch.Size([510]), torch.Size([87])]
+    """
+
+    kind = "documents"
+
+    def __init__(self, folder: str | Path, max_len: int, batch_size: int, *, split: str = "train", seed: int = 0,
+                 shuffle: bool = True, rank: int | None = None, world_size: int | None = None) -> None:
+        super().__init__(folder, split=split, batch_size=batch_size, seed=seed, shuffle=shuffle, rank=rank,
+                         world_size=world_size)
+        if max_len < 1:
+            raise ValueError(f"max_len={max_len} must be >= 1")
+        self.max_len = max_len
+        # Segments per shard; reading every offsets file once is O(documents), done at construction.
+        self.units = np.array([int(((self.data.lengths(s) + max_len - 1) // max_len).sum())
+                               for s in range(len(self.data))], dtype=np.int64)  # (S,)
+        self.data._open.clear()
+        if len(self) == 0:
+            raise DataError(f"{folder} split {split!r}: {int(self.units.sum()):,} segments make fewer than one "
+                            f"batch of {batch_size} per rank ({self.world_size} ranks)")
+
+    def _settings(self) -> dict[str, Any]:
+        return {"max_len": self.max_len}
+
+    def num_samples(self) -> int:
+        return int(self.units.sum())
+
+    def _segments(self, epoch: int, shard: int):
+        """Segments of ``shard`` in epoch order: token start (U,) and length (U,)."""
+        def build():
+            offsets = self.data.arrays(shard)[1]
+            lengths = offsets[1:] - offsets[:-1]
+            count = (lengths + self.max_len - 1) // self.max_len  # (D,)
+            doc = np.repeat(np.arange(len(lengths)), count)  # (U,)
+            first = np.repeat(np.cumsum(count) - count, count)
+            seg = np.arange(len(doc)) - first  # segment number inside its document
+            start = offsets[:-1][doc] + seg * self.max_len
+            length = np.minimum(self.max_len, lengths[doc] - seg * self.max_len)
+            perm = self._permutation(epoch, shard, len(doc))
+            return start[perm], length[perm]
+        return self._cached(("segments", epoch, shard), build)
+
+    def _samples(self, epoch: int, index: np.ndarray) -> list[torch.Tensor]:
+        order = self._cached(("order", epoch), lambda: self._shard_order(epoch))
+        unit_start = np.concatenate([[0], np.cumsum(self.units[order])])
+        where = np.searchsorted(unit_start, index, side="right") - 1
+        out = []
+        for g, s in zip(index.tolist(), where.tolist()):
+            shard = int(order[s])
+            start, length = self._segments(epoch, shard)
+            u = g - unit_start[s]
+            tokens = self.data.arrays(shard)[0][start[u]:start[u] + length[u]]
+            out.append(torch.from_numpy(tokens.astype(np.int64)))
+        return out
+
+
+class StatefulLoader:
+    """DataLoader workers for a shard dataset, keeping its resumable state in the main process.
+
+    A plain ``DataLoader`` iterates copies of the dataset in its workers, so the dataset in the main
+    process never learns how far they got. This wrapper counts the batches it hands out, so
+    :meth:`state_dict` is exact with any ``num_workers``.
+
+    Args:
+        dataset: a :class:`PackedDataset` or :class:`DocumentDataset`.
+        num_workers: worker processes (0: load in this process).
+        pin_memory: pin batches for faster host-to-GPU copies.
+        prefetch_factor: batches each worker loads ahead.
+
+    Example:
+        >>> loader = StatefulLoader(PackedDataset("data/corpus", 256, 8), num_workers=2)  # doctest: +SKIP
+        >>> for step, batch in enumerate(loader):  # batch: (8, 257)  # doctest: +SKIP
+        ...     if step == 100: torch.save(loader.state_dict(), "loader.pt")
+    """
+
+    def __init__(self, dataset: _ShardDataset, num_workers: int = 0, pin_memory: bool = False,
+                 prefetch_factor: int | None = None) -> None:
+        self.dataset, self.num_workers = dataset, num_workers
+        self.pin_memory, self.prefetch_factor = pin_memory, prefetch_factor
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __iter__(self) -> Iterator:
+        ds = self.dataset
+        if self.num_workers == 0:
+            yield from ds
+            return
+        if ds.batch >= len(ds):
+            ds.epoch, ds.batch = ds.epoch + 1, 0
+        loader = DataLoader(ds, batch_size=None, num_workers=self.num_workers, pin_memory=self.pin_memory,
+                            prefetch_factor=self.prefetch_factor)
+        for batch in loader:
+            ds.batch += 1
+            yield batch
+        ds.epoch, ds.batch = ds.epoch + 1, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.dataset.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.dataset.load_state_dict(state)
