@@ -10,12 +10,16 @@ Example::
     $ lmforge pretrain --model gpt-tiny --objective clm --data data/corpus --out runs/gpt \\
           --max-steps 2000 --batch-size 16 --lr 6e-4 --warmup 100 --override n_layers=4
     $ lmforge pretrain --out runs/gpt --resume          # after a crash, Ctrl-C or SIGTERM
+    $ torchrun --nproc-per-node 8 -m lmforge.cli.main pretrain --config run.yaml --strategy fsdp
+
+Under torchrun every rank runs this command; only rank 0 prints and writes. See docs/distributed.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 import typing
 import warnings
@@ -49,7 +53,11 @@ OPTIONS = [
     ("precision", "bf16 autocast or fp32; auto = bf16 where the hardware has it"),
     ("compile", "torch.compile the model"),
     ("activation_checkpointing", "recompute activations in backward to save memory"),
-    ("device", "where to train"),
+    ("device", "where to train (under torchrun: cuda:LOCAL_RANK)"),
+    ("strategy", "single process, DDP or FSDP2; auto = ddp under torchrun with several processes"),
+    ("fsdp_param_dtype", "FSDP: dtype parameters are all-gathered in for compute; auto follows --precision"),
+    ("fsdp_reduce_dtype", "FSDP: dtype of the gradient reduce-scatter"),
+    ("fsdp_cpu_offload", "FSDP: keep sharded parameters, gradients and optimizer state in host memory"),
     ("num_workers", "DataLoader worker processes"),
     ("seed", "seed of initial weights, data order, masking and dropout"),
     ("resume", "continue the run in --out from its newest intact checkpoint"),
@@ -57,7 +65,8 @@ OPTIONS = [
     ("tensorboard", "write TensorBoard events"),
 ]
 CHOICES = {"objective": "PRETRAIN_OBJECTIVES", "schedule": "SCHEDULES", "precision": "PRECISIONS",
-           "device": "DEVICES"}
+           "device": "DEVICES", "strategy": "STRATEGIES", "fsdp_param_dtype": "FSDP_PARAM_DTYPES",
+           "fsdp_reduce_dtype": "FSDP_REDUCE_DTYPES"}
 
 
 def _key_values(pairs: list[str] | None, flag: str) -> dict:
@@ -99,7 +108,8 @@ def _plain_warnings():
     previous = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None):
-        print(f"lmforge pretrain: warning: {message}", file=sys.stderr, flush=True)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank would repeat rank 0's warnings
+            print(f"lmforge pretrain: warning: {message}", file=sys.stderr, flush=True)
 
     warnings.showwarning = show
     try:
@@ -109,27 +119,39 @@ def _plain_warnings():
 
 
 def run(args) -> int:
+    from lmforge.training.distributed import recorded
+
+    return recorded(_run)(args)  # under torchrun, a failing rank's traceback reaches the launcher's summary
+
+
+def _run(args) -> int:
     import signal
 
+    from lmforge.training import distributed
     from lmforge.training.pretrain import build_pretraining
 
     with _plain_warnings():
         config = _settings(args)
-        built = build_pretraining(config)
-        config, model, trainer = built.config, built.model, built.trainer
-        cfg = model.config
-        dtype = "bf16" if trainer.autocast_dtype is not None else "fp32"
-        print(f"model {cfg.name} ({cfg.arch}, {model.num_parameters() / 1e6:.2f}M parameters, vocab "
-              f"{cfg.vocab_size:,}) | objective {config.objective} | batch {config.batch_size} x "
-              f"{config.grad_accum} | {dtype} on {trainer.device} | out {config.out}", file=sys.stderr)
-        result = trainer.fit()
+        with distributed.session(config.strategy, config.device) as ctx:
+            built = build_pretraining(config)
+            config, model, trainer = built.config, built.model, built.trainer
+            cfg = model.config
+            dtype = "bf16" if trainer.autocast_dtype is not None else "fp32"
+            ranks = f" x {ctx.world_size} ranks ({ctx.strategy})" if ctx.grouped else ""
+            if ctx.is_main:
+                print(f"model {cfg.name} ({cfg.arch}, {model.num_parameters() / 1e6:.2f}M parameters, vocab "
+                      f"{cfg.vocab_size:,}) | objective {config.objective} | batch {config.batch_size} x "
+                      f"{config.grad_accum}{ranks} | {dtype} on {trainer.device} | out {config.out}", file=sys.stderr)
+            result = trainer.fit()
     if result.stopped_by in ("SIGINT", "SIGTERM"):
-        print(f"stopped by {result.stopped_by} at step {result.step}; checkpoint {result.checkpoint}. "
-              f"Continue with: lmforge pretrain --out {config.out} --resume", file=sys.stderr)
+        if ctx.is_main:
+            print(f"stopped by {result.stopped_by} at step {result.step}; checkpoint {result.checkpoint}. "
+                  f"Continue with: lmforge pretrain --out {config.out} --resume", file=sys.stderr)
         return 128 + int(getattr(signal, result.stopped_by))
     loss = result.metrics.get("loss")
-    print(f"done: step {result.step}, loss {loss:.4f}, model saved to {result.model_dir}"
-          if isinstance(loss, float) else f"done: step {result.step}, model saved to {result.model_dir}")
+    if ctx.is_main:
+        print(f"done: step {result.step}, loss {loss:.4f}, model saved to {result.model_dir}"
+              if isinstance(loss, float) else f"done: step {result.step}, model saved to {result.model_dir}")
     return 0
 
 

@@ -7,6 +7,8 @@
     precision.py                 device and bf16-autocast choice
     activation_checkpointing.py  recompute layer activations in backward to save memory
     state.py                     checkpoint folders: atomic, checksummed, rotated; RNG capture/restore
+    distributed.py               torchrun ranks: strategy (single / DDP / FSDP2), process group, reductions, failures
+    dist_checkpoint.py           FSDP's sharded checkpoints through DCP, resharding, consolidation to a model folder
     logging.py                   metrics.jsonl, TensorBoard, loss.png, progress bar
     pretrain.py                  the recipe behind `lmforge pretrain`: tokenizer + shards + objective + model
 

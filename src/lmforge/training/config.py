@@ -37,6 +37,9 @@ PRECISIONS = ("auto", "bf16", "fp32")
 DEVICES = ("auto", "cpu", "cuda")
 NO_DECAY_KINDS = ("bias", "norm", "embedding")
 PRETRAIN_OBJECTIVES = ("mlm", "clm", "prefix-lm", "span-corruption", "denoising")
+STRATEGIES = ("auto", "single", "ddp", "fsdp")
+FSDP_PARAM_DTYPES = ("auto", "bf16", "fp32")
+FSDP_REDUCE_DTYPES = ("fp32", "bf16")
 
 
 @dataclass
@@ -55,6 +58,11 @@ class TrainConfig:
         schedule: ``schedule``, ``warmup`` steps, ``min_lr_ratio`` (end of linear/cosine decay, as a share of
             ``lr``), ``cut_frac`` and ``stlr_ratio`` (slanted triangular).
         speed: ``precision``, ``compile``, ``activation_checkpointing``, ``device``, ``num_workers``.
+        distributed (see :mod:`lmforge.training.distributed`): ``strategy`` (auto | single | ddp | fsdp; auto is
+            ddp under torchrun with several processes), ``fsdp_param_dtype`` (dtype of the all-gathered
+            parameters; auto follows ``precision``), ``fsdp_reduce_dtype`` (dtype of the gradient
+            reduce-scatter), ``fsdp_cpu_offload`` (keep the sharded parameters, gradients and optimizer state
+            in host memory). ``batch_size`` is per rank: the global batch is batch_size x grad_accum x ranks.
         bookkeeping: ``eval_every``/``eval_batches``, ``save_every``/``keep_checkpoints``, ``seed``, ``resume``,
             ``progress`` (tqdm bar), ``tensorboard``.
     """
@@ -91,6 +99,11 @@ class TrainConfig:
     activation_checkpointing: bool = False
     device: str = "auto"
     num_workers: int = 0
+    # --- distributed -------------------------------------------------------------------------------
+    strategy: str = "auto"
+    fsdp_param_dtype: str = "auto"
+    fsdp_reduce_dtype: str = "fp32"
+    fsdp_cpu_offload: bool = False
     # --- evaluation, checkpoints, logs ------------------------------------------------------------
     eval_every: int = 200
     eval_batches: int = 20
@@ -158,7 +171,9 @@ class TrainConfig:
         if unknown:
             raise bad("no_decay", f"lists unknown kind(s) {', '.join(unknown)}; "
                                   f"choose from {', '.join(NO_DECAY_KINDS)}")
-        for key, allowed in (("schedule", SCHEDULES), ("precision", PRECISIONS), ("device", DEVICES)):
+        for key, allowed in (("schedule", SCHEDULES), ("precision", PRECISIONS), ("device", DEVICES),
+                             ("strategy", STRATEGIES), ("fsdp_param_dtype", FSDP_PARAM_DTYPES),
+                             ("fsdp_reduce_dtype", FSDP_REDUCE_DTYPES)):
             if getattr(self, key) not in allowed:
                 raise bad(key, f"is not one of {', '.join(allowed)}")
         if self.objective is not None and self.objective not in PRETRAIN_OBJECTIVES:

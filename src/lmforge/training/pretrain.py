@@ -16,6 +16,10 @@ This is where the pieces meet; the Trainer itself stays ignorant of objectives a
   of ``seq_len - 2`` tokens, leaving room for the framing tokens they add ([CLS] ... [SEP], <s> ... </s>,
   ... </s>). Evaluation uses the ``val`` split in file order.
 
+* **Ranks.** Under torchrun (``strategy`` ddp/fsdp) the process group is joined first, so that the datasets
+  take this rank's slice; the training objective's seed is :func:`~lmforge.training.distributed.rank_seed`, so
+  ranks mask differently. Only rank 0 writes ``config.yaml`` and ``tokenizer/``.
+
 The run folder is self-contained: ``config.yaml`` (these settings), ``tokenizer/``, ``checkpoints/``,
 ``metrics.jsonl``, ``tensorboard/``, ``loss.png`` and, at the end, ``model/`` (loadable by ``lmforge.load``).
 
@@ -43,6 +47,7 @@ from lmforge.data.sources import DataError
 from lmforge.models import Transformer
 from lmforge.objectives import OBJECTIVES, architectures_for, check_architecture
 from lmforge.tokenization import Tokenizer
+from lmforge.training import distributed
 from lmforge.training.config import TrainConfig
 from lmforge.training.trainer import Trainer, TrainResult
 
@@ -156,6 +161,7 @@ def _absolute(config: TrainConfig) -> TrainConfig:
 def build_pretraining(config: TrainConfig) -> PretrainRun:
     """Check ``config`` and assemble tokenizer, model, objective, data and Trainer (nothing is trained)."""
     config.require("model", "objective", "data", "out")
+    ctx = distributed.setup(config.strategy, config.device)  # before the datasets: they read rank and world size
     tokenizer = load_tokenizer(config)
     model_config = model_config_for(config.model, tokenizer, config.overrides)
     check_architecture(config.objective, model_config.arch)
@@ -166,7 +172,8 @@ def build_pretraining(config: TrainConfig) -> PretrainRun:
     if not packed_fits(config.objective) and seq_len <= FRAMING_TOKENS:
         raise ConfigError(f"seq_len={seq_len} leaves no room for text besides the {FRAMING_TOKENS} framing tokens")
     objective = OBJECTIVES[config.objective](
-        **objective_kwargs(config.objective, tokenizer, config.seed, config.objective_options))
+        **objective_kwargs(config.objective, tokenizer, distributed.rank_seed(config.seed, ctx.rank),
+                           config.objective_options))
     eval_objective = OBJECTIVES[config.objective](
         **objective_kwargs(config.objective, tokenizer, config.seed + 1, config.objective_options))
     train_data, eval_data = datasets_for(config, seq_len)
@@ -179,15 +186,18 @@ def build_pretraining(config: TrainConfig) -> PretrainRun:
     config = _absolute(config)
     out = Path(config.out)
     trainer = Trainer(model, objective, train_data, config, eval_data=eval_data, eval_objective=eval_objective,
-                      tokenizer=tokenizer)
+                      tokenizer=tokenizer, dist=ctx)
     if not config.resume:
         trainer.check_fresh()  # before config.yaml is rewritten: refusing must leave the old run untouched
-    out.mkdir(parents=True, exist_ok=True)
-    config.save(out / "config.yaml")
-    tokenizer.save(out / "tokenizer")
+    if ctx.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        config.save(out / "config.yaml")
+        tokenizer.save(out / "tokenizer")
     return PretrainRun(config, tokenizer, model, trainer)
 
 
 def pretrain(config: TrainConfig) -> TrainResult:
-    """Build the run described by ``config`` and train it (see the module docstring)."""
-    return build_pretraining(config).trainer.fit()
+    """Build the run described by ``config`` and train it (see the module docstring); under torchrun, inside a
+    :func:`~lmforge.training.distributed.session` (the process group is closed at the end, or on a failure)."""
+    with distributed.session(config.strategy, config.device):
+        return build_pretraining(config).trainer.fit()

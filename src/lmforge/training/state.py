@@ -10,6 +10,10 @@ Layout of a run folder's checkpoints::
         manifest.json                                 sha256 of every file above (written last)
     OUT/checkpoints/latest                            "step-00000500": the newest complete checkpoint
 
+FSDP runs write the *sharded* layout instead (``dcp/`` shards in place of the weight and optimizer files, and
+``"layout": "sharded"`` in the manifest): see :mod:`lmforge.training.dist_checkpoint`. Both layouts share the
+manifest, the ``latest`` pointer, rotation and fallback defined here.
+
 Nothing is pickled: tensors go to safetensors and everything else to JSON. Generator states (torch,
 numpy, Python's ``random``) become lists or base64 text (:func:`to_json` / :func:`from_json`).
 
@@ -58,6 +62,8 @@ LATEST_FILE = "latest"
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 REQUIRED = (f"{MODEL_DIR}/{model_checkpoint.CONFIG_FILE}", f"{MODEL_DIR}/{model_checkpoint.WEIGHTS_FILE}",
             OPTIMIZER_FILE, STATE_FILE)
+SHARDS_DIR = "dcp"  # the sharded layout's DCP folder: one safetensors shard per rank
+REQUIRED_SHARDED = (f"{MODEL_DIR}/{model_checkpoint.CONFIG_FILE}", STATE_FILE)
 
 
 class CorruptCheckpoint(ValueError):
@@ -185,6 +191,15 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def write_manifest(folder: Path, step: int | None, layout: str = "full") -> None:
+    """Checksum every file of a (temporary) checkpoint folder into ``manifest.json``; the last file written."""
+    files = {p.relative_to(folder).as_posix(): _sha256(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+    manifest = {"format": FORMAT, "version": 1, "step": step, "files": files}
+    if layout != "full":
+        manifest["layout"] = layout
+    (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+
+
 def write_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                      state: dict[str, Any]) -> Path:
     """Write one checkpoint folder atomically (see the module docstring); ``state`` must be JSON-able."""
@@ -194,9 +209,7 @@ def write_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.opti
         model_checkpoint.save(model, tmp / MODEL_DIR)
         save_file(tensors, str(tmp / OPTIMIZER_FILE), metadata={"format": "pt"})
         (tmp / STATE_FILE).write_text(payload + "\n", encoding="utf-8")
-        files = {p.relative_to(tmp).as_posix(): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
-        manifest = {"format": FORMAT, "version": 1, "step": state.get("step"), "files": files}
-        (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+        write_manifest(tmp, state.get("step"))
     return folder
 
 
@@ -212,9 +225,12 @@ def verify_checkpoint(folder: Path) -> dict[str, Any]:
         files = manifest["files"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CorruptCheckpoint(f"{manifest_path}: missing or unreadable ({exc})") from exc
-    for name in REQUIRED:
+    sharded = manifest.get("layout") == "sharded"
+    for name in REQUIRED_SHARDED if sharded else REQUIRED:
         if name not in files:
             raise CorruptCheckpoint(f"{folder}: the manifest does not list {name}")
+    if sharded and not any(name.startswith(f"{SHARDS_DIR}/") for name in files):
+        raise CorruptCheckpoint(f"{folder}: the manifest lists no {SHARDS_DIR}/ shard")
     for name, want in files.items():
         path = folder / name
         if not path.is_file():
@@ -279,7 +295,10 @@ class CheckpointManager:
              state: dict[str, Any]) -> Path:
         """Write checkpoint ``step``, point ``latest`` at it, then delete all but the newest ``keep``."""
         self.clean_temporaries()
-        folder = write_checkpoint(self.path(step), model, optimizer, state)
+        return self.publish(write_checkpoint(self.path(step), model, optimizer, state))
+
+    def publish(self, folder: Path) -> Path:
+        """Point ``latest`` at a complete checkpoint folder, then delete all but the newest ``keep``."""
         atomic_write_text(self.root / LATEST_FILE, folder.name + "\n")
         self.rotate()
         return folder

@@ -27,6 +27,15 @@ dropout stream depending on when an iterator happens to be created.
 Signals. SIGINT and SIGTERM finish the current step, save a checkpoint and return; a second SIGINT aborts
 at once.
 
+Many ranks (``strategy`` ddp or fsdp, under torchrun; see :mod:`lmforge.training.distributed`). Each rank
+draws its own slice of the data (the loaders read rank and world size from the process group). ``N`` above
+becomes the target count of the global batch, all-reduced before any backward, and each rank back-propagates
+``out.loss * n_k * W / N``: DDP and FSDP average the W ranks' gradients, which leaves the gradient of the mean
+over every target of every rank. DDP skips its all-reduce on all but the last micro-step (``no_sync``).
+Logged loss, token counts and evaluation sums are reduced over the ranks, and only rank 0 logs and writes
+files. A signal on any rank stops every rank after the same step. FSDP checkpoints are sharded
+(:mod:`lmforge.training.dist_checkpoint`); checkpoints of either layout resume on any number of ranks.
+
 Example:
     >>> import tempfile, torch, lmforge
     >>> from lmforge.objectives import build_objective
@@ -43,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import math
 import signal
 import sys
@@ -58,15 +68,19 @@ import torch
 import lmforge
 from lmforge import checkpoint as model_checkpoint
 from lmforge.objectives.base import IGNORE_INDEX
+from lmforge.training import dist_checkpoint, distributed
 from lmforge.training.activation_checkpointing import enable_activation_checkpointing
 from lmforge.training.config import TrainConfig
+from lmforge.training.distributed import DistContext
 from lmforge.training.logging import RunLogger
 from lmforge.training.optim import build_optimizer
-from lmforge.training.precision import autocast, resolve_device, resolve_precision
+from lmforge.training.precision import autocast, resolve_precision
 from lmforge.training.schedules import Schedule
-from lmforge.training.state import CheckpointManager, capture_rng, load_checkpoint, restore_rng, seed_all, to_json
+from lmforge.training.state import (STATE_FILE, CheckpointManager, CorruptCheckpoint, capture_rng, restore_rng,
+                                    seed_all, to_json)
 
 MODEL_DIR = "model"
+SIGNAL_ECHO_S = 1.0  # with several ranks, a repeated SIGINT this soon after the first is torchrun passing it on
 
 
 class RunExistsError(ValueError):
@@ -98,6 +112,16 @@ def _count_targets(batch: dict[str, Any]) -> int:
     return int((batch["labels"] != IGNORE_INDEX).sum())
 
 
+def _check_slice(data, ctx: DistContext, name: str) -> None:
+    """Refuse data built for another rank layout: every rank would silently train on the same batches."""
+    state = _state_of(data)
+    if isinstance(state, dict) and "rank" in state and "world_size" in state:
+        if (state["rank"], state["world_size"]) != (ctx.rank, ctx.world_size):
+            raise ValueError(f"{name} serves rank {state['rank']} of {state['world_size']}, but this process is rank "
+                             f"{ctx.rank} of {ctx.world_size}: build the datasets after distributed.setup() (they "
+                             "read the rank from the process group), or pass rank= and world_size=")
+
+
 class Trainer:
     """Pre-train ``model`` on ``objective(batch)`` for each raw batch of ``train_data``.
 
@@ -114,17 +138,22 @@ class Trainer:
         eval_objective: collator for evaluation (default: a copy of ``objective`` as it is now); its random
             state is reset before every evaluation, so every evaluation sees the same masks.
         tokenizer: saved into the final model folder so that it is self-contained.
+        dist: this process's place in the job, from :func:`lmforge.training.distributed.setup` (default: set up
+            from ``config.strategy`` and ``config.device``). Build the datasets after it: they take their slice
+            from the process group.
     """
 
     def __init__(self, model: torch.nn.Module, objective, train_data: Iterable, config: TrainConfig, *,
                  out: str | Path | None = None, eval_data: Iterable | None = None, eval_objective=None,
-                 tokenizer=None) -> None:
+                 tokenizer=None, dist: DistContext | None = None) -> None:
         if out is None and config.out is None:
             raise ValueError("the Trainer needs a run folder: pass out=... or set config.out")
         self.config = config.validate()
         self.out = Path(out if out is not None else config.out)
-        self.device = resolve_device(config.device)
-        self.model = model.to(self.device)
+        self.dist = dist if dist is not None else distributed.setup(config.strategy, config.device)
+        self.device = self.dist.device
+        _check_slice(train_data, self.dist, "train_data")
+        _check_slice(eval_data, self.dist, "eval_data")
         self.objective = objective
         self.train_data = train_data
         self.eval_data = eval_data
@@ -134,12 +163,15 @@ class Trainer:
         self.tokenizer = tokenizer
         self.autocast_dtype = resolve_precision(config.precision, self.device)
         if config.activation_checkpointing:
-            enable_activation_checkpointing(self.model)
+            enable_activation_checkpointing(model)
+        # self.model keeps the plain parameter names (FSDP: it is now sharded); _wrapped is what a step calls.
+        self.model, self._wrapped = distributed.wrap_model(model, self.dist, **self._fsdp_options())
+        # Built after wrapping: FSDP replaces the parameters by sharded ones, which the optimizer must hold.
         self.optimizer = build_optimizer(self.model, config.lr, config.weight_decay, config.betas, config.eps,
                                          config.no_decay)
         self._params = [p for g in self.optimizer.param_groups for p in g["params"]]
         self.schedule = Schedule.from_config(config)
-        self._forward = torch.compile(self.model) if config.compile else self.model
+        self._forward = torch.compile(self._wrapped) if config.compile else self._wrapped
         self.checkpoints = CheckpointManager(self.out / "checkpoints", keep=config.keep_checkpoints)
         self.step = 0
         self.tokens_seen = 0
@@ -148,6 +180,14 @@ class Trainer:
         self._started = False
         self._last_saved: tuple[int, Path] | None = None
         self._signal: int | None = None
+
+    def _fsdp_options(self) -> dict[str, Any]:
+        cfg = self.config
+        bf16 = cfg.fsdp_param_dtype == "bf16" or (cfg.fsdp_param_dtype == "auto" and
+                                                  self.autocast_dtype == torch.bfloat16)
+        return {"param_dtype": torch.bfloat16 if bf16 else None,
+                "reduce_dtype": torch.bfloat16 if cfg.fsdp_reduce_dtype == "bf16" else torch.float32,
+                "cpu_offload": cfg.fsdp_cpu_offload}
 
     # ------------------------------------------------------------------ one step
     def _to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
@@ -172,20 +212,26 @@ class Trainer:
         Returns:
             ``{"loss": mean CE over every target token (None if there is none), "targets": their count}``.
         """
+        world = self.dist.world_size
         total = sum(_count_targets(b) for b in batches)  # known before any backward: the divisor of every term
+        if world > 1:  # the global batch's count: every rank divides by the same N
+            total = int(self.dist.all_reduce([total])[0])
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=self.device)
-        for batch in batches:
-            with autocast(self.device, self.autocast_dtype):
-                out = self._forward(**batch)
-            if out.loss is None:
-                raise ValueError("the model returned no loss; the objective's batches must carry labels")
-            n = out.n_targets if out.n_targets is not None else _count_targets(batch)
-            # out.loss is the mean over this micro-batch's n targets; n / total turns it into its share of
-            # the mean over the whole accumulated batch.
-            (out.loss * (n / max(total, 1))).backward()
+        for k, batch in enumerate(batches):
+            with distributed.gradient_sync(self._wrapped, sync=k == len(batches) - 1):
+                with autocast(self.device, self.autocast_dtype):
+                    out = self._forward(**batch)
+                if out.loss is None:
+                    raise ValueError("the model returned no loss; the objective's batches must carry labels")
+                n = out.n_targets if out.n_targets is not None else _count_targets(batch)
+                # out.loss is the mean over this micro-batch's n targets; n / total turns it into its share of
+                # the mean over the whole accumulated batch, and the factor `world` undoes the averaging of
+                # the ranks' gradients by DDP/FSDP.
+                (out.loss * (n * world / max(total, 1))).backward()
             loss_sum += out.loss.detach().float() * n
-        return {"loss": loss_sum.item() / total if total else None, "targets": total}
+        loss = self.dist.all_reduce([loss_sum.item()])[0] if world > 1 else loss_sum.item()
+        return {"loss": loss / total if total else None, "targets": total}
 
     def train_step(self) -> dict[str, Any]:
         """One optimizer step on the next ``grad_accum`` batches; returns the step's metrics record."""
@@ -193,11 +239,13 @@ class Trainer:
         batches = [self._to_device(self.objective(self._next_raw())) for _ in range(cfg.grad_accum)]
         tokens = sum(int(v.numel()) for b in batches for k, v in b.items() if k.endswith("input_ids"))
         stats = self.accumulate(batches)
+        if self.dist.world_size > 1:
+            tokens = int(self.dist.all_reduce([tokens])[0])
         grad_norm = torch.nn.utils.clip_grad_norm_(self._params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
         lr = cfg.lr * self.schedule(self.step + 1)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        grad_norm = float(grad_norm)
+        grad_norm = distributed.full_value(grad_norm)  # FSDP: a DTensor, the norm over every rank's shards
         if math.isfinite(grad_norm):
             self.optimizer.step()
         else:  # one bad batch must not poison the weights and the Adam moments for the rest of the run
@@ -231,6 +279,11 @@ class Trainer:
                     with torch.random.fork_rng(devices=[]):
                         raw = next(data)
                 except StopIteration:
+                    raw = None
+                # Every rank must run as many forwards as the others (FSDP all-gathers in each one).
+                if self.dist.world_size > 1 and not self.dist.all_reduce([raw is not None], "min")[0]:
+                    break
+                if raw is None:
                     break
                 batch = self._to_device(self.eval_objective(raw))
                 with autocast(self.device, self.autocast_dtype):
@@ -242,6 +295,8 @@ class Trainer:
                 total += len(target)
         finally:
             self.model.train(was_training)
+        if self.dist.world_size > 1:
+            loss_sum, correct, total = self.dist.all_reduce([loss_sum, correct, total])
         if total == 0:
             return {}
         loss = loss_sum / total
@@ -249,23 +304,41 @@ class Trainer:
                 "eval_accuracy": correct / total}
 
     # ------------------------------------------------------------------ checkpoints
+    def rank_state(self) -> dict[str, Any]:
+        """What differs between ranks, in JSON form: RNG states, the objective's and the loader's positions."""
+        return {"rng": to_json(capture_rng()), "objective": to_json(_state_of(self.objective)),
+                "data": to_json(_state_of(self.train_data))}
+
     def state_dict(self) -> dict[str, Any]:
-        """Everything but weights and optimizer tensors that resuming needs, in JSON form."""
+        """Everything but weights and optimizer tensors that resuming needs, in JSON form (this rank's view)."""
         return {
             "step": self.step, "tokens": self.tokens_seen, "skipped_steps": self.skipped_steps,
-            "rng": to_json(capture_rng()),
-            "objective": to_json(_state_of(self.objective)),
-            "data": to_json(_state_of(self.train_data)),
+            **self.rank_state(),
             "schedule": self.schedule.state_dict(), "config": self.config.to_dict(),
+            "strategy": self.dist.strategy, "world_size": self.dist.world_size,
             "lmforge_version": lmforge.__version__, "saved_at": time.time(),
         }
 
     def save_checkpoint(self) -> Path:
-        """Write ``OUT/checkpoints/step-NNNNNNNN`` (atomically), update ``latest``, rotate old ones."""
+        """Write ``OUT/checkpoints/step-NNNNNNNN`` (atomically), update ``latest``, rotate old ones.
+
+        With several ranks every rank must call it: rank 0 stores every rank's :meth:`rank_state`, and FSDP
+        writes one DCP shard per rank.
+        """
         if not hasattr(self.train_data, "state_dict"):
             warnings.warn("train_data has no state_dict(): a resumed run will restart the data from its "
                           "beginning", stacklevel=2)
-        folder = self.checkpoints.save(self.step, self.model, self.optimizer, self.state_dict())
+        state = self.state_dict()
+        if self.dist.world_size > 1:
+            state["ranks"] = self.dist.gather_json(self.rank_state())
+        if self.dist.strategy == "fsdp":
+            folder = dist_checkpoint.save_sharded(self.checkpoints, self.step, self.model, self.optimizer, state,
+                                                  self.dist)
+        else:
+            if self.dist.is_main:  # DDP replicas are identical: rank 0's model and optimizer stand for all
+                self.checkpoints.save(self.step, self.model, self.optimizer, state)
+            self.dist.barrier()
+            folder = self.checkpoints.path(self.step)
         self._last_saved = (self.step, folder)
         return folder
 
@@ -274,24 +347,70 @@ class Trainer:
 
         Returns False (with a warning) when the run folder has no checkpoint yet: the run starts at step 0.
         """
-        found = self.checkpoints.latest_valid()
+        found = self._find_checkpoint()
         if found is None:
             warnings.warn(f"{self.checkpoints.root}: no checkpoint to resume from; starting at step 0", stacklevel=2)
             return False
         folder, raw = found
-        state = load_checkpoint(folder, self.model, self.optimizer, raw)
+        state = dist_checkpoint.load_training_checkpoint(folder, self.model, self.optimizer, raw, self.dist)
         self.step, self.tokens_seen = state["step"], state["tokens"]
         self.skipped_steps = state.get("skipped_steps", 0)
-        _load_state(self.objective, state["objective"])
-        _load_state(self.train_data, state["data"])
-        restore_rng(state["rng"])
+        self._restore_rank_state(state)
         self._batches = None  # the next batch comes from the restored position
         self._last_saved = (self.step, folder)
         return True
 
+    def _find_checkpoint(self) -> tuple[Path, dict[str, Any]] | None:
+        """The newest intact checkpoint: rank 0 checks the checksums (warning past damaged ones) and tells
+        the other ranks which one, so that all load the same step."""
+        if self.dist.world_size == 1:
+            return self.checkpoints.latest_valid()
+        found, choice = None, None
+        if self.dist.is_main:
+            try:
+                found = self.checkpoints.latest_valid()
+                choice = {"name": found[0].name if found else None}
+            except CorruptCheckpoint as exc:
+                choice = {"error": str(exc)}
+        choice = self.dist.broadcast_json(choice)
+        if "error" in choice:
+            raise CorruptCheckpoint(choice["error"])
+        if choice["name"] is None:
+            return None
+        folder = self.checkpoints.root / choice["name"]
+        return folder, found[1] if found else json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
+
+    def _restore_rank_state(self, state: dict[str, Any]) -> None:
+        """This rank's RNG, objective and loader state; mapped over when the number of ranks changed."""
+        ranks = state.get("ranks") or [{k: state[k] for k in ("rng", "objective", "data")}]
+        rank, world = self.dist.rank, self.dist.world_size
+        mine = ranks[rank % len(ranks)]
+        _load_state(self.objective, mine["objective"])
+        if len(ranks) == world:
+            _load_state(self.train_data, mine["data"])
+            restore_rng(mine["rng"])
+            return
+        data, repeated = dist_checkpoint.reshard_data_state([r["data"] for r in ranks], _state_of(self.train_data))
+        _load_state(self.train_data, data)
+        seed_all(distributed.rank_seed(self.config.seed + self.step, rank))  # no saved stream fits: fresh ones
+        if self.dist.is_main:
+            where = ("the data restarts from its beginning" if data is None else
+                     f"the data continues at the same global sample ({repeated} samples are seen twice)" if repeated
+                     else "the data continues at the same global sample")
+            warnings.warn(f"resuming a checkpoint of {len(ranks)} rank(s) on {world}: weights and optimizer state "
+                          f"are resharded exactly, {where}, and the random streams are new", stacklevel=3)
+
     def save_model(self) -> Path:
-        """Write the final model folder ``OUT/model`` (config, weights, tokenizer), loadable by lmforge.load."""
-        return model_checkpoint.save(self.model, self.out / MODEL_DIR, tokenizer=self.tokenizer)
+        """Write the final model folder ``OUT/model`` (config, weights, tokenizer), loadable by lmforge.load.
+
+        FSDP gathers the whole model to rank 0 first; only rank 0 writes. Collective with several ranks.
+        """
+        path = self.out / MODEL_DIR
+        model = dist_checkpoint.unsharded_copy(self.model, self.dist) if self.dist.strategy == "fsdp" else self.model
+        if self.dist.is_main:
+            model_checkpoint.save(model, path, tokenizer=self.tokenizer)
+        self.dist.barrier()
+        return path
 
     # ------------------------------------------------------------------ the loop
     def check_fresh(self) -> None:
@@ -308,8 +427,9 @@ class Trainer:
                 return
         else:
             self.check_fresh()
-        # A fresh run: the same seed gives the same dropout masks and the same data order every time.
-        seed_all(self.config.seed)
+        # A fresh run: the same seed gives the same dropout masks and the same data order every time
+        # (and each rank its own masks; rank 0 those of a single-process run).
+        seed_all(distributed.rank_seed(self.config.seed, self.dist.rank))
 
     def fit(self, steps: int | None = None) -> TrainResult:
         """Train until ``config.max_steps`` (or for at most ``steps`` more steps), then save a checkpoint.
@@ -326,27 +446,39 @@ class Trainer:
         stopped_by = "max_steps" if target == cfg.max_steps else "steps"
         record: dict[str, Any] = {}
         self.model.train()
-        logger = RunLogger(self.out, self.step, cfg.max_steps, cfg.progress, cfg.tensorboard)
+        # Only rank 0 logs: its records already hold the numbers reduced over all ranks.
+        logger = RunLogger(self.out, self.step, cfg.max_steps, cfg.progress, cfg.tensorboard) if self.dist.is_main \
+            else None
         try:
             with self._catch_signals():
                 while self.step < target:
                     record = self.train_step()
                     if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == cfg.max_steps):
                         record.update(self.evaluate())
-                    logger.log(record)
-                    if self._signal is not None:
-                        stopped_by = signal.Signals(self._signal).name
+                    if logger is not None:
+                        logger.log(record)
+                    signum = self._agreed_signal()
+                    if signum is not None:
+                        stopped_by = signal.Signals(signum).name
                         break
                     if cfg.save_every and self.step % cfg.save_every == 0 and self.step < target:
                         self.save_checkpoint()
-                        logger.plot()
+                        if logger is not None:
+                            logger.plot()
                 if self._last_saved is None or self._last_saved[0] != self.step:
                     self.save_checkpoint()
         finally:
-            logger.close()
+            if logger is not None:
+                logger.close()
         model_dir = self.save_model() if self.step >= cfg.max_steps else None
         return TrainResult(self.step, stopped_by, self._last_saved[1] if self._last_saved else None, model_dir,
                            record)
+
+    def _agreed_signal(self) -> int | None:
+        """The signal that stops the run, if any rank caught one: all ranks stop after the same step."""
+        if self.dist.world_size == 1:
+            return self._signal
+        return int(self.dist.all_reduce([self._signal or 0], "max")[0]) or None
 
     @contextlib.contextmanager
     def _catch_signals(self):
@@ -356,12 +488,21 @@ class Trainer:
             yield  # Python delivers signals to the main thread only; nothing to install from here
             return
 
+        first_at = [0.0]
+
         def handler(signum, frame):
             if self._signal is not None and signum == signal.SIGINT:
-                raise KeyboardInterrupt  # a second Ctrl-C: stop now, without the checkpoint
+                # torchrun forwards the terminal's Ctrl-C to ranks that got it already: that echo, within
+                # moments of the first, is not a second Ctrl-C.
+                if self.dist.world_size == 1 or time.monotonic() - first_at[0] > SIGNAL_ECHO_S:
+                    raise KeyboardInterrupt  # a second Ctrl-C: stop now, without the checkpoint
+                return
+            if self._signal is None:
+                first_at[0] = time.monotonic()
             self._signal = signum
-            print(f"\n{signal.Signals(signum).name}: finishing step {self.step + 1} and saving a checkpoint "
-                  "(Ctrl-C again to abort without saving)", file=sys.stderr, flush=True)
+            if self.dist.is_main:
+                print(f"\n{signal.Signals(signum).name}: finishing step {self.step + 1} and saving a checkpoint "
+                      "(Ctrl-C again to abort without saving)", file=sys.stderr, flush=True)
 
         previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
