@@ -1,0 +1,28 @@
+"""Representations: sentence embeddings, Sentence-BERT training, retrieval, probing, contextual neighbours.
+
+    module      what                                                         CLI
+    pooling     pool(h, mask, cls|mean|max|last), ScalarMix (ELMo)           -
+    encoder     SentenceEncoder(model, tok).encode / .word_vectors           lmforge embed
+    losses      triplet, multiple-negatives ranking, cosine regression       -
+    sbert       train_embedding, finetune_embedding, evaluate_sts/retrieval  lmforge finetune --task embedding
+    index       VectorIndex (exact cosine top-k, optional FAISS HNSW)        lmforge index build|search
+    probe       probe_layers: a logistic-regression probe per layer         lmforge probe
+    neighbors   contextual vs static (word2vec / PPMI-SVD) neighbours        lmforge neighbors
+
+ELMo's biLM itself is a model: :mod:`lmforge.models.bilstm_lm`.
+
+Example:
+    >>> from lmforge.embeddings import SentenceEncoder                          # doctest: +SKIP
+    >>> enc = SentenceEncoder.load("runs/minilm")                               # doctest: +SKIP
+    >>> enc.encode(["A man plays guitar.", "Someone plays music."]).shape       # doctest: +SKIP
+    (2, 384)
+"""
+
+from lmforge.embeddings.encoder import SentenceEncoder, default_pooling, embed_texts
+from lmforge.embeddings.losses import cosine_similarity_loss, multiple_negatives_ranking_loss, triplet_loss
+from lmforge.embeddings.pooling import POOLINGS, ScalarMix, pool
+
+Encoder = SentenceEncoder  # the name the issue uses
+
+__all__ = ["Encoder", "POOLINGS", "ScalarMix", "SentenceEncoder", "cosine_similarity_loss", "default_pooling",
+           "embed_texts", "multiple_negatives_ranking_loss", "pool", "triplet_loss"]

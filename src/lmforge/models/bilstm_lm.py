@@ -1,0 +1,251 @@
+"""ELMo's bidirectional LSTM language model and its scalar-mix feature extractor (Peters et al. 2018).
+
+Two LSTM language models share the token embedding and the softmax, and nothing else::
+
+    ids (B, T) -> embed (B, T, E) --> forward LSTM x L  --> h_fwd[l] (B, T, H)  --softmax--> p(x_{t+1} | x_<=t)
+                                  \\-> backward LSTM x L --> h_bwd[l] (B, T, H)  --softmax--> p(x_{t-1} | x_>=t)
+
+    loss = mean CE of both directions:  -(sum_t log p(x_t | x_<t) + log p(x_t | x_>t)) / (#targets)
+
+The backward LM reads each sequence reversed *within its length* (padding stays on the right), so padded
+batches give the same states as unpadded ones. Layers above the first add a residual connection, as ELMo's
+second layer does. The representation of layer l is ``[h_fwd[l]; h_bwd[l]]`` (B, T, 2H); layer 0 is the
+token embedding projected to 2H (ELMo duplicates its context-free char-CNN vector; a projection makes the
+sizes match for any E). :meth:`BiLM.elmo` mixes the L+1 layers with a learned
+:class:`~lmforge.embeddings.pooling.ScalarMix` (softmax-normalised weights x gamma).
+
+Pre-training: :class:`BiLMObjective` is a collator with the interface of :mod:`lmforge.objectives`, and the
+model returns ``loss``/``n_targets``/flat ``logits`` in the order of its labels, so
+``Trainer(BiLM(cfg), BiLMObjective(pad_token_id=0), batches, config, out=...)`` runs it unchanged;
+:func:`pretrain_bilm` is a dependency-free loop for small experiments.
+
+Example:
+    >>> import torch
+    >>> lm = BiLM(BiLMConfig(vocab_size=50, d_embed=16, d_hidden=16, n_layers=2))
+    >>> ids = torch.randint(1, 50, (2, 7))
+    >>> out = lm(ids, labels=bilm_labels(ids))
+    >>> out.loss.shape, out.n_targets, len(lm.layer_states(ids)), lm.elmo(ids).shape
+    (torch.Size([]), 24, 3, torch.Size([2, 7, 32]))
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lmforge.embeddings.pooling import ScalarMix
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class BiLMConfig:
+    """Plain data (round-trips through ``asdict``/JSON).
+
+    Args:
+        vocab_size: tokens.
+        d_embed: token embedding size E.
+        d_hidden: LSTM hidden size H per direction (layer representations are 2H).
+        n_layers: LSTM layers per direction.
+        dropout: between layers and before the softmax.
+        pad_token_id: padding id (its embedding stays zero).
+    """
+
+    vocab_size: int
+    d_embed: int = 128
+    d_hidden: int = 128
+    n_layers: int = 2
+    dropout: float = 0.1
+    pad_token_id: int = 0
+
+    def __post_init__(self):
+        for key in ("vocab_size", "d_embed", "d_hidden", "n_layers"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"BiLMConfig.{key} must be >= 1 (got {getattr(self, key)})")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"BiLMConfig.dropout must be in [0, 1) (got {self.dropout})")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class BiLMOutput:
+    loss: torch.Tensor | None = None
+    n_targets: int | None = None
+    logits: torch.Tensor | None = None  # (N, V) at the labelled targets: forward ones first, then backward
+    forward_logits: torch.Tensor | None = None  # (B, T, V): position t predicts token t+1
+    backward_logits: torch.Tensor | None = None  # (B, T, V): position t predicts token t-1
+
+
+def reverse_within_length(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Reverse each row's first ``lengths[b]`` steps, leave its padding in place; (B, T, ...) -> same.
+
+    Applying it twice is the identity, so the same call maps the backward LSTM's outputs back.
+    """
+    T = x.size(1)
+    t = torch.arange(T, device=x.device)[None, :]  # (1, T)
+    L = lengths[:, None]  # (B, 1)
+    index = torch.where(t < L, L - 1 - t, t)  # (B, T)
+    return x.gather(1, index.view(*index.shape, *([1] * (x.dim() - 2))).expand_as(x))
+
+
+class _Direction(nn.Module):
+    """A stack of single-layer LSTMs, so every layer's states are available (nn.LSTM only returns the top)."""
+
+    def __init__(self, cfg: BiLMConfig):
+        super().__init__()
+        sizes = [cfg.d_embed] + [cfg.d_hidden] * cfg.n_layers
+        self.layers = nn.ModuleList(nn.LSTM(sizes[i], sizes[i + 1], batch_first=True) for i in range(cfg.n_layers))
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        states = []
+        for i, lstm in enumerate(self.layers):
+            h, _ = lstm(self.dropout(x) if i else x)  # (B, T, H)
+            h = h + x if i else h  # residual above the first layer (sizes match there)
+            states.append(h)
+            x = h
+        return states
+
+
+class BiLM(nn.Module):
+    """Forward + backward LSTM LMs with a shared embedding and softmax (ELMo's biLM)."""
+
+    def __init__(self, config: BiLMConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_embed, padding_idx=config.pad_token_id)
+        self.forward_lm = _Direction(config)
+        self.backward_lm = _Direction(config)
+        self.to_vocab_space = nn.Linear(config.d_hidden, config.d_embed)  # then the tied (shared) softmax
+        self.layer0 = nn.Linear(config.d_embed, 2 * config.d_hidden)
+        self.dropout = nn.Dropout(config.dropout)
+        self.scalar_mix = ScalarMix(config.n_layers + 1)
+
+    def _lengths(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        if attention_mask is None:
+            return torch.full((input_ids.size(0),), input_ids.size(1), device=input_ids.device)
+        return attention_mask.long().sum(1)
+
+    def directional_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
+        """(embeddings (B, T, E), forward states L x (B, T, H), backward states L x (B, T, H))."""
+        x = self.embed_tokens(input_ids)
+        lengths = self._lengths(input_ids, attention_mask)
+        fwd = self.forward_lm(x)
+        # the backward LM is a forward LM over the reversed sequence; map its states back to positions t
+        bwd = [reverse_within_length(h, lengths) for h in self.backward_lm(reverse_within_length(x, lengths))]
+        return x, fwd, bwd
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.to_vocab_space(self.dropout(h)) @ self.embed_tokens.weight.T  # (..., V)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None) -> BiLMOutput:
+        """``labels`` (B, 2, T) are aligned with the predictions (see :func:`bilm_labels`): ``labels[:, 0, t]`` is
+        the forward LM's target at position t (token t+1), ``labels[:, 1, t]`` the backward LM's (token t-1),
+        -100 where there is none. The flat ``logits`` rows follow ``labels[labels != -100]``, as the trainer's
+        evaluation expects."""
+        _, fwd, bwd = self.directional_states(input_ids, attention_mask)
+        fwd_logits, bwd_logits = self._logits(fwd[-1]), self._logits(bwd[-1])  # (B, T, V) each
+        out = BiLMOutput(forward_logits=fwd_logits, backward_logits=bwd_logits)
+        if labels is not None:
+            if labels.dim() != 3 or labels.size(1) != 2:
+                raise ValueError(f"BiLM labels must be (B, 2, T) (use bilm_labels); got {tuple(labels.shape)}")
+            keep = labels != IGNORE_INDEX  # (B, 2, T)
+            out.logits = torch.stack([fwd_logits, bwd_logits], 1)[keep]  # (N, V)
+            target = labels[keep]
+            out.n_targets = int(target.numel())
+            out.loss = F.cross_entropy(out.logits.float(), target) if out.n_targets else out.logits.sum() * 0
+        return out
+
+    def layer_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """The L+1 representations, each (B, T, 2H): projected embeddings, then ``[h_fwd[l]; h_bwd[l]]``."""
+        x, fwd, bwd = self.directional_states(input_ids, attention_mask)
+        return [self.layer0(x)] + [torch.cat([f, b], -1) for f, b in zip(fwd, bwd)]
+
+    def elmo(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+             scalar_mix: ScalarMix | None = None) -> torch.Tensor:
+        """ELMo vectors (B, T, 2H): ``gamma * sum_l softmax(s)_l * layer_l`` (Peters et al. 2018, eq. 1).
+
+        Pass a task's own :class:`ScalarMix` (and freeze the biLM) to learn the mix for that task.
+        """
+        return (scalar_mix or self.scalar_mix)(self.layer_states(input_ids, attention_mask))
+
+
+def bilm_labels(input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Aligned targets of both LMs, (B, T) -> (B, 2, T): row 0 holds token t+1 at t, row 1 token t-1 at t.
+
+    A target is kept only when both the predicting position and the predicted token are real (not padding).
+
+    Example:
+        >>> bilm_labels(torch.tensor([[5, 6, 7, 0]]), torch.tensor([[1, 1, 1, 0]])).tolist()
+        [[[6, 7, -100, -100], [-100, 5, 6, -100]]]
+    """
+    B, T = input_ids.shape
+    real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    labels = torch.full((B, 2, T), IGNORE_INDEX, dtype=torch.long, device=input_ids.device)
+    labels[:, 0, :-1] = torch.where(real[:, :-1] & real[:, 1:], input_ids[:, 1:], IGNORE_INDEX)
+    labels[:, 1, 1:] = torch.where(real[:, 1:] & real[:, :-1], input_ids[:, :-1], IGNORE_INDEX)
+    return labels
+
+
+class BiLMObjective:
+    """The ``bilm`` pre-training collator: token sequences -> ``input_ids, attention_mask, labels (B, 2, T)``.
+
+    Same interface as :mod:`lmforge.objectives` (a seeded-batch transform with ``state_dict``), and the
+    labels count one target per prediction, so :class:`lmforge.training.Trainer` can run it unchanged.
+
+    Example:
+        >>> BiLMObjective(pad_token_id=0)([[5, 6, 7], [8, 9]])["labels"][1].tolist()
+        [[9, -100, -100], [-100, 8, -100]]
+    """
+
+    def __init__(self, *, pad_token_id: int):
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, examples) -> dict[str, torch.Tensor]:
+        seqs = [torch.as_tensor(x, dtype=torch.long).flatten() for x in examples]
+        if any(len(s) < 2 for s in seqs):
+            raise ValueError("the biLM objective needs sequences of at least 2 tokens")
+        T = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), T), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), T), dtype=torch.long)
+        for b, s in enumerate(seqs):
+            ids[b, :len(s)], mask[b, :len(s)] = s, 1
+        return {"input_ids": ids, "attention_mask": mask, "labels": bilm_labels(ids, mask)}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state:
+            raise ValueError(f"BiLMObjective is stateless; got unexpected state keys {sorted(state)}")
+
+
+def pretrain_bilm(model: BiLM, batches, *, steps: int, lr: float = 1e-3, grad_clip: float = 1.0) -> list[float]:
+    """A minimal pre-training loop over ``(input_ids, attention_mask)`` batches (cycled); returns the losses.
+
+    Example:
+        >>> lm = BiLM(BiLMConfig(vocab_size=20, d_embed=8, d_hidden=8, n_layers=1, dropout=0.0))
+        >>> ids = torch.arange(1, 13).view(2, 6)          # two fixed sequences, easy to memorise
+        >>> losses = pretrain_bilm(lm, [(ids, None)], steps=60, lr=3e-2)
+        >>> losses[-1] < losses[0] / 2
+        True
+    """
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    losses, data = [], list(batches)
+    for step in range(steps):
+        ids, mask = data[step % len(data)]
+        out = model(ids, attention_mask=mask, labels=bilm_labels(ids, mask))
+        optimizer.zero_grad(set_to_none=True)
+        out.loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        optimizer.step()
+        losses.append(out.loss.item())
+    model.eval()
+    return losses
