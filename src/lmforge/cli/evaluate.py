@@ -1,0 +1,77 @@
+"""``lmforge evaluate``: score a fine-tuned task folder on labelled data.
+
+Prints a table of metrics and, as its last line, the same metrics as one JSON object (for scripts)::
+
+    $ lmforge evaluate --model runs/rt/best --data rt-sentiment:test
+    metric    value
+    --------  ----------
+    loss      0.3012
+    accuracy  0.8739
+    ...
+    {"loss": 0.3012, "accuracy": 0.8739, ..., "examples": 1007}
+
+A plain LM folder can be scored on a generative task: ``--task seq2seq --text-column en --target-column es``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+OVERRIDE_FLAGS = {
+    "text_column": "column of the input text, if it differs from training",
+    "text_pair_column": "column of the second text of a pair",
+    "label_column": "column of the gold label",
+    "target_column": "column of the gold target text / answers",
+    "task_prefix": "prefix put before each input (seq2seq/text2text)",
+    "max_length": "input tokens (longer inputs are cut, with a warning)",
+    "max_target_length": "target tokens; also the generation limit",
+}
+
+
+def add_common(parser, output: bool) -> None:
+    """The flags evaluate and predict share."""
+    from lmforge.tasks.spec import TASKS
+
+    parser.add_argument("--model", required=True, metavar="DIR", help="task folder (OUT/best or OUT/model of a run)")
+    parser.add_argument("--data", required=True, metavar="FILE", help=".tsv .csv .jsonl .conll file, or NAME:SPLIT")
+    if output:
+        parser.add_argument("--output", required=True, metavar="FILE", help="predictions file: .jsonl, .tsv or .csv")
+    parser.add_argument("--task", default=None, choices=TASKS,
+                        help="the task (checked against the folder's; required for a plain model folder)")
+    parser.add_argument("--subtask", default=None, metavar="NAME", help="text2text mixture: which task the data is")
+    for key, text in OVERRIDE_FLAGS.items():
+        kind = int if key.startswith("max_") else str
+        parser.add_argument("--" + key.replace("_", "-"), dest=key, type=kind, default=None, help=text)
+    parser.add_argument("--batch-size", type=int, default=32, help="examples per forward pass (default 32)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+
+
+def overrides(args) -> dict:
+    return {k: getattr(args, k) for k in OVERRIDE_FLAGS}
+
+
+def run(args) -> int:
+    from lmforge.cli.finetune import plain_warnings
+    from lmforge.tasks.inference import evaluate, table_lines
+
+    with plain_warnings("evaluate"):
+        scores = evaluate(args.model, args.data, task=args.task, overrides=overrides(args), subtask=args.subtask,
+                          batch_size=args.batch_size, device=args.device, limit=args.limit)
+    for line in table_lines(scores):
+        print(line)
+    clean = {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in scores.items()}
+    print(json.dumps(clean))
+    sys.stdout.flush()
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "evaluate", help="score a fine-tuned model on labelled data (table, then a JSON line)",
+        description="Evaluate a task folder written by `lmforge finetune` on a labelled file. Prints a table of "
+                    "metrics and, as the last line, a JSON object of the same metrics.")
+    add_common(parser, output=False)
+    parser.add_argument("--limit", type=int, default=None, help="evaluate the first N rows only")
+    parser.set_defaults(func=run)

@@ -1,0 +1,33 @@
+"""``lmforge predict``: write a fine-tuned model's predictions, with probabilities, for every row of a file.
+
+    $ lmforge predict --model runs/rt/best --data reviews.tsv --output predictions.jsonl
+    wrote 1007 predictions to predictions.jsonl
+
+``.jsonl`` output keeps nested values (a probability per class); ``.tsv``/``.csv`` output has the input
+columns, the prediction and one ``prob_<label>`` column per class. Labels are not needed in the input.
+"""
+
+from __future__ import annotations
+
+
+def run(args) -> int:
+    from lmforge.cli.evaluate import overrides
+    from lmforge.cli.finetune import plain_warnings
+    from lmforge.tasks.inference import predict
+
+    with plain_warnings("predict"):
+        rows = predict(args.model, args.data, args.output, task=args.task, overrides=overrides(args),
+                       subtask=args.subtask, batch_size=args.batch_size, device=args.device)
+    print(f"wrote {len(rows)} predictions to {args.output}")
+    return 0
+
+
+def register(subparsers) -> None:
+    from lmforge.cli.evaluate import add_common
+
+    parser = subparsers.add_parser(
+        "predict", help="write a fine-tuned model's predictions (with probabilities) for a data file",
+        description="Predict every row of a data file with a task folder written by `lmforge finetune`; labels "
+                    "are not needed. Writes JSONL, TSV or CSV by the --output file name.")
+    add_common(parser, output=True)
+    parser.set_defaults(func=run)

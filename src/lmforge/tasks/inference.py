@@ -1,0 +1,161 @@
+"""Evaluate and predict with a task folder (``lmforge evaluate`` / ``lmforge predict``).
+
+The folder's ``task.json`` says what the model does (or, for a folder converted from a Hugging Face sequence
+classifier, its ``head.json``); column names (and a text2text model's prefix) may be
+overridden for a file laid out differently from the training data. A plain LM folder can be evaluated on a
+generative task (``seq2seq``/``text2text``) zero-shot by naming the task.
+
+Predictions files, one entry per input row, in the row's order:
+
+    .jsonl  {"row": 1, "text": ..., "label": "1", "probabilities": {"0": 0.03, "1": 0.97}}
+    .tsv    the input columns, then the prediction: label | score | labels | tags | answer | output, its
+    .csv    probability, and one ``prob_<label>`` column per class
+
+Example:
+    >>> scores = evaluate("runs/rt/best", "rt-sentiment:test")  # doctest: +SKIP
+    >>> round(scores["accuracy"], 3)  # doctest: +SKIP
+    0.874
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from lmforge.tasks.data import Table, TaskDataError, read_table
+from lmforge.tasks.model import hf_head, load_task_model, read_task_meta
+from lmforge.tasks.spec import GENERATIVE_TASKS, TaskSpec
+from lmforge.utils.io import atomic_write_text
+
+OVERRIDABLE = ("text_column", "text_pair_column", "label_column", "target_column", "task_prefix", "pair_prefix",
+               "max_length", "max_target_length", "label_separator")
+
+
+def load(model_dir: str | Path, task: str | None = None, overrides: dict[str, Any] | None = None,
+         device: str = "cpu"):
+    """(model, Task, spec) for a task folder, or for a plain LM folder with a generative ``task``."""
+    from lmforge.tasks import build_task
+    from lmforge.tokenization import Tokenizer
+
+    model_dir = Path(model_dir)
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    bad = sorted(set(overrides) - set(OVERRIDABLE))
+    if bad:
+        raise ValueError(f"cannot override {', '.join(bad)} at evaluation (only {', '.join(OVERRIDABLE)})")
+    meta = read_task_meta(model_dir) if model_dir.is_dir() else None
+    converted = hf_head(model_dir) if meta is None and model_dir.is_dir() else None
+    if meta is not None or converted is not None:
+        spec = TaskSpec.from_dict(meta["spec"], source=str(model_dir / "task.json")) if meta else converted[0]
+        if task is not None and task != spec.task:
+            raise ValueError(f"{model_dir} was fine-tuned for task {spec.task!r}, not {task!r}")
+    elif task in GENERATIVE_TASKS:
+        spec = TaskSpec(task=task)
+    elif not model_dir.is_dir():
+        raise FileNotFoundError(f"{model_dir}: no such model folder")
+    else:
+        raise ValueError(f"{model_dir}: not a fine-tuned task folder (no task.json); a plain model can only be "
+                         f"evaluated on a generative task: --task {' or --task '.join(GENERATIVE_TASKS)}")
+    if overrides:
+        if spec.mixture and any(k.endswith("_column") or k == "task_prefix" for k in overrides):
+            raise ValueError("this model was trained on a mixture: choose the task with --subtask; its columns "
+                             "and prefix come from the mixture entry")
+        spec = spec.replace(**overrides)
+    model = load_task_model(model_dir, spec, device)
+    if not (model_dir / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"{model_dir}: no tokenizer.json beside the model")
+    tokenizer = Tokenizer.load(model_dir)
+    return model, build_task(spec, tokenizer, model.body.config), spec
+
+
+def _examples(task, table: Table, labelled: bool, subtask: str | None) -> list[dict[str, Any]]:
+    if task.spec.task == "text2text":
+        names = list(task.subs)
+        name = subtask if subtask is not None else (names[0] if len(names) == 1 else None)
+        if name is None:
+            raise ValueError(f"this model was trained on a mixture; choose a task with --subtask "
+                             f"({', '.join(names)})")
+        return task.encode(table, labelled, name)
+    if subtask:
+        raise ValueError("--subtask only applies to text2text mixtures")
+    return task.encode(table, labelled)
+
+
+def evaluate(model_dir: str | Path, data, *, task: str | None = None, overrides: dict[str, Any] | None = None,
+             subtask: str | None = None, batch_size: int = 32, device: str = "cpu",
+             limit: int | None = None) -> dict[str, float]:
+    """Metrics of a task folder on labelled data (a file, ``NAME:SPLIT`` or a Table).
+
+    Returns:
+        ``{"loss": ..., <task metrics>..., "examples": N}``.
+    """
+    model, t, _ = load(model_dir, task, overrides, device)
+    table = data if isinstance(data, Table) else read_table(data)
+    examples = _examples(t, table, True, subtask)[:limit]
+    _, scores = t.evaluate(model, examples, batch_size, device=device)
+    return {**scores, "examples": len(examples)}
+
+
+def predict(model_dir: str | Path, data, output: str | Path | None = None, *, task: str | None = None,
+            overrides: dict[str, Any] | None = None, subtask: str | None = None, batch_size: int = 32,
+            device: str = "cpu") -> list[dict[str, Any]]:
+    """Predictions (with probabilities) for every row of ``data``; written to ``output`` when given."""
+    model, t, spec = load(model_dir, task, overrides, device)
+    table = data if isinstance(data, Table) else read_table(data)
+    examples = _examples(t, table, False, subtask)
+    predictions, _ = t.evaluate(model, examples, batch_size, labelled=False, device=device)
+    columns = [c for c in (spec.sub_specs()[subtask or next(iter(spec.sub_specs()))] if spec.mixture else spec)
+               .columns().items() if c[0] in ("text", "text_pair")]
+    rows = []
+    for ex, pred in zip(examples, predictions):
+        source = table.rows[ex["row"]]
+        rows.append({"row": ex["row"] + 1, **{name: source.get(name) for _, name in columns}, **pred})
+    if output is not None:
+        write_predictions(rows, output)
+    return rows
+
+
+def _flat(row: dict[str, Any]) -> dict[str, Any]:
+    """One level of columns: probability dicts become ``prob_<label>`` columns, lists space-joined text."""
+    out = {}
+    for key, value in row.items():
+        if isinstance(value, dict):
+            out.update({f"prob_{k}": v for k, v in value.items()})
+        elif isinstance(value, list):
+            out[key] = " ".join("" if v is None else str(v) for v in value)
+        else:
+            out[key] = value
+    return out
+
+
+def write_predictions(rows: list[dict[str, Any]], output: str | Path) -> Path:
+    """Write rows as JSONL (default), TSV or CSV, by the file name; atomically."""
+    output = Path(output)
+    suffix = output.suffix.lower()
+    if suffix in (".tsv", ".csv"):
+        flat = [_flat(r) for r in rows]
+        header = list(dict.fromkeys(k for r in flat for k in r))
+        from io import StringIO
+
+        buffer = StringIO()
+        writer = csv.DictWriter(buffer, header, delimiter="\t" if suffix == ".tsv" else ",", lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(flat)
+        text = buffer.getvalue()
+    elif suffix in (".jsonl", ".json", ""):
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    else:
+        raise TaskDataError(f"{output}: write predictions to a .jsonl, .tsv or .csv file")
+    atomic_write_text(output, text)
+    return output
+
+
+def table_lines(scores: dict[str, Any]) -> list[str]:
+    """A two-column text table of metrics, for the terminal."""
+    width = max((len(k) for k in scores), default=6)
+    lines = [f"{'metric':<{width}}  value", f"{'-' * width}  {'-' * 10}"]
+    for key, value in scores.items():
+        shown = f"{value:.4f}" if isinstance(value, float) else str(value)
+        lines.append(f"{key:<{width}}  {shown}")
+    return lines

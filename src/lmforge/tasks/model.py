@@ -1,0 +1,265 @@
+"""`TaskModel`: a Transformer body plus a task head, and its folder on disk.
+
+Where the head reads from, per family (the formats of BERT, GPT and BART)::
+
+    encoder          [CLS] A [SEP] B [SEP] -> encoder states                       -> head
+    decoder          [bos] A [DELIM] B [EXTRACT] -> causal states                  -> head ("last" = EXTRACT)
+    encoder-decoder  <s> A </s> -> encoder; the same ids, shifted right, -> decoder -> head ("last" = </s>)
+
+Generative tasks (seq2seq, text2text) have no head of their own: the body's LM head and loss do the work.
+
+The forward pass follows the Trainer's contract: ``model(**batch)`` returns ``loss`` (a mean) and
+``n_targets`` (how many targets that mean is over) when the batch has ``labels``, and ``logits`` always.
+
+A task folder is a model folder plus two files::
+
+    DIR/config.json, model.safetensors, tokenizer.json ...  the body: lmforge.load(DIR) reads it on its own
+    DIR/task.json                                            the TaskSpec and format version
+    DIR/task_head.safetensors                                the head's weights (head tasks only)
+
+Example:
+    >>> import tempfile, torch, lmforge
+    >>> from lmforge.tasks.spec import TaskSpec
+    >>> body = lmforge.build_model("bert-tiny", n_layers=1, d_model=32, n_heads=2, d_ff=64, vocab_size=100)
+    >>> model = build_task_model(body, TaskSpec(task="classify", labels=["neg", "pos"]))
+    >>> out = model(torch.randint(5, 100, (2, 7)), labels=torch.tensor([0, 1]))
+    >>> out.logits.shape, out.n_targets
+    (torch.Size([2, 2]), 2)
+    >>> folder = save_task_model(model, tempfile.mkdtemp() + "/clf")
+    >>> load_task_model(folder).spec.labels
+    ['neg', 'pos']
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from lmforge import checkpoint
+from lmforge.models.transformer import Transformer, shift_right
+from lmforge.tasks.heads import SequenceHead, SpanHead, TokenHead
+from lmforge.tasks.spec import TaskSpec
+from lmforge.utils.io import atomic_dir
+
+TASK_FILE = "task.json"
+HEAD_FILE = "task_head.safetensors"
+FORMAT = "lmforge-task"
+
+
+@dataclass
+class TaskOutput:
+    """What :class:`TaskModel` returns: ``logits`` (task shaped), and ``loss``/``n_targets`` with labels."""
+
+    logits: torch.Tensor | None = None
+    loss: torch.Tensor | None = None
+    n_targets: int | None = None
+
+
+def default_pooling(arch: str) -> str:
+    """BERT pools [CLS]; GPT reads its [EXTRACT] token and BART its final </s>, both the last real token."""
+    return "cls" if arch == "encoder" else "last"
+
+
+def strip_lm_head(body: Transformer) -> Transformer:
+    """Drop the LM/MLM head in place (``config.head = "none"``): a head task needs states, not vocabulary logits."""
+    if body.config.head != "none":
+        body.lm_head = body.mlm_head = None
+        body.config = body.config.replace(head="none")
+    return body
+
+
+def build_head(spec: TaskSpec, body: Transformer) -> nn.Module | None:
+    """The head module for ``spec`` on ``body`` (None for generative tasks)."""
+    cfg = body.config
+    d, n = cfg.d_model, len(spec.labels)
+    if spec.task in ("classify", "multilabel", "tag") and n < 1:
+        raise ValueError(f"task {spec.task!r} needs its labels (TaskSpec.labels); they come from the training data")
+    if spec.task in ("classify", "regress", "multilabel"):
+        pooling = spec.pooling or default_pooling(cfg.arch)
+        # BART and RoBERTa put a tanh layer under the classifier; BERT has it already in its pooler.
+        hidden = spec.head_hidden if spec.head_hidden is not None else (
+            cfg.arch == "encoder-decoder" or (pooling == "cls" and not cfg.pooler and cfg.arch == "encoder"))
+        problem = {"classify": "single", "regress": "regression", "multilabel": "multi"}[spec.task]
+        # A head with its own tanh layer reads the raw first state (RoBERTa); BERT's reads the model's pooler.
+        return SequenceHead(d, 1 if spec.task == "regress" else n, pooling, problem, hidden, spec.classifier_dropout,
+                            use_pooler=not hidden)
+    if spec.task == "tag":
+        return TokenHead(d, n, spec.classifier_dropout)
+    if spec.task == "qa":
+        return SpanHead(d)
+    return None
+
+
+class TaskModel(nn.Module):
+    """``body`` (an lmforge Transformer) + ``head`` (None for generative tasks), described by ``spec``.
+
+    ``config`` is the body's ModelConfig, so Trainer checkpoints (which record it) work unchanged.
+    """
+
+    def __init__(self, body: Transformer, head: nn.Module | None, spec: TaskSpec) -> None:
+        super().__init__()
+        self.body, self.head, self.spec = body, head, spec
+
+    @property
+    def config(self):
+        return self.body.config
+
+    def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                 token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, T) ids -> token states (B, T, D) and the model's pooler output (B, D) or None (see module doc)."""
+        cfg = self.body.config
+        if cfg.arch == "encoder-decoder":
+            # BART: the uncorrupted input goes to both sides; decoder states at every position are the features.
+            start = cfg.decoder_start_token_id if cfg.decoder_start_token_id is not None else (cfg.pad_token_id or 0)
+            out = self.body(input_ids, attention_mask, decoder_input_ids=shift_right(input_ids, start,
+                            cfg.pad_token_id or 0), decoder_attention_mask=attention_mask)
+        else:
+            out = self.body(input_ids, attention_mask, token_type_ids)
+        return out.last_hidden_state, out.pooler_output
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                decoder_input_ids: torch.Tensor | None = None,
+                decoder_attention_mask: torch.Tensor | None = None) -> TaskOutput:
+        if self.head is None:
+            out = self.body(input_ids, attention_mask, token_type_ids, decoder_input_ids=decoder_input_ids,
+                            decoder_attention_mask=decoder_attention_mask, labels=labels)
+            return TaskOutput(out.logits, out.loss, out.n_targets)
+        h, pooled = self.features(input_ids, attention_mask, token_type_ids)
+        logits = self.head(h, attention_mask, pooled)
+        if labels is None:
+            return TaskOutput(logits)
+        loss, n = self.head.loss(logits, labels)
+        return TaskOutput(logits, loss, n)
+
+
+def build_task_model(body: Transformer, spec: TaskSpec) -> TaskModel:
+    """Wrap ``body`` for ``spec``: head tasks drop the LM head and get a fresh task head.
+
+    This is the one place a task model is assembled, so a PEFT wrapper can take its result (or its body).
+    """
+    if spec.generative and body.config.head != "lm":
+        raise ValueError(f"task {spec.task!r} generates text and needs a model with an LM head "
+                         f"(this one has head={body.config.head!r}); use a decoder or encoder-decoder LM")
+    if spec.generative and body.config.arch == "encoder":
+        raise ValueError(f"task {spec.task!r} generates text; an encoder-only model cannot (use a decoder or "
+                         "an encoder-decoder model)")
+    if spec.task in ("tag", "qa", "classify", "regress", "multilabel"):
+        strip_lm_head(body)
+    return TaskModel(body, build_head(spec, body), spec)
+
+
+# ------------------------------------------------------------------------------------------- folders
+def save_task_model(model: TaskModel, path: str | Path, tokenizer=None, extra: dict | None = None) -> Path:
+    """Write a task folder (see the module docstring) atomically and return its path.
+
+    ``extra`` is stored in ``task.json`` beside the spec (e.g. the step and metric of a best checkpoint).
+    """
+    path = Path(path)
+    with atomic_dir(path) as tmp:
+        # checkpoint.save is atomic on its own: stage it inside our folder, so that the head joins atomically.
+        staged = checkpoint.save(model.body, tmp / "body", tokenizer=tokenizer)
+        for child in staged.iterdir():
+            os.replace(child, tmp / child.name)
+        staged.rmdir()
+        meta = {"format": FORMAT, "version": 1, "spec": model.spec.to_dict(), **(extra or {})}
+        (tmp / TASK_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        if model.head is not None:
+            tensors = {k: v.detach().contiguous().cpu() for k, v in model.head.state_dict().items()}
+            save_file(tensors, str(tmp / HEAD_FILE), metadata={"format": "pt"})
+    return path
+
+
+def read_task_meta(path: str | Path) -> dict | None:
+    """The parsed ``task.json`` of a folder, or None when it has none (a plain model folder)."""
+    file = Path(path) / TASK_FILE
+    if not file.is_file():
+        return None
+    try:
+        meta = json.loads(file.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise checkpoint.CheckpointError(f"{file}: not valid JSON ({exc})") from exc
+    if meta.get("format") != FORMAT or "spec" not in meta:
+        raise checkpoint.CheckpointError(f"{file}: not an lmforge task file (format {meta.get('format')!r})")
+    return meta
+
+
+def hf_head(path: str | Path) -> tuple[TaskSpec, dict[str, torch.Tensor]] | None:
+    """(spec, head state) from a Hugging Face sequence classifier's head kept aside by ``convert from-hf``.
+
+    ``BertForSequenceClassification`` (pooler -> dropout -> ``classifier``) and
+    ``RobertaForSequenceClassification`` (<s> -> ``classifier.dense`` -> tanh -> ``classifier.out_proj``) map onto
+    :class:`SequenceHead`; ``problem_type`` and ``id2label`` give the task and the labels. None when the
+    folder holds no HF head.
+    """
+    from lmforge.interop.hf import TaskHead
+
+    head = TaskHead.load(path)
+    if head is None:
+        return None
+    cfg, t = head.config, head.tensors
+    id2label = cfg.get("id2label") or {}
+    labels = [str(id2label[k]) for k in sorted(id2label, key=int)]
+    problem = cfg.get("problem_type")
+    task = ("regress" if problem == "regression" or len(labels) == 1 else
+            "multilabel" if problem == "multi_label_classification" else "classify")
+    fields = {"task": task, "labels": [] if task == "regress" else labels, "pooling": "cls"}
+    if "classifier.weight" in t:
+        state = {"out.weight": t["classifier.weight"], "out.bias": t["classifier.bias"]}
+        return TaskSpec(**fields, head_hidden=False), state
+    if "classifier.out_proj.weight" in t:
+        state = {"dense.weight": t["classifier.dense.weight"], "dense.bias": t["classifier.dense.bias"],
+                 "out.weight": t["classifier.out_proj.weight"], "out.bias": t["classifier.out_proj.bias"]}
+        return TaskSpec(**fields, head_hidden=True), state
+    raise checkpoint.CheckpointError(f"{path}: the {head.architecture} head ({', '.join(sorted(t))}) has no "
+                                     "lmforge task head to map onto")
+
+
+def load_task_model(path: str | Path, spec: TaskSpec | None = None, device: str = "cpu") -> TaskModel:
+    """Rebuild a task model from a task folder (in eval mode).
+
+    A folder converted from a Hugging Face sequence classifier (``head.json``) loads with its head (see
+    :func:`hf_head`). A plain model folder works for generative tasks when ``spec`` says which; a head task
+    needs a trained head and raises otherwise.
+    """
+    path = Path(path)
+    meta = read_task_meta(path)
+    converted = hf_head(path) if meta is None else None
+    if converted is not None:
+        hf_spec, state = converted
+        if spec is not None and spec.task != hf_spec.task:
+            raise checkpoint.CheckpointError(f"{path}: the Hugging Face head is a {hf_spec.task!r} head, "
+                                             f"not {spec.task!r}")
+        spec = hf_spec.replace(**{k: v for k, v in (spec.to_dict() if spec else {}).items()
+                                  if k.endswith("_column") or k in ("max_length",)})
+        model = build_task_model(checkpoint.load(path), spec)
+        model.head.load_state_dict(state)
+        return model.eval().to(device)
+    if meta is None and spec is None:
+        raise checkpoint.CheckpointError(f"{path}: no {TASK_FILE}; this is not a fine-tuned task model "
+                                         "(fine-tune one with `lmforge finetune`, or name a generative --task)")
+    spec = spec or TaskSpec.from_dict(meta["spec"], source=str(path / TASK_FILE))
+    body = checkpoint.load(path)
+    if spec.generative:
+        return build_task_model(body, spec).eval().to(device)
+    if meta is None:
+        raise checkpoint.CheckpointError(f"{path}: no {TASK_FILE}; task {spec.task!r} needs a trained head "
+                                         "(fine-tune one with `lmforge finetune`)")
+    model = build_task_model(body, spec)
+    head_file = path / HEAD_FILE
+    if not head_file.is_file():
+        raise checkpoint.CheckpointError(f"{head_file}: missing; the folder's task {spec.task!r} needs its head")
+    state = load_file(str(head_file))
+    mine = model.head.state_dict()
+    for name, tensor in mine.items():
+        if name not in state or state[name].shape != tensor.shape:
+            raise checkpoint.CheckpointError(f"{head_file}: tensor {name!r} is missing or has the wrong shape "
+                                             f"(need {tuple(tensor.shape)})")
+    model.head.load_state_dict(state)
+    return model.eval().to(device)

@@ -1,0 +1,181 @@
+"""`TaskSpec`: what a fine-tuned model does, as plain data saved in its folder as ``task.json``.
+
+    task        input columns                         target                          head
+    classify    text (+ text_pair)                    label (one class)               pooled -> C logits, CE
+    regress     text (+ text_pair)                    label (a number)                pooled -> 1, MSE
+    multilabel  text (+ text_pair)                    label (a set: list or "a,b")    pooled -> C logits, BCE
+    tag         tokens (words)                        tags (one per word)             per token -> C, CE
+    qa          question + context                    answers (text, char start)      per token -> start/end
+    seq2seq     source (+ task_prefix)                target text                     the model's LM head
+    text2text   prefix + text (+ pair)                target text, or label_map[lbl]  the model's LM head
+
+Column names default by task (``text``/``label``; ``tokens``/``tags``; ``question``/``context``/``answers``;
+``source``/``target``) and are overridden by the ``*_column`` fields. ``labels`` is filled from the
+training data (sorted; numbers numerically) and fixes the class ids.
+
+A text-to-text spec with ``mixture`` trains several tasks at once, as T5 does: each entry is a dict of the
+per-task fields (``name``, ``train``/``eval`` files, columns, ``task_prefix``, ``label_map``), and batches
+mix the tasks in proportion to their sizes (capped by ``mixing_cap``, flattened by ``mixing_temperature``).
+
+Example:
+    >>> spec = TaskSpec(task="classify", text_column="sentence")
+    >>> spec.columns()
+    {'text': 'sentence', 'label': 'label'}
+    >>> TaskSpec.from_dict(spec.to_dict()) == spec
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from lmforge.config import ConfigError
+
+TASKS = ("classify", "regress", "multilabel", "tag", "qa", "seq2seq", "text2text")
+HEAD_TASKS = ("classify", "regress", "multilabel", "tag", "qa")
+GENERATIVE_TASKS = ("seq2seq", "text2text")
+POOLINGS = ("cls", "mean", "last", "max")
+
+# Which input/target columns each task reads, and their default names.
+DEFAULT_COLUMNS = {
+    "classify": {"text": "text", "label": "label"},
+    "regress": {"text": "text", "label": "label"},
+    "multilabel": {"text": "text", "label": "labels"},
+    "tag": {"text": "tokens", "label": "tags"},
+    "qa": {"text": "question", "text_pair": "context", "target": "answers"},
+    "seq2seq": {"text": "source", "target": "target"},
+    "text2text": {"text": "text", "target": "target"},
+}
+MIXTURE_KEYS = ("name", "train", "eval", "text_column", "text_pair_column", "label_column", "target_column",
+                "task_prefix", "label_map")
+
+
+@dataclass
+class TaskSpec:
+    """Every setting of a task: see the module docstring.
+
+    Field groups:
+        what: ``task``, ``labels`` (class names, in id order).
+        columns: ``text_column``, ``text_pair_column``, ``label_column``, ``target_column`` (None = the task's
+            default, see :data:`DEFAULT_COLUMNS`); ``label_separator`` splits a multi-label string.
+        formats: ``task_prefix`` (prepended to the input text: seq2seq, text2text), ``pair_prefix`` (put before
+            the second text in text2text inputs, e.g. ``"sentence2: "``), ``label_map`` (text2text: label ->
+            target word, e.g. ``{"0": "negative", "1": "positive"}``).
+        head: ``pooling`` (cls | mean | last | max; None = by family: cls for encoders, last for decoders
+            and encoder-decoders, i.e. the extract / eos token), ``head_hidden`` (a tanh dense layer before
+            the classifier as in BART/RoBERTa; None = by family), ``classifier_dropout``.
+        lengths: ``max_length`` input tokens, ``max_target_length`` target tokens (generation stops there too),
+            ``max_answer_length`` (QA span decoding, in tokens).
+        mixture: text2text multi-task entries; ``mixing_cap``, ``mixing_temperature`` (T5 section 3.5.2).
+    """
+
+    task: str = "classify"
+    labels: list[str] = field(default_factory=list)
+    text_column: str | None = None
+    text_pair_column: str | None = None
+    label_column: str | None = None
+    target_column: str | None = None
+    label_separator: str = ","
+    task_prefix: str = ""
+    pair_prefix: str = ""
+    label_map: dict[str, str] = field(default_factory=dict)
+    pooling: str | None = None
+    head_hidden: bool | None = None
+    classifier_dropout: float = 0.1
+    max_length: int = 256
+    max_target_length: int = 128
+    max_answer_length: int = 30
+    mixture: list[dict[str, Any]] = field(default_factory=list)
+    mixing_cap: int | None = None
+    mixing_temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def generative(self) -> bool:
+        return self.task in GENERATIVE_TASKS
+
+    def columns(self) -> dict[str, str]:
+        """Role -> column name for the roles this task reads (``text``, ``text_pair``, ``label``, ``target``)."""
+        out = dict(DEFAULT_COLUMNS[self.task])
+        given = {"text": self.text_column, "text_pair": self.text_pair_column, "label": self.label_column,
+                 "target": self.target_column}
+        for role, name in given.items():
+            if name is not None:
+                out[role] = name
+        if self.task == "text2text" and self.label_map:
+            out.pop("target", None)  # a label map turns a label column into the target
+            out["label"] = self.label_column or "label"
+        return out
+
+    def validate(self) -> "TaskSpec":
+        def bad(key: str, why: str) -> ConfigError:
+            return ConfigError(f"TaskSpec.{key}={getattr(self, key)!r} {why}")
+
+        if self.task not in TASKS:
+            raise bad("task", f"is not one of {', '.join(TASKS)}")
+        if self.pooling is not None and self.pooling not in POOLINGS:
+            raise bad("pooling", f"is not one of {', '.join(POOLINGS)}")
+        for key in ("max_length", "max_target_length", "max_answer_length"):
+            if getattr(self, key) < 1:
+                raise bad(key, "must be >= 1")
+        if not 0.0 <= self.classifier_dropout < 1.0:
+            raise bad("classifier_dropout", "must be in [0, 1)")
+        if self.mixing_temperature <= 0:
+            raise bad("mixing_temperature", "must be > 0")
+        if self.mixing_cap is not None and self.mixing_cap < 1:
+            raise bad("mixing_cap", "must be >= 1")
+        if len(set(self.labels)) != len(self.labels):
+            raise bad("labels", "has duplicates")
+        if self.label_map and self.task != "text2text":
+            raise bad("label_map", "is only used by task='text2text'")
+        words = list(self.label_map.values())
+        if len(set(words)) != len(words):
+            raise bad("label_map", "maps two labels to the same word; predictions could not be mapped back")
+        if self.mixture and self.task != "text2text":
+            raise bad("mixture", "is only used by task='text2text'")
+        names = []
+        for i, entry in enumerate(self.mixture):
+            if not isinstance(entry, dict) or not entry.get("name"):
+                raise ConfigError(f"TaskSpec.mixture[{i}] needs a 'name' (and its own columns, prefix, files)")
+            unknown = sorted(set(entry) - set(MIXTURE_KEYS))
+            if unknown:
+                raise ConfigError(f"TaskSpec.mixture[{i}] ({entry['name']}): unknown key(s) {', '.join(unknown)}; "
+                                  f"allowed: {', '.join(MIXTURE_KEYS)}")
+            names.append(entry["name"])
+        if len(set(names)) != len(names):
+            raise bad("mixture", "has two entries with the same name")
+        return self
+
+    def sub_specs(self) -> dict[str, "TaskSpec"]:
+        """The mixture's tasks as single text2text specs (name -> spec); ``{"": self}`` without a mixture."""
+        if not self.mixture:
+            return {"": self}
+        shared = {k: v for k, v in self.to_dict().items() if k not in ("mixture",) + MIXTURE_KEYS}
+        return {e["name"]: TaskSpec(**shared, **{k: v for k, v in e.items() if k not in ("name", "train", "eval")})
+                for e in self.mixture}
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> "TaskSpec":
+        return TaskSpec.from_dict({**self.to_dict(), **changes})
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "task spec") -> "TaskSpec":
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: expected a mapping of TaskSpec fields, got {type(data).__name__}")
+        known = [f.name for f in fields(cls)]
+        for key in data:
+            if key not in known:
+                close = difflib.get_close_matches(key, known, n=1)
+                raise ConfigError(f"{source}: unknown task setting {key!r}"
+                                  + (f" (did you mean {close[0]!r}?)" if close else ""))
+        try:
+            return cls(**data)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from exc
