@@ -135,7 +135,8 @@ def _settings(args) -> dict:
         if not settings[key]:
             raise UserError(f"missing {flag}")
     if not task.get("task"):
-        raise UserError("missing --task (classify, regress, multilabel, tag, qa, seq2seq or text2text)")
+        raise UserError("missing --task (classify, regress, multilabel, tag, qa, seq2seq, text2text, instruct "
+                        "or embedding)")
     if not settings["train"] and not task.get("mixture"):
         raise UserError("missing --train FILE (or --mixture FILE for a text2text mixture)")
     return settings
@@ -167,6 +168,12 @@ def run(args) -> int:
     from lmforge.utils.io import atomic_write_text
 
     settings = _settings(args)
+    if settings["task"].get("task") == "instruct":  # decoder SFT on instruction/chat JSONL
+        from lmforge.prompting.instruct import finetune_instruct_from_settings
+
+        result = finetune_instruct_from_settings(settings, pack=args.pack)
+        print(f"done: step {result.step}, final model saved to {result.model_dir}")
+        return 0
     recipe_settings = dict(settings["recipe"])
     epochs, warmup_ratio = recipe_settings.pop("epochs", None), recipe_settings.pop("warmup_ratio", None)
     spec = TaskSpec.from_dict(settings["task"], source="command line")
@@ -235,8 +242,10 @@ def register(subparsers) -> None:
     what.add_argument("--tokenizer", default=None, help="tokenizer folder (needed for presets)")
     what.add_argument("--random-init", action="store_true", default=False,
                       help="keep the architecture and tokenizer but start from random weights (a baseline)")
-    what.add_argument("--task", default=None, choices=(*TASKS, "embedding"),
-                      help="the task (embedding: Sentence-BERT training with --loss)")
+    what.add_argument("--task", default=None, choices=(*TASKS, "instruct", "embedding"),
+                      help="the task (instruct: supervised fine-tuning on instruction/chat JSONL; "
+                      "embedding: Sentence-BERT training with --loss)")
+    what.add_argument("--pack", action="store_true", help="instruct: pack short examples (block-diagonal mask)")
     what.add_argument("--train", default=None, metavar="FILE",
                       help="training data (.tsv .csv .jsonl .conll, or NAME:SPLIT)")
     what.add_argument("--eval", default=None, metavar="FILE", help="evaluation data, for --metric and OUT/best")
