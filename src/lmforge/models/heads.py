@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.nn.activations import activation_fn
+from lmforge.nn.linear import linear
 from lmforge.nn.norms import build_norm
 
 
@@ -43,7 +44,7 @@ class LMHead(nn.Module):
         if self.proj is not None:
             h = self.proj(h)
         weight = self.weight if self.weight is not None else tied_weight
-        return F.linear(h, weight, self.bias)
+        return linear(h, weight, self.bias)
 
 
 class MLMHead(nn.Module):

@@ -91,8 +91,10 @@ class TransformerStack(nn.Module):
 
         explicit = attention_mask if attention_mask is not None and attention_mask.dim() == 3 else None
         padding = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
-        q_pos, k_pos = torch.arange(past, S, device=device), torch.arange(S, device=device)
-        bias = None
+        bias = q_pos = k_pos = None
+        if self.rel_bias is not None or self.alibi is not None or self.position == "relative":
+            # Only relative schemes need these; skipping them keeps the one-token decode step short.
+            q_pos, k_pos = torch.arange(past, S, device=device), torch.arange(S, device=device)
         if self.rel_bias is not None:
             bias = self.rel_bias(q_pos, k_pos)  # (1, H, T, S)
         elif self.alibi is not None:

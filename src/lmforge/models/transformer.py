@@ -217,6 +217,13 @@ class Transformer(nn.Module):
         target = labels[selected]
         return logits, cross_entropy(logits, target), int(target.numel())
 
+    def generate(self, *args, **kwargs):
+        """Greedy / beam / sampled generation; see :func:`lmforge.generation.generate` (same arguments,
+        without ``model``). Example: ``model.generate(ids, max_new_tokens=20, num_beams=4).sequences``."""
+        from lmforge.generation import generate
+
+        return generate(self, *args, **kwargs)
+
     def _decoder_start_id(self) -> int:
         cfg = self.config
         for tid in (cfg.decoder_start_token_id, cfg.bos_token_id, cfg.pad_token_id):

@@ -31,6 +31,7 @@ from torch import nn
 
 from lmforge.config import ModelConfig
 from lmforge.nn.kv_cache import KVCache
+from lmforge.nn.linear import apply_linear
 from lmforge.nn.positions.rope import apply_rotary
 from lmforge.nn.positions.shaw_relative import ShawRelativePositions
 
@@ -90,23 +91,27 @@ class Attention(nn.Module):
     def _project(self, x: torch.Tensor, memory: torch.Tensor | None, ctx: AttentionContext, layer: int):
         """Queries (B, H, T, hd) and keys/values (B, Hkv, S, hd), with RoPE and the cache applied."""
         if self.cross:
-            q = self._heads(self.q(x), self.n_heads)
+            q = self._heads(apply_linear(self.q, x), self.n_heads)
             cache = ctx.cache
             if cache is not None and layer in cache.cross:
                 return (q, *cache.cross[layer])  # computed once per source
-            k, v = self._heads(self.k(memory), self.n_kv_heads), self._heads(self.v(memory), self.n_kv_heads)
+            k = self._heads(apply_linear(self.k, memory), self.n_kv_heads)
+            v = self._heads(apply_linear(self.v, memory), self.n_kv_heads)
             if cache is not None:
                 cache.cross[layer] = (k, v)
             return q, k, v
-        if self.fuse_qkv and all(type(m) is nn.Linear for m in (self.q, self.k, self.v)):
+        fuse = self.fuse_qkv and not torch.is_inference_mode_enabled()
+        if fuse and all(type(m) is nn.Linear for m in (self.q, self.k, self.v)):
             # One (D -> (H + 2 Hkv) hd) matmul instead of three: fewer, larger GEMMs run faster. Only
-            # for plain Linears, so a PEFT-wrapped projection still goes through its own forward.
+            # for plain Linears, so a PEFT-wrapped projection still goes through its own forward. Not at
+            # inference: decoding a token is bound by reading weights, and the concatenation would
+            # copy all three every step.
             weight = torch.cat([self.q.weight, self.k.weight, self.v.weight])
             bias = torch.cat([self.q.bias, self.k.bias, self.v.bias]) if self.q.bias is not None else None
             kv_inner = self.n_kv_heads * self.head_dim
             q, k, v = F.linear(x, weight, bias).split([self.n_heads * self.head_dim, kv_inner, kv_inner], dim=-1)
         else:
-            q, k, v = self.q(x), self.k(x), self.v(x)
+            q, k, v = apply_linear(self.q, x), apply_linear(self.k, x), apply_linear(self.v, x)
         q, k, v = self._heads(q, self.n_heads), self._heads(k, self.n_kv_heads), self._heads(v, self.n_kv_heads)
         if ctx.rope is not None:
             q, k = apply_rotary(q, *ctx.rope), apply_rotary(k, *ctx.rope)
@@ -138,7 +143,7 @@ class Attention(nn.Module):
                 scale=self.scale, enable_gqa=self.n_kv_heads != self.n_heads,
             )  # (B, H, T, hd)
         out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H*hd)
-        return self.o(out)
+        return apply_linear(self.o, out)
 
     def _explicit(self, q, k, v, attn_mask, dropout, rel_index):
         """Softmax attention written out, for Shaw relative values: z_i = sum_j a_ij (v_j + a^V_ij)."""

@@ -19,6 +19,7 @@ from torch import nn
 
 from lmforge.config import GATED_ACTIVATIONS
 from lmforge.nn.activations import activation_fn
+from lmforge.nn.linear import apply_linear
 
 
 class FeedForward(nn.Module):
@@ -32,9 +33,9 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, D)
         if self.gate is None:
-            h = self.act(self.up(x))  # (B, T, d_ff)
+            h = self.act(apply_linear(self.up, x))  # (B, T, d_ff)
         else:
-            h = self.act(self.gate(x)) * self.up(x)  # (B, T, d_ff)
+            h = self.act(apply_linear(self.gate, x)) * apply_linear(self.up, x)  # (B, T, d_ff)
         if self.dropout and self.training:
             h = F.dropout(h, self.dropout, training=True)
-        return self.down(h)  # (B, T, D)
+        return apply_linear(self.down, h)  # (B, T, D)

@@ -23,7 +23,13 @@ import torch
 
 
 class KVCache:
-    def __init__(self) -> None:
+    """Args:
+        capacity: positions to reserve at the first update (generation knows prompt + new tokens),
+            so decoding never reallocates; the buffers still double if it is exceeded.
+    """
+
+    def __init__(self, capacity: int = 0) -> None:
+        self.capacity = capacity
         self._keys: dict[int, torch.Tensor] = {}
         self._values: dict[int, torch.Tensor] = {}
         self._lengths: dict[int, int] = {}
@@ -38,7 +44,7 @@ class KVCache:
         n = self._lengths.get(layer, 0)
         keys = self._keys.get(layer)
         if keys is None or n + k.shape[2] > keys.shape[2] or keys.dtype != k.dtype:
-            capacity = max(2 * (n + k.shape[2]), 16)
+            capacity = max(2 * (n + k.shape[2]), 16) if n + k.shape[2] > self.capacity else self.capacity
             new_k = k.new_empty(k.shape[0], k.shape[1], capacity, k.shape[3])
             new_v = v.new_empty(v.shape[0], v.shape[1], capacity, v.shape[3])
             if n:
