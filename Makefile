@@ -29,6 +29,9 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/train_step.py
+	$(PY) benchmarks/generate.py
+	$(PY) benchmarks/data_pipeline.py --quick
+	$(PY) benchmarks/peft_memory.py --quick
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache
