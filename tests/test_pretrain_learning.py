@@ -76,7 +76,7 @@ def test_objective_lowers_validation_loss(objective, root, tmp_path):
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     evals = [r["eval_loss"] for r in records if "eval_loss" in r]
     first_train = records[0]["loss"]
-    assert len(evals) == 2 and evals[-1] < first_train - 1.0, (first_train, evals)
+    assert len(evals) == 2 and evals[-1] < 0.9 * first_train, (first_train, evals)
     if objective == "clm":
         # Next-token prediction must beat the best context-free guess: the unigram distribution.
         assert evals[-1] < _unigram_cross_entropy(data), (evals, _unigram_cross_entropy(data))
