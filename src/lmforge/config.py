@@ -256,14 +256,14 @@ class ModelConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> "ModelConfig":
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: no such config file")
-        text = path.read_text(encoding="utf-8")
+        from lmforge.utils.io import read_mapping_file
+
         try:
-            data = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
-        except (json.JSONDecodeError, yaml.YAMLError) as exc:
-            raise ConfigError(f"{path}: not valid {'YAML' if path.suffix in ('.yaml', '.yml') else 'JSON'}: {exc}")
+            data = read_mapping_file(path, "config")
+        except FileNotFoundError:
+            raise
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
         return cls.from_dict(data, source=str(path))
 
     @classmethod

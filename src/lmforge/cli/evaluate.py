@@ -53,7 +53,7 @@ def overrides(args) -> dict:
 
 
 def run(args) -> int:
-    from lmforge.cli.finetune import plain_warnings
+    from lmforge.cli.main import plain_warnings
     from lmforge.tasks.inference import evaluate, table_lines
 
     with plain_warnings("evaluate"):

@@ -18,16 +18,14 @@ Example::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import typing
-import warnings
 from pathlib import Path
 
 import yaml
 
-from lmforge.cli.main import UserError
+from lmforge.cli.main import UserError, plain_warnings
 
 SETTINGS_FILE = "finetune.yaml"
 # Trainer flags shared with `lmforge pretrain` (its help texts); fine-tuning changes some defaults.
@@ -140,21 +138,6 @@ def _settings(args) -> dict:
     if not settings["train"] and not task.get("mixture"):
         raise UserError("missing --train FILE (or --mixture FILE for a text2text mixture)")
     return settings
-
-
-@contextlib.contextmanager
-def plain_warnings(verb: str):
-    """Show Python warnings as one ``lmforge VERB: warning:`` line each."""
-    previous = warnings.showwarning
-
-    def show(message, category, filename, lineno, file=None, line=None):
-        print(f"lmforge {verb}: warning: {message}", file=sys.stderr, flush=True)
-
-    warnings.showwarning = show
-    try:
-        yield
-    finally:
-        warnings.showwarning = previous
 
 
 def run(args) -> int:

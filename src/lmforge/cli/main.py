@@ -13,15 +13,35 @@ Example::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import pkgutil
 import sys
+import warnings
 
 import lmforge
 
 
 class UserError(Exception):
     """A problem with the user's input: printed as one line, exit code 2, no traceback."""
+
+
+@contextlib.contextmanager
+def plain_warnings(verb: str):
+    """Show Python warnings as one ``lmforge VERB: warning:`` line each, without the library's source
+    line. Under torchrun only rank 0 prints: every rank would repeat the same warning."""
+    previous = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if os.environ.get("RANK", "0") == "0":
+            print(f"lmforge {verb}: warning: {message}", file=sys.stderr, flush=True)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = previous
 
 
 def build_parser() -> argparse.ArgumentParser:

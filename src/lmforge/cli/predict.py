@@ -12,7 +12,7 @@ from __future__ import annotations
 
 def run(args) -> int:
     from lmforge.cli.evaluate import overrides
-    from lmforge.cli.finetune import plain_warnings
+    from lmforge.cli.main import plain_warnings
     from lmforge.tasks.inference import predict
 
     with plain_warnings("predict"):

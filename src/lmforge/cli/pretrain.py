@@ -18,16 +18,13 @@ Under torchrun every rank runs this command; only rank 0 prints and writes. See 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import sys
 import typing
-import warnings
 from pathlib import Path
 
 import yaml
 
-from lmforge.cli.main import UserError
+from lmforge.cli.main import UserError, plain_warnings
 
 # (setting, help). Types, defaults and choices come from TrainConfig, so the two cannot drift apart.
 OPTIONS = [
@@ -102,22 +99,6 @@ def _settings(args):
     return config
 
 
-@contextlib.contextmanager
-def _plain_warnings():
-    """Show warnings as one ``warning:`` line each, without the source line of the library."""
-    previous = warnings.showwarning
-
-    def show(message, category, filename, lineno, file=None, line=None):
-        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank would repeat rank 0's warnings
-            print(f"lmforge pretrain: warning: {message}", file=sys.stderr, flush=True)
-
-    warnings.showwarning = show
-    try:
-        yield
-    finally:
-        warnings.showwarning = previous
-
-
 def run(args) -> int:
     from lmforge.training.distributed import recorded
 
@@ -130,7 +111,7 @@ def _run(args) -> int:
     from lmforge.training import distributed
     from lmforge.training.pretrain import build_pretraining
 
-    with _plain_warnings():
+    with plain_warnings("pretrain"):
         config = _settings(args)
         with distributed.session(config.strategy, config.device) as ctx:
             built = build_pretraining(config)

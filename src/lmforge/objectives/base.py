@@ -22,6 +22,8 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from lmforge.models.transformer import shift_right  # one definition, re-exported for objectives
+
 IGNORE_INDEX = -100  # label value that the cross-entropy loss skips
 
 
@@ -60,19 +62,21 @@ def pad_labels(sequences: Sequence) -> torch.Tensor:
     return pad(sequences, IGNORE_INDEX)[0]
 
 
-def shift_right(labels: torch.Tensor, start_id: int, pad_id: int) -> torch.Tensor:
-    """Decoder inputs for teacher forcing: ``[start, y_0, ..., y_{T-2}]``, with ignored labels as pad.
+def seq2seq_batch(sources: Sequence, targets: Sequence, pad_id: int, start_id: int) -> dict[str, torch.Tensor]:
+    """Encoder-decoder inputs from source and target id sequences (reconstruct ``targets`` from ``sources``).
 
-    Args:
-        labels: (B, T) decoder targets, IGNORE_INDEX at padding.
-    Returns:
-        (B, T) long ``decoder_input_ids``.
+    Returns ``input_ids``/``attention_mask`` (B, S), ``labels`` (B, L) with IGNORE_INDEX at padding, and
+    the teacher-forcing ``decoder_input_ids``/``decoder_attention_mask`` (B, L).
     """
-    shifted = torch.empty_like(labels)
-    shifted[:, 1:] = labels[:, :-1]
-    shifted[:, 0] = start_id
-    # -100 is not a token id: the embedding lookup would fail on it.
-    return shifted.masked_fill(shifted == IGNORE_INDEX, pad_id)
+    input_ids, real = pad(sources, pad_id)  # (B, S) each
+    labels = pad_labels(targets)  # (B, L)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": real.long(),
+        "labels": labels,
+        "decoder_input_ids": shift_right(labels, start_id, pad_id),
+        "decoder_attention_mask": (labels != IGNORE_INDEX).long(),
+    }
 
 
 def place_spans(length: int, span_lengths: torch.Tensor, generator: torch.Generator, gap: int = 0) -> torch.Tensor:

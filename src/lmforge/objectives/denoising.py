@@ -38,7 +38,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from lmforge.objectives.base import IGNORE_INDEX, Seeded, as_ids, id_set, pad, pad_labels, place_spans, shift_right
+from lmforge.objectives.base import Seeded, as_ids, id_set, place_spans, seq2seq_batch
 
 
 def token_masking(tokens: torch.Tensor, prob: float, mask_token_id: int, generator=None) -> torch.Tensor:
@@ -205,12 +205,4 @@ class BartDenoising(Seeded):
             tokens, sentence_lengths = _split_example(example)
             sources.append(torch.cat([bos, self.noise(tokens, sentence_lengths), eos]))
             targets.append(torch.cat([bos, tokens, eos]))
-        input_ids, real = pad(sources, self.pad_token_id)  # (B, S) each
-        labels = pad_labels(targets)  # (B, L)
-        return {
-            "input_ids": input_ids,
-            "attention_mask": real.long(),
-            "labels": labels,
-            "decoder_input_ids": shift_right(labels, self.decoder_start_token_id, self.pad_token_id),
-            "decoder_attention_mask": (labels != IGNORE_INDEX).long(),
-        }
+        return seq2seq_batch(sources, targets, self.pad_token_id, self.decoder_start_token_id)

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 
 import torch
 
-from lmforge.objectives.base import IGNORE_INDEX, Seeded, as_ids, pad, pad_labels, shift_right
+from lmforge.objectives.base import Seeded, as_ids, seq2seq_batch
 
 
 def compute_input_and_target_lengths(
@@ -169,12 +169,4 @@ class SpanCorruption(Seeded):
             source, target = corrupt_spans(tokens, mask, self.sentinel_ids, self.eos_token_id)
             inputs.append(source)
             targets.append(target)
-        input_ids, real = pad(inputs, self.pad_token_id)  # (B, S) each
-        labels = pad_labels(targets)  # (B, L)
-        return {
-            "input_ids": input_ids,
-            "attention_mask": real.long(),
-            "labels": labels,
-            "decoder_input_ids": shift_right(labels, self.decoder_start_token_id, self.pad_token_id),
-            "decoder_attention_mask": (labels != IGNORE_INDEX).long(),
-        }
+        return seq2seq_batch(inputs, targets, self.pad_token_id, self.decoder_start_token_id)

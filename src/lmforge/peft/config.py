@@ -32,12 +32,10 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from lmforge.config import ConfigError
 
@@ -217,12 +215,12 @@ class PeftConfig:
     @classmethod
     def load(cls, path: str | Path) -> "PeftConfig":
         """Read a .json or .yaml file holding PeftConfig fields."""
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: no such PEFT config file")
-        text = path.read_text(encoding="utf-8")
+        from lmforge.utils.io import read_mapping_file
+
         try:
-            data = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
-        except (json.JSONDecodeError, yaml.YAMLError) as exc:
-            raise ConfigError(f"{path}: not valid {'YAML' if path.suffix in ('.yaml', '.yml') else 'JSON'}: {exc}")
+            data = read_mapping_file(path, "PEFT config")
+        except FileNotFoundError:
+            raise
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
         return cls.from_dict(data, source=str(path))

@@ -52,6 +52,26 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def read_mapping_file(path: str | Path, what: str = "config") -> object:
+    """Parse a .json or .yaml/.yml file; errors name the file (``what`` says what kind it should be).
+
+    Raises FileNotFoundError for a missing file and ValueError for one that does not parse.
+    """
+    import json
+
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such {what} file")
+    text = path.read_text(encoding="utf-8")
+    is_yaml = path.suffix in (".yaml", ".yml")
+    try:
+        return yaml.safe_load(text) if is_yaml else json.loads(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ValueError(f"{path}: not valid {'YAML' if is_yaml else 'JSON'}: {exc}") from exc
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | Path, overwrite: bool = True) -> Iterator[Path]:
     """Yield a temporary folder; on success it replaces ``path``, on any error it is removed.
