@@ -100,7 +100,8 @@ class Attention(nn.Module):
             if cache is not None:
                 cache.cross[layer] = (k, v)
             return q, k, v
-        fuse = self.fuse_qkv and not torch.is_inference_mode_enabled()
+        # is_compiling() first: dynamo cannot trace is_inference_mode_enabled() (a graph break per layer).
+        fuse = self.fuse_qkv and (torch.compiler.is_compiling() or not torch.is_inference_mode_enabled())
         if fuse and all(type(m) is nn.Linear for m in (self.q, self.k, self.v)):
             # One (D -> (H + 2 Hkv) hd) matmul instead of three: fewer, larger GEMMs run faster. Only
             # for plain Linears, so a PEFT-wrapped projection still goes through its own forward. Not at
