@@ -121,10 +121,11 @@ def t5_case(batch: int, seq: int, vocab: int) -> Case:
 
 
 # ---------------------------------------------------------------------------- timing
-def make_step(model: torch.nn.Module, batch: dict, device: str, compile_model: bool):
+def make_step(model: torch.nn.Module, batch: dict, device: str, compile_mode: str | None):
+    """``compile_mode``: None for eager, else a torch.compile mode."""
     model.to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    run = torch.compile(model) if compile_model else model
+    run = torch.compile(model, mode=compile_mode) if compile_mode else model
     batch = {k: v.to(device) for k, v in batch.items()}
 
     def step() -> float:
@@ -163,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile measurements")
     p.add_argument("--compile-hf", action="store_true", help="also compile the HF model (else HF stays eager)")
+    p.add_argument("--compile-mode", default="max-autotune-no-cudagraphs",
+                   help="torch.compile mode; on CPU max-autotune picks GEMM kernels per shape (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="3 repeats, 1 warm-up, no compile")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
     args = p.parse_args(argv)
@@ -181,8 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         for mode in modes:
             case = builders[family](args.batch, args.seq, args.vocab)
             compiled = mode == "compile"
-            ours = make_step(case.ours, case.batch_ours, device, compiled)
-            theirs = make_step(case.theirs, case.batch_theirs, device, compiled and args.compile_hf)
+            ours = make_step(case.ours, case.batch_ours, device, args.compile_mode if compiled else None)
+            theirs = make_step(case.theirs, case.batch_theirs, device,
+                               args.compile_mode if compiled and args.compile_hf else None)
             warmup = args.warmup + (2 if compiled else 0)
             t_ours, t_theirs = time_pair(ours, theirs, device, warmup, args.repeats)
             row = {
