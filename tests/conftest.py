@@ -16,6 +16,16 @@ def _deterministic():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Every test model is tiny: one intra-op thread is fastest, and with two, OpenMP workers spin-wait
+    at barriers whenever another process holds a core (a 2 ms forward then takes a second)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def shared_data() -> Path:
     path = SHARED / "data"

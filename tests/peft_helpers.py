@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 import lmforge
@@ -72,12 +71,3 @@ def perturb(model, name: str | None = None, scale: float = 0.1, seed: int = 2) -
         for p in model.adapter_parameters(name or model.active_adapter).values():
             p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * scale)
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread; with more, OpenMP workers spin-wait for cores that other
-    processes hold, and a 2 ms forward can take a second. Restored afterwards for other test modules."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)

@@ -10,8 +10,6 @@ import json
 import random
 from pathlib import Path
 
-import pytest
-import torch
 
 import lmforge
 from lmforge.tokenization import train_tokenizer
@@ -23,18 +21,6 @@ CITIES, PEOPLE = ["paris", "london", "rome", "lima"], ["john", "mary", "ana", "o
 NUMBERS = {"one": "uno", "two": "dos", "three": "tres", "four": "cuatro", "five": "cinco"}
 KINDS = {"bert": "wordpiece", "gpt": "byte-bpe", "t5": "unigram", "bart": "bpe"}
 PRESETS = {"bert": "bert-tiny", "gpt": "gpt-tiny", "t5": "t5-tiny", "bart": "bart-tiny"}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """Tiny models: intra-op threads cost more in synchronisation than they save (far more on a busy CPU).
-
-    Test modules import this fixture, which makes it apply to every test in them.
-    """
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def sentiment_rows(n: int, seed: int = 0) -> list[tuple[str, str]]:

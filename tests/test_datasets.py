@@ -54,7 +54,6 @@ def test_package_data_is_small_and_documented():
     assert shipped == registered
 
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason="shared data not available")
 def test_shipped_files_are_the_shared_files_byte_for_byte():
     sources_md = (datasets.FILES.parent / "SOURCES.md").read_text(encoding="utf-8")
     for packed in sorted(datasets.FILES.glob("*.gz")):
@@ -72,7 +71,6 @@ def test_corpus_path_is_a_pretraining_input():
     assert datasets.load("corpus")[0] == {"text": docs[0]}
 
 
-@pytest.mark.skipif(not (SHARED / "ner").is_dir(), reason="shared data not available")
 def test_wnut16_is_read_from_a_user_folder_only():
     with pytest.raises(DataError, match="'wnut16' is not shipped with lmforge.*pass data_dir="):
         datasets.load("wnut16", "train")

@@ -17,7 +17,7 @@ from lmforge.objectives.clm import CausalLM
 from lmforge.training import TrainConfig, Trainer
 from lmforge.training.dist_checkpoint import reshard_data_state
 from lmforge.training.distributed import is_comm_error, launcher_env, rank_seed, resolve_strategy, setup
-from test_training_pretrain import _one_thread, data_root, prepared  # noqa: F401
+from test_training_pretrain import data_root, prepared  # noqa: F401
 
 
 @pytest.mark.parametrize("strategy, world, expected", [

@@ -30,7 +30,7 @@ from lmforge.training import distributed
 from lmforge.training.dist_checkpoint import consolidate, empty_model, load_training_checkpoint
 from lmforge.training.optim import build_optimizer
 from lmforge.training.state import CheckpointManager, verify_checkpoint
-from test_training_pretrain import _one_thread, data_root, prepared  # noqa: F401
+from test_training_pretrain import data_root, prepared  # noqa: F401
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
 TOL = 1e-5

@@ -9,11 +9,6 @@ from lmforge.models.bilstm_lm import (BiLM, BiLMConfig, BiLMObjective, bilm_labe
                                       reverse_within_length)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
-
-
 @pytest.fixture
 def lm():
     torch.manual_seed(0)

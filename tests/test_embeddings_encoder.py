@@ -10,11 +10,6 @@ import embedding_helpers as h
 from lmforge.embeddings import POOLINGS, ScalarMix, SentenceEncoder, pool
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
-
-
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory):
     tok = h.tokenizer(tmp_path_factory.mktemp("bert"), "bert")

@@ -6,17 +6,11 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 import embedding_helpers as h
 from lmforge.cli.main import main
 from lmforge.embeddings import SentenceEncoder
-from lmforge.embeddings.index import VectorIndex, build_index, faiss_available
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
+from lmforge.embeddings.index import VectorIndex, build_index
 
 
 def _random_index(n=400, d=16, seed=0, **kwargs):
@@ -50,7 +44,6 @@ def test_index_round_trips_on_disk(tmp_path):
         VectorIndex.load(tmp_path)
 
 
-@pytest.mark.skipif(not faiss_available(), reason="faiss-cpu not installed")
 def test_faiss_hnsw_agrees_with_exact_search(tmp_path):
     exact, rng = _random_index(n=2000, d=32)
     ann = VectorIndex(exact.vectors, exact.texts, backend="faiss")

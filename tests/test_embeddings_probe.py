@@ -6,18 +6,12 @@ import json
 import random
 
 import pytest
-import torch
 
 import embedding_helpers as h
 from lmforge.cli.main import main
 from lmforge.datasets import read_conll
 from lmforge.embeddings import SentenceEncoder
 from lmforge.embeddings.probe import probe_layers
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
 
 
 def test_probe_cli_end_to_end_on_wnut16_writes_table_and_png(shared_data, tmp_path, capsys):

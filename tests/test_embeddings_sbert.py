@@ -17,11 +17,6 @@ from lmforge.embeddings.sbert import (evaluate_retrieval, evaluate_sts, loss_col
                                       train_embedding)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
-
-
 def test_triplet_loss_matches_its_formula():
     a, p, n = torch.randn(6, 5), torch.randn(6, 5), torch.randn(6, 5)
     for eps in (1.0, 0.1, 5.0):

@@ -13,16 +13,6 @@ from lmforge.tokenization import Tokenizer, train_tokenizer
 TEXT = "the cat sat on the mat. the dog sat on the log. snow ☃ falls on the café.\n\n"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy machine OpenMP's barriers between
-    two threads cost more than the tiny ops themselves (10x slower tests)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     root = tmp_path_factory.mktemp("gen")

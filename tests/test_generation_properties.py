@@ -15,16 +15,6 @@ from lmforge.nn.linear import apply_linear, decoding_weights, linear
 N = 10
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy machine OpenMP's barriers between
-    two threads cost more than the tiny ops themselves (10x slower tests)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @torch.no_grad()
 def _model(**overrides) -> Transformer:
     model = Transformer(tiny_config(**overrides))

@@ -16,16 +16,6 @@ from lmforge.generation import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy machine OpenMP's barriers between
-    two threads cost more than the tiny ops themselves (10x slower tests)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _kept(scores: torch.Tensor) -> list[set[int]]:
     return [set(torch.nonzero(row > float("-inf")).flatten().tolist()) for row in scores]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import json
 import os
 import re
@@ -11,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-tf = pytest.importorskip("transformers")
+tf = importlib.import_module("transformers")
 
 from lmforge.cli.main import main  # noqa: E402
 from lmforge.config import ModelConfig  # noqa: E402

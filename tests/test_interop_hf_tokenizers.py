@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import json
 import os
 import shutil
@@ -10,7 +12,7 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-tf = pytest.importorskip("transformers")
+tf = importlib.import_module("transformers")
 
 from lmforge.checkpoint import load  # noqa: E402
 from lmforge.interop.hf import convert_from_hf, convert_to_hf  # noqa: E402

@@ -7,7 +7,6 @@ import pytest
 from lmforge.config import ConfigError
 from lmforge.peft import METHODS, PeftConfig, apply_peft
 from peft_helpers import config, tiny_model
-from peft_helpers import one_thread  # noqa: F401  (autouse fixture)
 
 
 @pytest.mark.parametrize("method", METHODS)

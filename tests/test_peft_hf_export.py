@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import copy
 import json
 import warnings
@@ -16,10 +18,9 @@ from lmforge.peft.hf_export import HFExportError, export_hf
 from lmforge.peft.qlora import NF4Linear
 from lmforge.peft.targets import logical_name
 from peft_helpers import batch, config, perturb, tiny_model
-from peft_helpers import one_thread  # noqa: F401  (autouse fixture)
 
-peft = pytest.importorskip("peft")
-transformers = pytest.importorskip("transformers")
+peft = importlib.import_module("peft")
+transformers = importlib.import_module("transformers")
 
 AUTO = {"decoder": "AutoModelForCausalLM", "encoder": "AutoModelForMaskedLM",
         "encoder-decoder": "AutoModelForSeq2SeqLM"}

@@ -13,7 +13,6 @@ from safetensors.torch import load_file
 from lmforge.cli.main import main
 from lmforge.peft import AdapterMismatchError, apply_peft, load_adapter, load_peft_state_dict, peft_state_dict
 from peft_helpers import batch, config, perturb, tiny_model
-from peft_helpers import one_thread  # noqa: F401  (autouse fixture)
 
 
 def _saved(tmp_path, method="lora", arch="gpt-tiny", **options):

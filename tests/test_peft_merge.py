@@ -14,7 +14,6 @@ from lmforge.peft import apply_peft
 from lmforge.peft.layer import AdaptedModule
 from lmforge.peft.qlora import NF4Linear
 from peft_helpers import ARCHS, batch, config, perturb, tiny_model
-from peft_helpers import one_thread  # noqa: F401  (autouse fixture)
 
 # BitFit merges where every targeted layer has a bias (T5's RMSNorm and bias-free linears have none).
 MERGEABLE = [(a, m) for a in ARCHS for m in ("lora", "qlora", "ia3")] + [

@@ -10,7 +10,6 @@ import torch
 
 from lmforge.peft import PeftConfig, apply_peft, load_adapter
 from peft_helpers import ARCHS, CHANGES_OUTPUT, IDENTITY_AT_INIT, METHODS, batch, config, perturb, tiny_model
-from peft_helpers import one_thread  # noqa: F401  (autouse fixture)
 
 MATRIX = [(arch, method) for arch in ARCHS for method in METHODS]
 

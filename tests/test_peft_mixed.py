@@ -8,7 +8,6 @@ import torch
 from lmforge.nn.kv_cache import KVCache
 from lmforge.peft import PeftConfig, apply_peft
 from peft_helpers import ARCHS, batch, config, perturb, rows, tiny_model
-from peft_helpers import one_thread  # noqa: F401  (autouse fixture)
 
 
 def _model(arch: str, specs: dict[str, PeftConfig]):

@@ -9,7 +9,6 @@ import torch
 from lmforge.nn.kv_cache import KVCache
 from lmforge.peft import apply_peft
 from peft_helpers import batch, config, perturb, tiny_model
-from peft_helpers import one_thread  # noqa: F401  (autouse fixture)
 
 VIRTUAL = ("prefix", "prompt", "mam")
 

@@ -9,7 +9,6 @@ from torch import nn
 from lmforge.peft import apply_peft
 from lmforge.peft.qlora import NF4_CODEBOOK, NF4Linear, base_weight_bytes
 from peft_helpers import batch, config, tiny_model
-from peft_helpers import one_thread  # noqa: F401  (autouse fixture)
 
 
 def test_nf4_weights_take_under_a_third_of_fp32():

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from lmforge.cli.main import main
 from lmforge.data.prepare import prepare, read_manifest

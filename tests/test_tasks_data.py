@@ -12,7 +12,6 @@ from lmforge.tasks import build_task
 from lmforge.tasks.data import ExampleBatches, TaskDataError, read_table
 from lmforge.tasks.spec import TaskSpec
 from tests import task_helpers as th
-from tests.task_helpers import single_thread  # noqa: F401  (autouse: one thread for tiny models)
 
 
 @pytest.fixture(scope="module")

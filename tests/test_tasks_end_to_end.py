@@ -17,7 +17,6 @@ from lmforge.tasks.finetune import Recipe, finetune
 from lmforge.tasks.model import load_task_model
 from lmforge.tasks.spec import TaskSpec
 from tests import task_helpers as th
-from tests.task_helpers import single_thread  # noqa: F401  (autouse: one thread for tiny models)
 
 
 @pytest.fixture(scope="module")

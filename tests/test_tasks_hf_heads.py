@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import importlib
+
 import os
 
 import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-tf = pytest.importorskip("transformers")
+tf = importlib.import_module("transformers")
 
 from lmforge.interop.hf import convert_from_hf  # noqa: E402
 from lmforge.tasks import inference  # noqa: E402
 from lmforge.tasks.model import load_task_model  # noqa: E402
 from tests import task_helpers as th  # noqa: E402
-from tests.task_helpers import single_thread  # noqa: E402, F401  (autouse: one thread for tiny models)
 
 V = 200
 SHAPE = dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,

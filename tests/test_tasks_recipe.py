@@ -17,7 +17,6 @@ from lmforge.tasks.qa import best_span
 from lmforge.tasks.spec import TaskSpec
 from lmforge.tasks.tagging import align_labels
 from tests import task_helpers as th
-from tests.task_helpers import single_thread  # noqa: F401  (autouse: one thread for tiny models)
 
 
 @pytest.fixture(scope="module")

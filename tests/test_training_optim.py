@@ -14,7 +14,6 @@ from lmforge.objectives import build_objective
 from lmforge.objectives.base import pad, pad_labels
 from lmforge.training import TrainConfig, Trainer, build_optimizer, enable_activation_checkpointing, param_groups
 from lmforge.training.precision import native_bf16, resolve_precision
-from test_training_pretrain import _one_thread  # noqa: F401 (autouse: one torch thread, see there)
 
 V = 97
 

@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 import lmforge
 from lmforge.cli.main import main
@@ -67,15 +66,6 @@ def pretrain_args(recipe: str, data: Path, out: Path, **settings) -> list[str]:
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("prepared")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Two cores are shared with other jobs: a second OpenMP thread spends its time waiting at barriers.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("objective", list(TINY))

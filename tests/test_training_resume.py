@@ -24,7 +24,7 @@ from lmforge.training import CheckpointManager, Schedule, TrainConfig
 from lmforge.training.pretrain import build_pretraining
 # The prepared-data fixture and the one-thread fixture (bitwise equality across processes needs the same thread
 # count, which fixes the reduction order) are shared with the end-to-end tests.
-from test_training_pretrain import TINY, _one_thread, data_root, prepared, pretrain_args  # noqa: F401
+from test_training_pretrain import TINY, data_root, prepared, pretrain_args  # noqa: F401
 
 
 def config(recipe: str, data: Path, out: Path, **settings) -> TrainConfig:

@@ -16,7 +16,6 @@ from lmforge.training import CheckpointManager, CorruptCheckpoint, build_optimiz
 from lmforge.training.logging import RunLogger, plot_loss, read_metrics, truncate_metrics
 from lmforge.training.state import (capture_rng, from_json, load_checkpoint, load_optimizer, restore_rng, to_json,
                                     verify_checkpoint, write_checkpoint)
-from test_training_pretrain import _one_thread  # noqa: F401 (autouse: one torch thread, see there)
 
 
 def test_json_round_trip_of_tensors_arrays_and_generator_states():
