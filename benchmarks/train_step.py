@@ -117,7 +117,7 @@ def t5_case(batch: int, seq: int, vocab: int) -> Case:
     src, tgt = torch.randint(1, vocab, (batch, seq)), torch.randint(1, vocab, (batch, tgt_len))
     batch_in = {"input_ids": src, "labels": tgt}
     return Case("t5", ours, theirs, batch_in, dict(batch_in), batch * (seq + tgt_len),
-                ours.flops_per_token(seq) * batch * (seq + tgt_len))
+                ours.train_flops(seq, tgt_len) * batch)
 
 
 # ---------------------------------------------------------------------------- timing

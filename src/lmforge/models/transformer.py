@@ -244,18 +244,48 @@ class Transformer(nn.Module):
     def flops_per_token(self, seq_len: int | None = None) -> int:
         """Estimated training FLOPs per token (forward + backward), PaLM appendix B:
         6 * N_matmul + 12 * L * d_attn * T, where N_matmul counts the weights every token multiplies
-        by (non-embedding parameters plus the output projection to the vocabulary)."""
+        by (non-embedding parameters plus the output projection to the vocabulary).
+
+        For an encoder-decoder a "token" is one source token *and* one target token (both stacks run);
+        use :meth:`train_flops` to count a batch whose source and target lengths differ."""
+        T = seq_len or self.config.max_seq_len
+        return self.train_flops(T, T if self.config.arch == "encoder-decoder" else None) // T
+
+    def train_flops(self, seq_len: int, target_len: int | None = None) -> int:
+        """Estimated training FLOPs (forward + backward) of one sequence: ``seq_len`` tokens, plus
+        ``target_len`` decoder tokens for an encoder-decoder.
+
+        Each stack's weights are multiplied by its own tokens only (the encoder's by source tokens, the
+        decoder's and the vocabulary projection's by target tokens), so counting both stacks per source
+        token would overstate an encoder-decoder's work (and its MFU) about twofold.
+
+        Example:
+            >>> import lmforge
+            >>> m = lmforge.build_model("t5-tiny", n_layers=1, n_decoder_layers=1, d_model=8, n_heads=2, head_dim=4,
+            ...                         d_ff=16, vocab_size=10)
+            >>> m.train_flops(4, 4) == 4 * m.flops_per_token(4)
+            True
+        """
         cfg = self.config
-        T = seq_len or cfg.max_seq_len
-        n = self.num_parameters(exclude_embeddings=True)
-        if cfg.head != "none":
-            n += cfg.vocab_size * cfg.embed_dim if cfg.tie_embeddings else 0
         d_attn = cfg.n_heads * cfg.dim_per_head
-        attn_layers = cfg.n_layers + (2 * cfg.decoder_layers if cfg.arch == "encoder-decoder" else 0)
-        return int(6 * n + 12 * attn_layers * d_attn * T)
+        head = cfg.vocab_size * cfg.embed_dim if cfg.head != "none" and cfg.tie_embeddings else 0
+        if cfg.arch != "encoder-decoder":
+            n = self.num_parameters(exclude_embeddings=True) + head
+            return int((6 * n + 12 * cfg.n_layers * d_attn * seq_len) * seq_len)
+        S, T = seq_len, target_len or seq_len
+        n_enc = _stack_weights(self.encoder)
+        n_dec = self.num_parameters(exclude_embeddings=True) - n_enc + head
+        enc = 6 * n_enc * S + 12 * cfg.n_layers * d_attn * S * S
+        dec = 6 * n_dec * T + 12 * cfg.decoder_layers * d_attn * T * (T + S)  # self- then cross-attention
+        return int(enc + dec)
 
     def save(self, path: str | Path, tokenizer=None) -> Path:
         """Write ``config.json`` + ``model.safetensors`` (+ tokenizer) atomically; see lmforge.checkpoint."""
         from lmforge.checkpoint import save
 
         return save(self, path, tokenizer=tokenizer)
+
+
+def _stack_weights(stack: nn.Module) -> int:
+    """Parameters of one stack that multiply activations (its position tables excluded)."""
+    return sum(p.numel() for name, p in stack.named_parameters() if not name.endswith("positions.weight"))
