@@ -127,11 +127,15 @@ def load_weights(model: torch.nn.Module, weights: str | Path, strict: bool = Tru
 def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
     """Rebuild a model from a folder written by :func:`save` (or a preset name, randomly initialised).
 
-    Returns an lmforge Transformer in eval mode.
+    Returns an lmforge Transformer in eval mode, or an ELMo :class:`~lmforge.models.bilstm_lm.BiLM` for a folder
+    whose config records ``arch: bilstm`` (or the preset ``elmo-tiny``).
     """
     from lmforge.models import Transformer, build_model
+    from lmforge.models.bilstm_lm import is_bilm, load_bilm
 
     p = Path(path)
+    if is_bilm(path):
+        return load_bilm(path, device=device, dtype=dtype)
     if not p.exists() and not any(sep in str(path) for sep in "/\\"):
         model = build_model(str(path))  # a preset name
     else:

@@ -28,7 +28,8 @@ from lmforge.cli.main import UserError, plain_warnings
 
 # (setting, help). Types, defaults and choices come from TrainConfig, so the two cannot drift apart.
 OPTIONS = [
-    ("model", "preset name, config file or model folder (a folder's weights are loaded)"),
+    ("model", "preset name (e.g. gpt-tiny, bert-tiny, elmo-tiny for --objective bilm), config file or model "
+              "folder (a folder's weights are loaded)"),
     ("objective", "pre-training objective"),
     ("tokenizer", "tokenizer folder (default: the copy inside --data)"),
     ("data", "prepared shards (output of `lmforge data prepare`)"),
@@ -142,7 +143,7 @@ def register(subparsers) -> None:
     defaults = tc.TrainConfig()
     hints = typing.get_type_hints(tc.TrainConfig)
     parser = subparsers.add_parser(
-        "pretrain", help="pre-train a model (MLM, causal LM, prefix LM, span corruption, denoising)",
+        "pretrain", help="pre-train a model (MLM, causal LM, prefix LM, span corruption, denoising, ELMo biLM)",
         description="Pre-train a model on shards from `lmforge data prepare`. Every option can also be a key "
                     "of --config FILE.yaml (dashes or underscores); the command line wins. Writes OUT/config.yaml, "
                     "OUT/tokenizer/, OUT/checkpoints/step-NNNNNNNN/, OUT/metrics.jsonl, OUT/tensorboard/, "

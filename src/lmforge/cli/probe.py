@@ -32,8 +32,8 @@ def run(args) -> int:
         raise UserError("--train and --eval must each hold at least one sentence")
     encoder = load_encoder(args)
     layers = [int(x) for x in args.layers.split(",")] if args.layers else None
-    rows = probe_layers(encoder, train, evaluation, layers=layers, max_iter=args.max_iter, C=args.C,
-                        batch_size=args.batch_size)
+    rows = probe_layers(encoder, train, evaluation, layers=layers, scalar_mix=args.scalar_mix,
+                        max_iter=args.max_iter, C=args.C, batch_size=args.batch_size)
     table = format_table(rows)
     print(table)
     out = Path(args.out)
@@ -54,6 +54,8 @@ def register(subparsers) -> None:
     parser.add_argument("--eval", required=True, metavar="FILE", help="evaluation sentences (CoNLL)")
     parser.add_argument("--out", default="probe", metavar="DIR", help="folder for probe.txt/json/png (default: probe)")
     parser.add_argument("--layers", default=None, help="comma-separated layers to probe (default: all)")
+    parser.add_argument("--scalar-mix", action="store_true",
+                        help="also probe ELMo's scalar mix of all layers, its weights learned for the task")
     parser.add_argument("--limit", type=int, default=None, help="use only the first N sentences of each file")
     parser.add_argument("--max-iter", type=int, default=300, help="LogisticRegression max_iter (default: 300)")
     parser.add_argument("-C", type=float, default=1.0, help="inverse L2 strength (default: 1.0)")

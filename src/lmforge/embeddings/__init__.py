@@ -8,6 +8,7 @@
     index       VectorIndex (exact cosine top-k, optional FAISS HNSW)        lmforge index build|search
     probe       probe_layers: a logistic-regression probe per layer         lmforge probe
     neighbors   contextual vs static (word2vec / PPMI-SVD) neighbours        lmforge neighbors
+    static      AveragedEmbeddings: mean of word2vec / embedding-table rows  -
 
 ELMo's biLM itself is a model: :mod:`lmforge.models.bilstm_lm`.
 

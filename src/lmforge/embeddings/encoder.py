@@ -8,6 +8,9 @@ until trained.
     texts (B strings) --tokenise, pad--> ids (B, T) --model--> N+1 x (B, T, D) --layer--> (B, T, D)
                       --pool--> (B, D) --normalize--> (B, D), unit rows
 
+ELMo's biLM (:class:`lmforge.models.bilstm_lm.BiLM`) works the same way: its N+1 states are the projected
+token embeddings and ``[h_fwd; h_bwd]`` of each LSTM layer, and ``"scalar-mix"`` uses the model's own mix.
+
 Word alignment: :meth:`SentenceEncoder.word_vectors` takes pre-split words and averages each word's
 sub-word vectors, so a tagger or a probe sees one vector per word (Tenney et al. 2019 pool spans likewise).
 
@@ -50,10 +53,12 @@ class SentenceEncoder(nn.Module):
     """A model plus its tokenizer, producing sentence vectors and per-layer token/word vectors.
 
     Args:
-        model: an lmforge Transformer (encoder, decoder or encoder-decoder: the latter uses its encoder).
+        model: an lmforge Transformer (encoder, decoder or encoder-decoder: the latter uses its encoder), or
+            ELMo's :class:`~lmforge.models.bilstm_lm.BiLM`.
         tokenizer: its :class:`lmforge.tokenization.Tokenizer`.
         max_length: truncate inputs to this many tokens (default: the model's ``max_seq_len``).
-        scalar_mix: a :class:`ScalarMix` for ``layer="scalar-mix"`` (default: a fresh, uniform one).
+        scalar_mix: a :class:`ScalarMix` for ``layer="scalar-mix"`` (default: the model's own, as ELMo's biLM
+            has, so a trained mix is saved with the model; else a fresh, uniform one).
         pooling: the default pooling of :meth:`encode` (default: :func:`default_pooling`; a folder trained by
             :func:`lmforge.embeddings.sbert.train_embedding` records its own in ``embedding.json``).
     """
@@ -67,6 +72,8 @@ class SentenceEncoder(nn.Module):
         self.max_length = max_length or getattr(model.config, "max_seq_len", 512)
         self.n_states = model.config.n_layers + 1  # embeddings + every block
         device = next(model.parameters()).device  # the mix must live beside the states it mixes
+        if scalar_mix is None:
+            scalar_mix = getattr(model, "scalar_mix", None)
         self.scalar_mix = scalar_mix if scalar_mix is not None else ScalarMix(self.n_states).to(device)
 
     @classmethod
@@ -99,6 +106,8 @@ class SentenceEncoder(nn.Module):
 
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[torch.Tensor]:
         """All N+1 hidden states, each (B, T, D); the last one is the model's final (normed) output."""
+        if hasattr(self.model, "layer_states"):  # ELMo's biLM: [embeddings; (fwd, bwd) of each LSTM layer]
+            return self.model.layer_states(input_ids, attention_mask)
         if self.model.config.arch == "decoder":
             return list(self.model(input_ids, attention_mask=attention_mask, output_hidden_states=True).hidden_states)
         # encoder and encoder-decoder: the encoder stack alone, without a decoder or an LM head to pay for

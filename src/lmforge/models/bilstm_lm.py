@@ -11,13 +11,22 @@ The backward LM reads each sequence reversed *within its length* (padding stays 
 batches give the same states as unpadded ones. Layers above the first add a residual connection, as ELMo's
 second layer does. The representation of layer l is ``[h_fwd[l]; h_bwd[l]]`` (B, T, 2H); layer 0 is the
 token embedding projected to 2H (ELMo duplicates its context-free char-CNN vector; a projection makes the
-sizes match for any E). :meth:`BiLM.elmo` mixes the L+1 layers with a learned
-:class:`~lmforge.embeddings.pooling.ScalarMix` (softmax-normalised weights x gamma).
+sizes match for any E). The LM loss never reaches that projection (nor the model's scalar mix): after
+pre-training it is still its random initialisation, a full-rank linear map of the embedding that a linear probe
+sees through, and a downstream task may train it. (For the same reason a DDP run would need
+``find_unused_parameters``; the biLM has been trained single-process only.) :meth:`BiLM.elmo` mixes the L+1
+layers with a learned :class:`~lmforge.embeddings.pooling.ScalarMix` (softmax-normalised weights x gamma).
 
-Pre-training: :class:`BiLMObjective` is a collator with the interface of :mod:`lmforge.objectives`, and the
-model returns ``loss``/``n_targets``/flat ``logits`` in the order of its labels, so
-``Trainer(BiLM(cfg), BiLMObjective(pad_token_id=0), batches, config, out=...)`` runs it unchanged;
-:func:`pretrain_bilm` is a dependency-free loop for small experiments.
+Pre-training: ``lmforge pretrain --model elmo-tiny --objective bilm --data DATA --out RUN``. The objective
+(:class:`lmforge.objectives.bilm.BiLMObjective`) makes aligned (B, 2, T) labels, and the model returns
+``loss``/``n_targets``/flat ``logits`` in the order of those labels, so the :class:`~lmforge.training.Trainer`
+runs it unchanged (exact resume included); :func:`pretrain_bilm` is a dependency-free loop for small
+experiments. ``RUN/model`` (``config.json`` with ``arch: bilstm``, ``model.safetensors``, the tokenizer) loads
+with ``lmforge.load`` / :func:`load_bilm`, and :class:`lmforge.embeddings.SentenceEncoder` takes it like any
+encoder: its N+1 "hidden states" are :meth:`BiLM.layer_states` and its scalar mix is the model's own.
+
+Presets (:data:`PRESETS`) are plain dicts here rather than YAML files in ``lmforge/presets``, which hold
+Transformer configs only.
 
 Example:
     >>> import torch
@@ -30,15 +39,27 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lmforge.config import ConfigError
 from lmforge.embeddings.pooling import ScalarMix
+from lmforge.objectives.bilm import IGNORE_INDEX, BiLMObjective, bilm_labels  # re-exported: older imports
 
-IGNORE_INDEX = -100
+__all__ = ["ARCH", "PRESETS", "BiLM", "BiLMConfig", "BiLMObjective", "BiLMOutput", "bilm_config", "bilm_labels",
+           "is_bilm", "load_bilm", "pretrain_bilm", "reverse_within_length"]
+
+ARCH = "bilstm"  # the ``arch`` a BiLM config.json records; lmforge.load dispatches on it
+# ELMo's own biLM has 2 layers of 4096 cells projected to 512; these are CPU-sized.
+PRESETS: dict[str, dict[str, Any]] = {
+    "elmo-tiny": {"name": "elmo-tiny", "vocab_size": 8192, "d_embed": 256, "d_hidden": 256, "n_layers": 2,
+                  "dropout": 0.1, "max_seq_len": 128},
+}
 
 
 @dataclass
@@ -52,6 +73,10 @@ class BiLMConfig:
         n_layers: LSTM layers per direction.
         dropout: between layers and before the softmax.
         pad_token_id: padding id (its embedding stays zero).
+        max_seq_len: default segment length for pre-training and truncation length for encoding (an LSTM has
+            no hard limit; this only keeps the defaults of the Transformer tools meaningful).
+        name: preset name, for logs.
+        arch: always ``"bilstm"``; recorded so that a model folder says which class to rebuild.
     """
 
     vocab_size: int
@@ -60,16 +85,43 @@ class BiLMConfig:
     n_layers: int = 2
     dropout: float = 0.1
     pad_token_id: int = 0
+    max_seq_len: int = 128
+    name: str = "custom"
+    arch: str = ARCH
 
     def __post_init__(self):
-        for key in ("vocab_size", "d_embed", "d_hidden", "n_layers"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"BiLMConfig.{key} must be >= 1 (got {getattr(self, key)})")
+        for key in ("vocab_size", "d_embed", "d_hidden", "n_layers", "max_seq_len"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"BiLMConfig.{key} must be an integer >= 1 (got {value!r})")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"BiLMConfig.dropout must be in [0, 1) (got {self.dropout})")
+        if self.arch != ARCH:
+            raise ValueError(f"BiLMConfig.arch must be {ARCH!r} (got {self.arch!r})")
+
+    @property
+    def d_model(self) -> int:
+        """Size of every layer representation, 2H (what sentence encoders and probes see)."""
+        return 2 * self.d_hidden
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> "BiLMConfig":
+        """Build from plain data; unknown keys and bad values raise ConfigError naming ``source``."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"{source}: unknown BiLM setting(s) {', '.join(unknown)}; "
+                              f"known: {', '.join(sorted(known))}")
+        try:
+            return cls(**data)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{source}: {exc}") from exc
+
+    def replace(self, **changes: Any) -> "BiLMConfig":
+        return type(self).from_dict({**self.to_dict(), **changes}, source="overrides")
 
 
 @dataclass
@@ -162,6 +214,9 @@ class BiLM(nn.Module):
             out.loss = F.cross_entropy(out.logits.float(), target) if out.n_targets else out.logits.sum() * 0
         return out
 
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
     def layer_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> list[torch.Tensor]:
         """The L+1 representations, each (B, T, 2H): projected embeddings, then ``[h_fwd[l]; h_bwd[l]]``."""
         x, fwd, bwd = self.directional_states(input_ids, attention_mask)
@@ -174,56 +229,6 @@ class BiLM(nn.Module):
         Pass a task's own :class:`ScalarMix` (and freeze the biLM) to learn the mix for that task.
         """
         return (scalar_mix or self.scalar_mix)(self.layer_states(input_ids, attention_mask))
-
-
-def bilm_labels(input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Aligned targets of both LMs, (B, T) -> (B, 2, T): row 0 holds token t+1 at t, row 1 token t-1 at t.
-
-    A target is kept only when both the predicting position and the predicted token are real (not padding).
-
-    Example:
-        >>> bilm_labels(torch.tensor([[5, 6, 7, 0]]), torch.tensor([[1, 1, 1, 0]])).tolist()
-        [[[6, 7, -100, -100], [-100, 5, 6, -100]]]
-    """
-    B, T = input_ids.shape
-    real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-    labels = torch.full((B, 2, T), IGNORE_INDEX, dtype=torch.long, device=input_ids.device)
-    labels[:, 0, :-1] = torch.where(real[:, :-1] & real[:, 1:], input_ids[:, 1:], IGNORE_INDEX)
-    labels[:, 1, 1:] = torch.where(real[:, 1:] & real[:, :-1], input_ids[:, :-1], IGNORE_INDEX)
-    return labels
-
-
-class BiLMObjective:
-    """The ``bilm`` pre-training collator: token sequences -> ``input_ids, attention_mask, labels (B, 2, T)``.
-
-    Same interface as :mod:`lmforge.objectives` (a seeded-batch transform with ``state_dict``), and the
-    labels count one target per prediction, so :class:`lmforge.training.Trainer` can run it unchanged.
-
-    Example:
-        >>> BiLMObjective(pad_token_id=0)([[5, 6, 7], [8, 9]])["labels"][1].tolist()
-        [[9, -100, -100], [-100, 8, -100]]
-    """
-
-    def __init__(self, *, pad_token_id: int):
-        self.pad_token_id = pad_token_id
-
-    def __call__(self, examples) -> dict[str, torch.Tensor]:
-        seqs = [torch.as_tensor(x, dtype=torch.long).flatten() for x in examples]
-        if any(len(s) < 2 for s in seqs):
-            raise ValueError("the biLM objective needs sequences of at least 2 tokens")
-        T = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), T), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), T), dtype=torch.long)
-        for b, s in enumerate(seqs):
-            ids[b, :len(s)], mask[b, :len(s)] = s, 1
-        return {"input_ids": ids, "attention_mask": mask, "labels": bilm_labels(ids, mask)}
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        if state:
-            raise ValueError(f"BiLMObjective is stateless; got unexpected state keys {sorted(state)}")
 
 
 def pretrain_bilm(model: BiLM, batches, *, steps: int, lr: float = 1e-3, grad_clip: float = 1.0) -> list[float]:
@@ -249,3 +254,59 @@ def pretrain_bilm(model: BiLM, batches, *, steps: int, lr: float = 1e-3, grad_cl
         losses.append(out.loss.item())
     model.eval()
     return losses
+
+
+# ---------------------------------------------------------------------- presets, folders, loading
+def _raw_config(spec: str | Path) -> tuple[dict[str, Any], str] | None:
+    """(mapping, where it came from) for a BiLM preset, model folder or .json/.yaml file; None if not a BiLM."""
+    from lmforge.checkpoint import CONFIG_FILE
+    from lmforge.utils.io import read_mapping_file
+
+    if str(spec) in PRESETS:
+        return dict(PRESETS[str(spec)]), f"preset {spec}"
+    path = Path(spec)
+    file = path / CONFIG_FILE if path.is_dir() else path
+    if not file.is_file() or file.suffix not in (".json", ".yaml", ".yml"):
+        return None
+    try:
+        data = read_mapping_file(file, "config")
+    except ValueError:
+        return None  # not ours to complain about: the Transformer loader reports a broken file
+    return (data, str(file)) if isinstance(data, dict) and data.get("arch") == ARCH else None
+
+
+def is_bilm(spec: str | Path) -> bool:
+    """True for a BiLM preset name (``elmo-tiny``), a BiLM model folder or a config file with ``arch: bilstm``."""
+    return _raw_config(spec) is not None
+
+
+def bilm_config(spec: str | Path, **overrides: Any) -> BiLMConfig:
+    """The :class:`BiLMConfig` of a preset, model folder or config file, with ``overrides`` applied.
+
+    Example:
+        >>> bilm_config("elmo-tiny", vocab_size=1000).d_model
+        512
+    """
+    found = _raw_config(spec)
+    if found is None:
+        raise ConfigError(f"{spec!r} is not a BiLM: give a preset ({', '.join(PRESETS)}), a folder or a config "
+                          f"file with arch: {ARCH}")
+    data, source = found
+    if overrides:
+        BiLMConfig.from_dict(data, source=source)  # a fault of the file is named as the file's
+    return BiLMConfig.from_dict({**data, **overrides}, source=source if not overrides else "model overrides")
+
+
+def load_bilm(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> BiLM:
+    """A BiLM from a model folder (``config.json`` + ``model.safetensors``), in eval mode. ``lmforge.load``
+    calls this for folders whose config says ``arch: bilstm``; a preset name gives fresh weights."""
+    from lmforge.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_weights
+
+    path = Path(path)
+    model = BiLM(bilm_config(path))
+    if path.is_dir():
+        load_weights(model, path / WEIGHTS_FILE)
+    elif str(path) not in PRESETS:
+        raise ConfigError(f"{path}: a BiLM model folder needs {CONFIG_FILE} and {WEIGHTS_FILE}")
+    model = model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
+    return model.eval()

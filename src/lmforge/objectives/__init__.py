@@ -14,6 +14,7 @@ name                class                          architecture        paper
 ``prefix-lm``       ``PrefixLM``                   decoder             T5 §3.2; UniLM
 ``span-corruption`` ``SpanCorruption``             encoder-decoder     T5
 ``denoising``       ``BartDenoising``              encoder-decoder     BART
+``bilm``            ``BiLMObjective``              bilstm              ELMo (forward + backward LM)
 ==================  =============================  ==================  ==========================
 
 Example::
@@ -30,6 +31,7 @@ Example::
 
 from __future__ import annotations
 
+from lmforge.objectives.bilm import BiLMObjective
 from lmforge.objectives.clm import CausalLM
 from lmforge.objectives.denoising import BartDenoising
 from lmforge.objectives.mlm import MaskedLM
@@ -37,7 +39,8 @@ from lmforge.objectives.nsp import NextSentencePrediction
 from lmforge.objectives.prefix_lm import PrefixLM
 from lmforge.objectives.span_corruption import SpanCorruption, compute_input_and_target_lengths
 
-ARCHITECTURES = ("encoder", "decoder", "encoder-decoder")  # the values of ModelConfig.arch
+# The values of ModelConfig.arch, plus "bilstm": ELMo's biLM (lmforge.models.bilstm_lm), which is no Transformer.
+ARCHITECTURES = ("encoder", "decoder", "encoder-decoder", "bilstm")
 
 OBJECTIVES = {
     "mlm": MaskedLM,
@@ -46,6 +49,7 @@ OBJECTIVES = {
     "prefix-lm": PrefixLM,
     "span-corruption": SpanCorruption,
     "denoising": BartDenoising,
+    "bilm": BiLMObjective,
 }
 
 # objective -> (architectures it trains, why), so a mismatch can be explained, not just refused.
@@ -62,6 +66,7 @@ FITS = {
         ("encoder-decoder",),
         "it produces decoder targets (labels, decoder_input_ids) from a corrupted encoder input",
     ),
+    "bilm": (("bilstm",), "it trains separate forward and backward LMs, i.e. ELMo's biLM (--model elmo-tiny)"),
 }
 
 
@@ -73,7 +78,7 @@ def _canonical(name: str) -> str:
 
 
 def build_objective(name: str, **options):
-    """Construct an objective by name (``mlm|nsp|clm|prefix-lm|span-corruption|denoising``).
+    """Construct an objective by name (``mlm|nsp|clm|prefix-lm|span-corruption|denoising|bilm``).
 
     ``options`` are the class's keyword arguments: special-token ids, rates and ``seed``.
     """
@@ -103,6 +108,7 @@ __all__ = [
     "FITS",
     "OBJECTIVES",
     "BartDenoising",
+    "BiLMObjective",
     "CausalLM",
     "MaskedLM",
     "NextSentencePrediction",

@@ -5,7 +5,9 @@ This is where the pieces meet; the Trainer itself stays ignorant of objectives a
 * **Tokenizer.** ``config.tokenizer``, or the copy ``lmforge data prepare`` keeps in ``DATA/tokenizer``. It must
   be the tokenizer the shards were made with (compared by digest).
 * **Model.** A preset name, a config file, or a model folder (its weights are loaded: continued pre-training),
-  with ``config.overrides`` applied. Special-token ids always come from the tokenizer, and so does
+  with ``config.overrides`` applied. ELMo's biLM (``elmo-tiny`` or a folder with ``arch: bilstm``, see
+  :mod:`lmforge.models.bilstm_lm`) is the one non-Transformer; it takes only its vocabulary and padding id
+  from the tokenizer. Special-token ids always come from the tokenizer, and so does
   ``vocab_size`` unless the model folder or an override fixes it (it may be larger, never smaller).
 * **Objective.** Built by name; its keyword arguments are filled from the tokenizer by parameter name
   (``pad_token_id``, ``mask_token_id``, ``sentinel_ids``, ``vocab_size``, ...), so an objective that needs a
@@ -45,6 +47,7 @@ from lmforge.config import ConfigError, ModelConfig, resolve_config
 from lmforge.data import DocumentDataset, PackedDataset, StatefulLoader, read_manifest
 from lmforge.data.sources import DataError
 from lmforge.models import Transformer
+from lmforge.models.bilstm_lm import BiLM, BiLMConfig, bilm_config, is_bilm
 from lmforge.objectives import OBJECTIVES, architectures_for, check_architecture
 from lmforge.tokenization import Tokenizer
 from lmforge.training import distributed
@@ -61,7 +64,7 @@ class PretrainRun:
 
     config: TrainConfig
     tokenizer: Tokenizer
-    model: Transformer
+    model: Transformer | BiLM
     trainer: Trainer
 
 
@@ -76,14 +79,17 @@ def load_tokenizer(config: TrainConfig) -> Tokenizer:
     return tokenizer
 
 
-def model_config_for(spec: str, tokenizer: Tokenizer, overrides: dict[str, Any]) -> ModelConfig:
+def model_config_for(spec: str, tokenizer: Tokenizer, overrides: dict[str, Any]) -> ModelConfig | BiLMConfig:
     """``spec`` (preset, config file or model folder) + ``overrides``, with the tokenizer's ids and vocabulary."""
-    base = resolve_config(spec)
+    bilm = is_bilm(spec)
+    base = bilm_config(spec) if bilm else resolve_config(spec)
     has_weights = (Path(spec) / model_checkpoint.WEIGHTS_FILE).is_file()
     vocab = overrides.get("vocab_size", base.vocab_size if has_weights else tokenizer.vocab_size)
     if isinstance(vocab, int) and vocab < tokenizer.vocab_size:
         raise ConfigError(f"vocab_size={vocab} is smaller than the tokenizer's {tokenizer.vocab_size} tokens"
                           f"{' (fixed by the weights in ' + spec + ')' if has_weights else ''}")
+    if bilm:  # no [MASK]/[CLS] roles inside ELMo's biLM: the objective frames the text, padding is all it sees
+        return bilm_config(spec, **{"vocab_size": vocab, "pad_token_id": tokenizer.pad_id, **overrides})
     ids = {name: None for name in TOKEN_FIELDS}
     ids.update({k: v for k, v in tokenizer.special_token_ids().items() if k in ids})
     return ModelConfig.from_dict({**base.to_dict(), **ids, "vocab_size": vocab, **overrides},
@@ -179,7 +185,7 @@ def build_pretraining(config: TrainConfig) -> PretrainRun:
     train_data, eval_data = datasets_for(config, seq_len)
 
     torch.manual_seed(config.seed)  # the same seed, the same initial weights
-    model = Transformer(model_config)
+    model = BiLM(model_config) if isinstance(model_config, BiLMConfig) else Transformer(model_config)
     if (Path(config.model) / model_checkpoint.WEIGHTS_FILE).is_file():
         model_checkpoint.load_weights(model, Path(config.model) / model_checkpoint.WEIGHTS_FILE)
 
