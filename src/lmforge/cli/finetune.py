@@ -5,6 +5,12 @@ the fly). The run folder gets the Trainer's checkpoints and logs, ``best/`` (the
 ``--metric``) and ``model/`` (the last step); both are task folders for ``lmforge evaluate`` and ``predict``.
 ``--resume`` continues a run from its last checkpoint with the settings saved in ``OUT/finetune.yaml``.
 
+``--peft METHOD`` trains a PEFT adapter (LoRA, QLoRA, Houlsby adapters, prefix or prompt tuning, (IA)^3, BitFit,
+MAM) and the task head instead of the whole model; ``--peft-option KEY=VALUE`` (repeatable) or ``--peft-config
+FILE`` set its options (the fields of :class:`lmforge.peft.PeftConfig`). ``best/`` and ``model/`` then hold the
+adapter, the head and the base model's path (see :mod:`lmforge.peft.task`); ``--merge`` also writes ``merged/``, a
+plain task folder with the adapter folded in (LoRA, QLoRA, (IA)^3, BitFit).
+
 Example::
 
     $ lmforge convert from-hf path/to/all-MiniLM-L6-v2 minilm
@@ -13,11 +19,15 @@ Example::
     $ lmforge finetune --model t5-tiny --tokenizer tok/ --task text2text --train sst.tsv \\
           --task-prefix "sst2 sentence: " --label-map 0=negative,1=positive --out runs/t5
     $ lmforge finetune --model t5-tiny --tokenizer tok/ --task text2text --mixture tasks.yaml --out runs/mix
+    $ lmforge finetune --model minilm --task classify --train rt-sentiment:train --eval rt-sentiment:dev \
+          --out runs/rt-lora --peft lora --peft-option r=8 --peft-option alpha=16 --peft-option targets=q,v \
+          --lr 1e-3 --max-steps 800 --merge
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import typing
@@ -28,6 +38,7 @@ import yaml
 from lmforge.cli.main import UserError, plain_warnings
 
 SETTINGS_FILE = "finetune.yaml"
+MERGED_DIR = "merged"  # --merge: a plain task folder with the PEFT adapter folded in
 # Trainer flags shared with `lmforge pretrain` (its help texts); fine-tuning changes some defaults.
 TRAINER_KEYS = ("max_steps", "batch_size", "grad_accum", "lr", "warmup", "schedule", "min_lr_ratio", "weight_decay",
                 "grad_clip", "cut_frac", "stlr_ratio", "eval_every", "save_every", "keep_checkpoints", "precision",
@@ -96,6 +107,74 @@ def _mixture(path: str | None) -> list[dict]:
     return entries
 
 
+def _peft_option(text: str) -> tuple[str, object]:
+    """``"r=16"`` -> ("r", 16): the value converted to the PeftConfig field's type (targets: comma-separated)."""
+    from lmforge.peft import PeftConfig
+
+    key, sep, raw = text.partition("=")
+    key, raw = key.strip().replace("-", "_"), raw.strip()
+    if not sep or not key:
+        raise UserError(f"--peft-option {text!r}: expected KEY=VALUE, e.g. r=16 or targets=q,v")
+    defaults = {f.name: f.default for f in dataclasses.fields(PeftConfig)}
+    if key == "method":
+        raise UserError("--peft-option method: name the method with --peft METHOD")
+    if key not in defaults:
+        raise UserError(f"--peft-option {key}: not a PEFT option (options: "
+                        f"{', '.join(k for k in defaults if k != 'method')})")
+    default = defaults[key]
+    try:
+        if key == "targets":
+            return key, [t.strip() for t in raw.split(",") if t.strip()]
+        if isinstance(default, bool):
+            return key, {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}[raw.lower()]
+        if isinstance(default, (int, float)):
+            return key, type(default)(raw)
+    except (KeyError, ValueError):
+        kind = "true or false" if isinstance(default, bool) else "an integer" if isinstance(default, int) else "a number"
+        raise UserError(f"--peft-option {text!r}: {key} must be {kind}") from None
+    return key, raw
+
+
+def _peft_settings(given: dict, saved: dict | None, resuming: bool) -> dict | None:
+    """The PeftConfig of the run as a dict (None: full fine-tuning), from --peft-config, --peft and --peft-option;
+    a resumed run keeps its own and refuses different ones."""
+    from lmforge.config import ConfigError
+    from lmforge.peft import PeftConfig
+
+    if not any(given.get(k) for k in ("peft", "peft_option", "peft_config")):
+        return saved
+    fields = {}
+    if given.get("peft_config"):
+        try:
+            fields = PeftConfig.load(given["peft_config"]).options()
+        except ConfigError as exc:
+            raise UserError(f"--peft-config: {exc}") from exc
+    if given.get("peft"):
+        fields["method"] = given["peft"]
+    if "method" not in fields:
+        raise UserError("--peft-option needs --peft METHOD (or a --peft-config file naming the method)")
+    fields.update(_peft_option(text) for text in given.get("peft_option") or [])
+    try:
+        cfg = PeftConfig.from_dict(fields).to_dict()
+    except ConfigError as exc:
+        raise UserError(f"--peft {fields['method']}: {str(exc).removeprefix('PeftConfig: ')}") from exc
+    if resuming and cfg != saved:
+        what = f"PEFT settings {PeftConfig.from_dict(saved).options()}" if saved else "full fine-tuning"
+        raise UserError(f"--peft: this run was started with {what}; resume it without --peft/--peft-option/"
+                        "--peft-config, or with the same settings")
+    return cfg
+
+
+def _check_merge(peft: dict | None) -> None:
+    from lmforge.peft.config import MERGEABLE
+
+    if not peft:
+        raise UserError("--merge folds a PEFT adapter into the model; it needs --peft")
+    if peft["method"] not in MERGEABLE:
+        raise UserError(f"--merge: a {peft['method']} adapter cannot be folded into the weights (only "
+                        f"{', '.join(MERGEABLE)} can)")
+
+
 def _settings(args) -> dict:
     """Every setting of the run as plain data (what OUT/finetune.yaml holds)."""
     given = vars(args)
@@ -103,7 +182,8 @@ def _settings(args) -> dict:
     if given.get("resume") and given.get("out") and (Path(given["out"]) / SETTINGS_FILE).is_file():
         saved = yaml.safe_load((Path(given["out"]) / SETTINGS_FILE).read_text(encoding="utf-8")) or {}
     settings = {"model": None, "tokenizer": None, "random_init": False, "train": None, "eval": None,
-                "out": None, "task": {}, "recipe": {}, "trainer": dict(FINETUNE_DEFAULTS), **saved}
+                "out": None, "task": {}, "recipe": {}, "trainer": dict(FINETUNE_DEFAULTS), "peft": None,
+                "merge": False, **saved}
     for key in ("model", "tokenizer", "train", "eval", "out"):
         if given.get(key) is not None:
             settings[key] = given[key]
@@ -129,6 +209,11 @@ def _settings(args) -> dict:
     trainer = dict(settings["trainer"])
     trainer.update({k: given[k] for k in TRAINER_KEYS if k in given})
     settings["trainer"] = trainer
+    settings["peft"] = _peft_settings(given, settings["peft"], bool(saved))
+    if given.get("merge"):
+        settings["merge"] = True
+    if settings["merge"]:
+        _check_merge(settings["peft"])
     for key, flag in (("model", "--model"), ("out", "--out")):
         if not settings[key]:
             raise UserError(f"missing {flag}")
@@ -142,15 +227,20 @@ def _settings(args) -> dict:
 
 def run(args) -> int:
     if getattr(args, "task", None) == "embedding":  # Sentence-BERT: its own recipe (lmforge.embeddings.sbert)
+        if any(getattr(args, k, None) for k in ("peft", "peft_option", "peft_config", "merge")):
+            raise UserError("--peft and --merge are not supported with --task embedding (it has its own recipe)")
         from lmforge.cli._embedding_args import run_embedding_finetune
 
         return run_embedding_finetune(args)
+    from lmforge.peft import PeftConfig
     from lmforge.tasks.finetune import Recipe, finetune
     from lmforge.tasks.spec import TaskSpec
     from lmforge.training.config import TrainConfig
     from lmforge.utils.io import atomic_write_text
 
     settings = _settings(args)
+    if settings["task"].get("task") == "instruct" and settings["peft"]:
+        raise UserError("--peft is not supported with --task instruct (it has its own recipe)")
     if settings["task"].get("task") == "instruct":  # decoder SFT on instruction/chat JSONL
         from lmforge.prompting.instruct import finetune_instruct_from_settings
 
@@ -168,10 +258,14 @@ def run(args) -> int:
         raise UserError(f"{out} already holds a run: continue it with --resume, or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / SETTINGS_FILE, yaml.safe_dump({k: v for k, v in settings.items()}, sort_keys=False))
+    peft = PeftConfig.from_dict(settings["peft"], source=f"{out / SETTINGS_FILE}: peft") if settings["peft"] else None
+    if peft is not None and recipe.freeze_body:
+        raise UserError("--freeze-body trains the head only; it cannot be combined with --peft")
     with plain_warnings("finetune"):
         result = finetune(settings["model"], spec, settings["train"], settings["eval"], config=config, recipe=recipe,
                           out=out, tokenizer=settings["tokenizer"], random_init=settings["random_init"],
-                          epochs=epochs, warmup_ratio=warmup_ratio, log=lambda m: print(m, file=sys.stderr))
+                          epochs=epochs, warmup_ratio=warmup_ratio, peft=peft,
+                          log=lambda m: print(m, file=sys.stderr))
     train = result.train
     if train.stopped_by in ("SIGINT", "SIGTERM"):
         import signal
@@ -183,6 +277,12 @@ def run(args) -> int:
         b = result.best
         print(f"best: {b['metric']} {b['value']:.4f} at step {b['step']} -> {out / 'best'}")
     print(f"done: step {train.step}, final model saved to {train.model_dir}")
+    if settings["merge"]:
+        from lmforge.peft.task import merge_task_folder
+
+        source = out / "best" if result.best else train.model_dir
+        merged = merge_task_folder(source, out / MERGED_DIR)
+        print(f"merged: {source} with its adapter folded in -> {merged}")
     return 0
 
 
@@ -211,6 +311,26 @@ def _add_trainer_flags(parser) -> None:
                                metavar=None if choices else key.upper().replace("_", "-"))
 
 
+def _add_peft_flags(parser) -> None:
+    from lmforge.peft import METHODS
+
+    group = parser.add_argument_group(
+        "parameter-efficient fine-tuning",
+        "Train an adapter and the task head; the base model stays frozen. OUT/best and OUT/model then hold the "
+        "adapter, the head and the base model's path (lmforge evaluate/predict load them as any task folder).")
+    group.add_argument("--peft", default=None, choices=METHODS, metavar="METHOD",
+                       help=f"PEFT method: {', '.join(METHODS)} (default: full fine-tuning)")
+    group.add_argument("--peft-option", action="append", default=None, metavar="KEY=VALUE",
+                       help="a PeftConfig option, repeatable: r=8, alpha=16, dropout=0.1, rslora=true, targets=q,v, "
+                            "adapter_dim=64, num_virtual_tokens=20, prefix_hidden=512, prompt_init=vocab, ... "
+                            "(`lmforge peft info` shows a saved adapter's)")
+    group.add_argument("--peft-config", default=None, metavar="FILE.yaml",
+                       help="PeftConfig fields in a .yaml/.json file (--peft and --peft-option override them)")
+    group.add_argument("--merge", action="store_true", default=False,
+                       help="after training, also write OUT/merged: a plain task folder with the adapter folded in "
+                            "(from OUT/best if an evaluation picked one, else OUT/model; lora, qlora, ia3, bitfit)")
+
+
 def register(subparsers) -> None:
     from lmforge.tasks.spec import POOLINGS, TASKS
 
@@ -228,7 +348,8 @@ def register(subparsers) -> None:
     what.add_argument("--task", default=None, choices=(*TASKS, "instruct", "embedding"),
                       help="the task (instruct: supervised fine-tuning on instruction/chat JSONL; "
                       "embedding: Sentence-BERT training with --loss)")
-    what.add_argument("--pack", action="store_true", help="instruct: pack short examples (block-diagonal mask)")
+    what.add_argument("--pack", action="store_true", default=False,  # the parser's default is SUPPRESS
+                      help="instruct: pack short examples (block-diagonal mask)")
     what.add_argument("--train", default=None, metavar="FILE",
                       help="training data (.tsv .csv .jsonl .conll, or NAME:SPLIT)")
     what.add_argument("--eval", default=None, metavar="FILE", help="evaluation data, for --metric and OUT/best")
@@ -263,5 +384,6 @@ def register(subparsers) -> None:
     recipe.add_argument("--eval-batch-size", type=int, default=None, help="batch size of evaluation")
     recipe.add_argument("--loss", default=None, choices=("mnrl", "triplet", "cosine"),
                         help="embedding: Sentence-BERT loss (default: mnrl, in-batch negatives)")
+    _add_peft_flags(parser)
     _add_trainer_flags(parser)
     parser.set_defaults(func=run)

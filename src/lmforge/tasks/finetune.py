@@ -21,6 +21,12 @@ Run folder: the Trainer's ``checkpoints/``, ``metrics.jsonl``, ``tensorboard/``,
 task folder of the best evaluation; its ``task.json`` records metric, value and step) and ``model/`` (the
 final task folder).
 
+Parameter-efficient fine-tuning (``peft=PeftConfig(...)``): the body gets a PEFT adapter and freezes, the head
+trains in full (:mod:`lmforge.peft.task`). ``best/`` and ``model/`` are then PEFT task folders: adapter, head
+and the path of the base model's folder (a base that lives in no folder, e.g. a preset or random weights, is
+saved once to ``OUT/base``). Checkpoints hold only the trainable tensors and their optimizer state; resume
+rebuilds the frozen base from its source, after checking it is the one ``OUT/peft.json`` recorded.
+
 Example:
     >>> import lmforge
     >>> body = lmforge.build_model("bert-tiny", n_layers=2, d_model=32, n_heads=2, d_ff=64, vocab_size=100)
@@ -30,6 +36,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import asdict, dataclass, field
@@ -40,6 +47,7 @@ import torch
 from torch import nn
 
 from lmforge.config import ConfigError
+from lmforge.peft.config import PeftConfig
 from lmforge.tasks import metrics as task_metrics
 from lmforge.tasks.data import ExampleBatches, Table, read_table, warn
 from lmforge.tasks.model import build_task_model, read_task_meta, save_task_model
@@ -50,6 +58,8 @@ from lmforge.training.precision import autocast
 from lmforge.training.trainer import MODEL_DIR, Trainer, TrainResult
 
 BEST_DIR = "best"
+PEFT_BASE_DIR = "base"  # PEFT runs: a snapshot of a base model that lives in no folder
+PEFT_FILE = "peft.json"  # PEFT runs: the method and the base's identity, checked on resume
 _LAYER = re.compile(r"(?:^|\.)(encoder|decoder)\.layers\.(\d+)\.")
 _TOP = re.compile(r"(?:^|\.)(head|pooler|lm_head|mlm_head)\.|^head\.")
 _FINAL_NORM = re.compile(r"(?:^|\.)(encoder|decoder)\.final_norm\.")
@@ -135,11 +145,13 @@ class ScaledAdamW(torch.optim.AdamW):
                 g["lr"] = lr
 
 
-def build_finetune_optimizer(model: nn.Module, config: TrainConfig, layer_decay: float = 1.0) -> ScaledAdamW:
+def build_finetune_optimizer(model: nn.Module, config: TrainConfig, layer_decay: float = 1.0,
+                             names: set[str] | None = None) -> ScaledAdamW:
     """AdamW groups by (layer group, decay or not), each with ``lr_scale = layer_decay ** (top - group)``.
 
-    Every parameter is included, frozen or not, so that unfrozen layers join the same optimizer (AdamW
-    skips parameters whose gradient is None). Weight decay follows :mod:`lmforge.training.optim`.
+    Every parameter in ``names`` (default: all) is included, frozen or not, so that unfrozen layers join the
+    same optimizer (AdamW skips parameters whose gradient is None); a PEFT run leaves its frozen base out.
+    Weight decay follows :mod:`lmforge.training.optim`.
     """
     depth = layer_groups(model)
     top = max(depth.values())
@@ -152,6 +164,8 @@ def build_finetune_optimizer(model: nn.Module, config: TrainConfig, layer_decay:
                 continue
             seen.add(id(param))
             full = f"{module_name}.{name}" if module_name else name
+            if names is not None and full not in names:
+                continue
             d, decays = depth[full], parameter_kind(module, name) not in skip
             group = groups.setdefault((d, decays), {"params": [], "names": [], "layer_group": d,
                                                     "weight_decay": config.weight_decay if decays else 0.0,
@@ -186,16 +200,31 @@ class FinetuneTrainer(Trainer):
         eval_examples: encoded evaluation examples, all of them scored at each evaluation (None: no evaluation,
             no best checkpoint).
         tokenizer: saved into ``best/`` and ``model/``.
+        peft_base: for a model with a PEFT body, the folder of its base model, recorded in ``best/`` and
+            ``model/`` (which hold the adapter and head only).
     """
 
     def __init__(self, model: nn.Module, task, train_data, config: TrainConfig, recipe: Recipe, *,
-                 out: str | Path, eval_examples: list | None = None, tokenizer=None) -> None:
+                 out: str | Path, eval_examples: list | None = None, tokenizer=None,
+                 peft_base: str | Path | None = None) -> None:
+        from lmforge.peft.task import is_peft_task_model
+
         super().__init__(model, task.collate, train_data, config, out=out, eval_data=None,
                          eval_objective=task.collate, tokenizer=tokenizer)
         self.task, self.recipe = task, recipe
         self.eval_examples = eval_examples
         self.metric = recipe.metric or task.default_metric
-        self.optimizer = build_finetune_optimizer(self.model, config, recipe.layer_decay)
+        self.peft = is_peft_task_model(self.model)
+        if self.peft and peft_base is None:
+            raise ValueError("a PEFT task model needs peft_base= (the folder of its base model)")
+        if self.peft and self.dist.strategy == "fsdp":  # sharded checkpoints hold whole models, not adapters
+            raise ConfigError("PEFT fine-tuning runs on one process or with DDP, not with FSDP")
+        self.peft_base = peft_base
+        # What may ever train: everything, or for PEFT what apply_peft left trainable (adapter and head);
+        # the recipe's freezing then works within it.
+        self._trainable = {n for n, p in self.model.named_parameters() if p.requires_grad or not self.peft}
+        self.optimizer = build_finetune_optimizer(self.model, config, recipe.layer_decay,
+                                                  self._trainable if self.peft else None)
         self._params = [p for g in self.optimizer.param_groups for p in g["params"]]
         self._depth = layer_groups(self.model)
         self._top = max(self._depth.values())
@@ -216,7 +245,23 @@ class FinetuneTrainer(Trainer):
     def _apply_freezing(self, step: int) -> None:
         lowest = trainable_from(step, self._top, self.recipe)
         for name, param in self.model.named_parameters():
-            param.requires_grad_(self._depth[name] >= lowest)
+            param.requires_grad_(name in self._trainable and self._depth[name] >= lowest)
+
+    def checkpoint_module(self):
+        """PEFT runs checkpoint the trainable tensors only; the frozen base is rebuilt from its source."""
+        if not self.peft:
+            return self.model
+        from lmforge.peft.task import TrainableState
+
+        return TrainableState(self.model, self._trainable)
+
+    def save_task_folder(self, path: Path, extra: dict | None = None) -> Path:
+        """Write a task folder of the model as it is: the whole model, or for PEFT the adapter and head."""
+        if self.peft:
+            from lmforge.peft.task import save_peft_task_model
+
+            return save_peft_task_model(self.model, path, self.peft_base, self.tokenizer, extra)
+        return save_task_model(self.model, path, self.tokenizer, extra=extra)
 
     def train_step(self) -> dict[str, Any]:
         self._apply_freezing(self.step + 1)
@@ -241,17 +286,20 @@ class FinetuneTrainer(Trainer):
         value = scores.get(self.metric)
         if task_metrics.better(self.metric, value, self.best["value"] if self.best else None):
             self.best = {"metric": self.metric, "value": value, "step": self.step}
-            save_task_model(self.model, self.out / BEST_DIR, self.tokenizer, extra={"best": self.best})
+            self.save_task_folder(self.out / BEST_DIR, extra={"best": self.best})
         return {f"eval_{k}": (v if isinstance(v, float) and math.isfinite(v) else None) for k, v in scores.items()}
 
     def save_model(self) -> Path:
-        return save_task_model(self.model, self.out / MODEL_DIR, self.tokenizer)
+        return self.save_task_folder(self.out / MODEL_DIR)
 
 
 # ------------------------------------------------------------------------------------------- entry point
 @dataclass
 class FinetuneResult:
-    """What :func:`finetune` did: the Trainer's result, the task model, and the best evaluation."""
+    """What :func:`finetune` did: the Trainer's result, the task model, and the best evaluation.
+
+    ``counts``: training and evaluation examples; ``params``: ``trainable`` and ``total`` parameters.
+    """
 
     train: TrainResult
     model: nn.Module
@@ -259,10 +307,28 @@ class FinetuneResult:
     best: dict[str, Any] | None = None
     out: Path | None = None
     counts: dict[str, int] = field(default_factory=dict)
+    params: dict[str, int] = field(default_factory=dict)
 
     @property
     def best_value(self) -> float | None:
         return self.best["value"] if self.best else None
+
+
+def read_model_folder(path: str | Path, with_tokenizer: bool = True):
+    """(Transformer, Tokenizer or None) from an lmforge model/task folder or a Hugging Face model folder."""
+    from lmforge import checkpoint
+    from lmforge.tokenization import Tokenizer
+
+    path = Path(path)
+    if (path / "config.json").is_file() and '"model_type"' in (path / "config.json").read_text():
+        from lmforge.interop.hf import load_hf
+
+        conv = load_hf(path)
+        for note in conv.notes:
+            warn(note)
+        return conv.model, conv.tokenizer if with_tokenizer else None
+    tok = Tokenizer.load(path) if with_tokenizer and (path / "tokenizer.json").is_file() else None
+    return checkpoint.load(path), tok
 
 
 def load_body(source, tokenizer=None, random_init: bool = False):
@@ -273,23 +339,14 @@ def load_body(source, tokenizer=None, random_init: bool = False):
         tokenizer: a Tokenizer or a path to one (required for presets, which have none).
         random_init: keep the architecture and tokenizer, re-initialise every weight (a from-scratch baseline).
     """
-    from lmforge import checkpoint
     from lmforge.tokenization import Tokenizer
 
     if isinstance(source, nn.Module):
         body, tok = source, None
     else:
         path = Path(str(source))
-        if path.is_dir() and (path / "config.json").is_file() and '"model_type"' in (path / "config.json").read_text():
-            from lmforge.interop.hf import load_hf
-
-            conv = load_hf(path)
-            for note in conv.notes:
-                warn(note)
-            body, tok = conv.model, conv.tokenizer if tokenizer is None else None
-        elif path.is_dir():
-            body = checkpoint.load(path)
-            tok = Tokenizer.load(path) if (path / "tokenizer.json").is_file() and tokenizer is None else None
+        if path.is_dir():
+            body, tok = read_model_folder(path, with_tokenizer=tokenizer is None)
         elif path.exists() or "/" in str(source):
             raise FileNotFoundError(f"{source}: not a model folder")
         else:
@@ -314,7 +371,8 @@ def _as_table(source) -> Table:
 
 def finetune(model, spec: TaskSpec, train, eval=None, *, config: TrainConfig, recipe: Recipe | None = None,
              out: str | Path, tokenizer=None, random_init: bool = False, epochs: float | None = None,
-             warmup_ratio: float | None = None, wrap: Callable[[nn.Module], nn.Module] | None = None,
+             warmup_ratio: float | None = None, peft: PeftConfig | None = None,
+             wrap: Callable[[nn.Module], nn.Module] | None = None,
              log: Callable[[str], None] | None = None) -> FinetuneResult:
     """Fine-tune ``model`` on a task and return the result (see :class:`FinetuneResult`).
 
@@ -331,13 +389,22 @@ def finetune(model, spec: TaskSpec, train, eval=None, *, config: TrainConfig, re
         random_init: same architecture, fresh weights (the from-scratch baseline).
         epochs: set ``max_steps`` to this many passes over the training examples.
         warmup_ratio: set ``warmup`` to this share of ``max_steps`` (BERT: 0.1).
-        wrap: a function applied to the assembled TaskModel before training (the hook for PEFT wrappers).
+        peft: train a PEFT adapter (and the head) instead of the whole model; see the module docstring.
+        wrap: a function applied to the assembled TaskModel before training (after ``peft``).
         log: called with one-line progress notes (what is trained on what), e.g. ``print``.
     """
     from lmforge.tasks import build_task
 
     recipe = recipe or Recipe()
-    body, tok = load_body(model, tokenizer, random_init)
+    out = Path(out)
+    source = model
+    if peft is not None:
+        if recipe.freeze_body:
+            raise ConfigError("Recipe.freeze_body trains the head only; it cannot be combined with a PEFT adapter")
+        _check_fresh(out, config)  # before OUT/base or OUT/peft.json of an existing run can be touched
+        if config.resume and (out / PEFT_BASE_DIR / "config.json").is_file():
+            source, random_init = out / PEFT_BASE_DIR, False  # the snapshot this run's base was saved to
+    body, tok = load_body(source, tokenizer, random_init)
     cfg = body.config
     train_tables, eval_tables = _tables(spec, train, eval)
     if spec.task in ("classify", "multilabel", "tag") and not spec.labels:
@@ -355,20 +422,84 @@ def finetune(model, spec: TaskSpec, train, eval=None, *, config: TrainConfig, re
         batches = ExampleBatches(train_sets[0], config.batch_size, seed=config.seed, bucket=recipe.bucket)
     config = _fit_steps(config, len(batches), epochs, warmup_ratio)
     task_model = build_task_model(body, spec)
+    peft_base, report = None, None
+    if peft is not None:
+        from lmforge.peft.task import apply_task_peft, parameter_report
+
+        peft_base = _peft_base(source, random_init, task_model.body, out, tok)  # before QLoRA quantises it
+        apply_task_peft(task_model, peft, tokenizer=tok)
+        _record_peft_run(out, peft, task_model.body, peft_base, config.resume)
+        report = parameter_report(task_model)  # before a recipe's unfreezing schedule hides some of it
     if wrap is not None:
         task_model = wrap(task_model)
     if log is not None:
         trainable = "head only" if recipe.freeze_body else "all layers"
-        log(f"{cfg.name} ({cfg.arch}, {sum(p.numel() for p in task_model.parameters()) / 1e6:.2f}M parameters"
+        total = report.total if report else sum(p.numel() for p in task_model.parameters())
+        if peft is not None:
+            options = ", ".join(f"{k}={v}" for k, v in peft.options().items() if k != "method")
+            trainable = f"peft {peft.method}{f' ({options})' if options else ''}: {report}"
+        log(f"{cfg.name} ({cfg.arch}, {total / 1e6:.2f}M parameters"
             f"{', random init' if random_init else ''}) | task {spec.task}"
             + (f" ({len(spec.labels)} labels)" if spec.labels else "")
             + f" | {sum(len(s) for s in train_sets)} train / {len(eval_examples)} eval examples | "
             f"{config.max_steps} steps x {config.batch_size} | lr {config.lr:g} {config.schedule} | {trainable}")
     trainer = FinetuneTrainer(task_model, task, batches, config, recipe, out=out, eval_examples=eval_examples or None,
-                              tokenizer=tok)
+                              tokenizer=tok, peft_base=peft_base)
+    params = {"trainable": report.trainable, "total": report.total} if report else _parameter_counts(trainer)
     result = trainer.fit()
     counts = {"train": sum(len(s) for s in train_sets), "eval": len(eval_examples)}
-    return FinetuneResult(result, trainer.model, task, trainer.best, Path(out), counts)
+    return FinetuneResult(result, trainer.model, task, trainer.best, out, counts, params)
+
+
+def _parameter_counts(trainer: FinetuneTrainer) -> dict[str, int]:
+    """Trainable and total parameters of full fine-tuning (tied weights once): all, or the head's if frozen."""
+    named = dict(trainer.model.named_parameters())  # tied weights appear once
+    lowest = trainable_from(1, trainer._top, trainer.recipe) if trainer.recipe.freeze_body else 0
+    return {"trainable": sum(p.numel() for n, p in named.items() if trainer._depth[n] >= lowest),
+            "total": sum(p.numel() for p in named.values())}
+
+
+# ------------------------------------------------------------------------------------------- PEFT runs
+def _check_fresh(out: Path, config: TrainConfig) -> None:
+    from lmforge.training.state import CheckpointManager
+    from lmforge.training.trainer import RunExistsError
+
+    steps = CheckpointManager(out / "checkpoints").steps()
+    if steps and not config.resume:
+        raise RunExistsError(f"{out} already holds a run (checkpoints up to step {steps[-1]}): resume it with "
+                             "--resume (resume=True) or choose another output folder")
+
+
+def _peft_base(source, random_init: bool, body: nn.Module, out: Path, tokenizer) -> Path:
+    """The folder holding a PEFT run's base: ``source`` when it is a folder used as it is, else a snapshot of
+    ``body`` written to ``OUT/base`` (a preset's or a random initialisation's weights exist nowhere else)."""
+    from lmforge import checkpoint
+
+    if isinstance(source, (str, Path)) and Path(source).is_dir() and not random_init:
+        return Path(source).resolve()
+    return checkpoint.save(body, out / PEFT_BASE_DIR, tokenizer=tokenizer).resolve()
+
+
+def _record_peft_run(out: Path, cfg: PeftConfig, peft_body, base: Path, resume: bool) -> None:
+    """Write ``OUT/peft.json`` (method, base folder and identity); on resume, check the run is the same.
+
+    A resumed PEFT run rebuilds its frozen base from the source, so a base folder that changed in between
+    would silently change the result: the identity recorded at the start catches that.
+    """
+    from lmforge.peft.io import verify_base
+    from lmforge.utils.io import atomic_write_text
+
+    file = out / PEFT_FILE
+    if resume and file.is_file():
+        saved = json.loads(file.read_text(encoding="utf-8"))
+        if saved.get("peft") != cfg.to_dict():
+            raise ConfigError(f"{file}: this run trains {PeftConfig.from_dict(saved.get('peft')).options()}, "
+                              f"not {cfg.options()}; resume it with the same PEFT settings")
+        verify_base(saved.get("base_identity", {}), peft_body.base_identity, f"{out} (resume)")
+        return
+    record = {"peft": cfg.to_dict(), "base": str(base), "base_identity": peft_body.base_identity}
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(file, json.dumps(record, indent=2) + "\n")
 
 
 def _fit_steps(config: TrainConfig, batches_per_epoch: int, epochs: float | None,

@@ -17,6 +17,9 @@ A task folder is a model folder plus two files::
     DIR/task.json                                            the TaskSpec and format version
     DIR/task_head.safetensors                                the head's weights (head tasks only)
 
+A PEFT task folder holds an adapter instead of the body's weights, and names the base model's folder
+(see :mod:`lmforge.peft.task`); :func:`load_task_model` loads both.
+
 Example:
     >>> import tempfile, torch, lmforge
     >>> from lmforge.tasks.spec import TaskSpec
@@ -245,6 +248,10 @@ def load_task_model(path: str | Path, spec: TaskSpec | None = None, device: str 
         raise checkpoint.CheckpointError(f"{path}: no {TASK_FILE}; this is not a fine-tuned task model "
                                          "(fine-tune one with `lmforge finetune`, or name a generative --task)")
     spec = spec or TaskSpec.from_dict(meta["spec"], source=str(path / TASK_FILE))
+    if meta is not None and meta.get("peft"):  # adapter + head + where the base is (lmforge.peft.task)
+        from lmforge.peft.task import load_peft_task_model
+
+        return load_peft_task_model(path, meta, spec, device)
     body = checkpoint.load(path)
     if spec.generative:
         return build_task_model(body, spec).eval().to(device)
@@ -252,7 +259,15 @@ def load_task_model(path: str | Path, spec: TaskSpec | None = None, device: str 
         raise checkpoint.CheckpointError(f"{path}: no {TASK_FILE}; task {spec.task!r} needs a trained head "
                                          "(fine-tune one with `lmforge finetune`)")
     model = build_task_model(body, spec)
-    head_file = path / HEAD_FILE
+    load_head(model, path, spec)
+    return model.eval().to(device)
+
+
+def load_head(model: TaskModel, path: str | Path, spec: TaskSpec) -> None:
+    """Fill ``model.head`` from ``path/task_head.safetensors`` (nothing to do for generative tasks)."""
+    if model.head is None:
+        return
+    head_file = Path(path) / HEAD_FILE
     if not head_file.is_file():
         raise checkpoint.CheckpointError(f"{head_file}: missing; the folder's task {spec.task!r} needs its head")
     state = load_file(str(head_file))
@@ -262,4 +277,3 @@ def load_task_model(path: str | Path, spec: TaskSpec | None = None, device: str 
             raise checkpoint.CheckpointError(f"{head_file}: tensor {name!r} is missing or has the wrong shape "
                                              f"(need {tuple(tensor.shape)})")
     model.head.load_state_dict(state)
-    return model.eval().to(device)

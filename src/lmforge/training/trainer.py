@@ -319,6 +319,11 @@ class Trainer:
             "lmforge_version": lmforge.__version__, "saved_at": time.time(),
         }
 
+    def checkpoint_module(self):
+        """What a checkpoint's weights are (``config``, ``state_dict``, ``load_state_dict``): the model. A subclass
+        may narrow it, e.g. to the trainable tensors of a PEFT run (lmforge.peft.task.TrainableState)."""
+        return self.model
+
     def save_checkpoint(self) -> Path:
         """Write ``OUT/checkpoints/step-NNNNNNNN`` (atomically), update ``latest``, rotate old ones.
 
@@ -336,7 +341,7 @@ class Trainer:
                                                   self.dist)
         else:
             if self.dist.is_main:  # DDP replicas are identical: rank 0's model and optimizer stand for all
-                self.checkpoints.save(self.step, self.model, self.optimizer, state)
+                self.checkpoints.save(self.step, self.checkpoint_module(), self.optimizer, state)
             self.dist.barrier()
             folder = self.checkpoints.path(self.step)
         self._last_saved = (self.step, folder)
@@ -352,7 +357,8 @@ class Trainer:
             warnings.warn(f"{self.checkpoints.root}: no checkpoint to resume from; starting at step 0", stacklevel=2)
             return False
         folder, raw = found
-        state = dist_checkpoint.load_training_checkpoint(folder, self.model, self.optimizer, raw, self.dist)
+        state = dist_checkpoint.load_training_checkpoint(folder, self.checkpoint_module(), self.optimizer, raw,
+                                                         self.dist)
         self.step, self.tokens_seen = state["step"], state["tokens"]
         self.skipped_steps = state.get("skipped_steps", 0)
         self._restore_rank_state(state)

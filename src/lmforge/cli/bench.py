@@ -1,0 +1,253 @@
+"""``lmforge bench``: run the speed and memory benchmarks of the checkout's ``benchmarks/`` folder and print one
+table of lmforge against its reference, each ratio measured side by side in the same run.
+
+    script            measures                                              reference
+    train_step.py     tokens/s of forward + backward + AdamW (GPT, BERT, T5) Hugging Face transformers
+    generate.py       greedy generation tokens/s (batch 1 and 8)             HF generate
+    data_pipeline.py  data prepare MB/s; packed loader tokens/s              raw tokenizers encode_batch; a target
+    peft_memory.py    peak training memory of LoRA; QLoRA's NF4 base bytes   full fine-tuning; fp32 weights
+
+Each script runs in its own process (so one's memory and threads do not disturb the next), prints its own
+lines (shown on stderr as they come) and ends with one JSON line, which this command reads. The quality
+benchmarks (finetune_quality.py, embedding_quality.py, pretrain_curves.py) train for many minutes each and
+are run directly. The benchmarks live in the source checkout, not in the installed package: without a
+checkout, pass ``--dir``.
+
+Example::
+
+    $ lmforge bench --quick              # a few minutes: fewer repeats, smaller sizes, no torch.compile
+    $ lmforge bench --only generate --json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from lmforge.cli.main import UserError
+
+BENCHMARKS = ("train_step", "generate", "data_pipeline", "peft_memory")
+QUICK_FLAGS = {name: ["--quick"] for name in BENCHMARKS}  # every speed benchmark has its own --quick
+
+
+@dataclass
+class Row:
+    """One line of the table: a measured case of a benchmark, lmforge against its reference."""
+
+    benchmark: str
+    case: str
+    lmforge: str
+    reference: str
+    ratio: float | None  # lmforge / reference in the direction of ``better`` (speedup, or memory share)
+    better: str  # "higher" or "lower": which way a ratio is good
+
+
+# ------------------------------------------------------------------------------------------- reading results
+def last_json(text: str) -> dict[str, Any] | None:
+    """The last line of ``text`` that parses as a JSON object (a benchmark's result line), or None."""
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                value = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(value, dict):
+                return value
+    return None
+
+
+def _train_step(data: dict) -> list[Row]:
+    return [Row("train_step", f"{r['family']} {r['mode']}", f"{r['lmforge_tok_s']:,.0f} tok/s",
+                f"HF {r.get('hf_mode', 'eager')} {r['hf_tok_s']:,.0f} tok/s", r["ratio"], "higher")
+            for r in data.get("results", [])]
+
+
+def _generate(data: dict) -> list[Row]:
+    return [Row("generate", f"greedy, batch {r['batch']}" + ("" if r.get("identical", True) else " (tokens DIFFER)"),
+                f"{r['lmforge_tok_s']:,.1f} tok/s", f"HF generate {r['hf_tok_s']:,.1f} tok/s", r["ratio"], "higher")
+            for r in data.get("results", [])]
+
+
+def _data_pipeline(data: dict) -> list[Row]:
+    return [
+        Row("data_pipeline", "prepare vs raw encode_batch", f"{data['prepare_mb_s']:.2f} MB/s",
+            f"encode_batch {data['raw_mb_s']:.2f} MB/s", data["prepare_over_raw"], "higher"),
+        Row("data_pipeline", "packed loader", f"{data['loader_tokens_s']:,.0f} tok/s",
+            f"target {data['loader_target_tokens_s']:,.0f} tok/s",
+            data["loader_tokens_s"] / data["loader_target_tokens_s"], "higher"),
+    ]
+
+
+def _peft_memory(data: dict) -> list[Row]:
+    runs = data.get("runs", {})
+    rows = []
+    if "lora" in runs and "full" in runs:
+        rows.append(Row("peft_memory", f"LoRA training memory ({data.get('preset')})",
+                        f"{runs['lora']['train_mb']:,.0f} MB", f"full fine-tuning {runs['full']['train_mb']:,.0f} MB",
+                        data["lora_over_full"], "lower"))
+    if "qlora_nf4_bytes" in data:
+        rows.append(Row("peft_memory", "QLoRA NF4 base weights", f"{data['qlora_nf4_bytes'] / 2**20:,.1f} MB",
+                        f"fp32 {data['fp32_bytes'] / 2**20:,.1f} MB", data["qlora_over_fp32"], "lower"))
+    return rows
+
+
+def _generic(name: str, data: dict) -> list[Row]:
+    """A benchmark without an adapter: every top-level number named like a ratio."""
+    return [Row(name, key, "-", "-", float(value), "higher") for key, value in data.items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and ("ratio" in key or "_over_" in key)]
+
+
+ADAPTERS: dict[str, Callable[[dict], list[Row]]] = {
+    "train_step": _train_step, "generate": _generate, "data_pipeline": _data_pipeline, "peft_memory": _peft_memory,
+}
+
+
+def rows_for(name: str, data: dict) -> list[Row]:
+    """Table rows of one benchmark's JSON result (by its ``benchmark`` field, else the script name)."""
+    kind = data.get("benchmark", name)
+    try:
+        return ADAPTERS[kind](data) if kind in ADAPTERS else _generic(name, data)
+    except (KeyError, TypeError, ZeroDivisionError) as exc:
+        raise ValueError(f"{name}: unexpected result format ({type(exc).__name__}: {exc})") from None
+
+
+def table(rows: list[Row], failures: dict[str, str]) -> str:
+    """The aligned text table (failed benchmarks listed under it)."""
+    header = ("benchmark", "case", "lmforge", "reference", "ratio")
+    cells = [(r.benchmark, r.case, r.lmforge, r.reference,
+              "-" if r.ratio is None else f"{r.ratio:.2f}x ({r.better} is better)") for r in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(cell, widths)).rstrip() for cell in cells]
+    lines += [f"{name}: FAILED ({why})" for name, why in failures.items()]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------- running
+def find_dir(given: str | None) -> Path:
+    """The benchmarks folder: ``given``, or ``benchmarks/`` of the source checkout lmforge was imported from."""
+    import lmforge
+
+    folder = Path(given) if given else Path(lmforge.__file__).resolve().parents[2] / "benchmarks"
+    if not folder.is_dir() or not any((folder / f"{n}.py").is_file() for n in BENCHMARKS):
+        where = f"--dir {given}" if given else f"{folder} (beside the lmforge source tree)"
+        raise UserError(f"no benchmarks found in {where}: they ship with the source checkout, not the installed "
+                        "package; run from a checkout (pip install -e .) or pass --dir CHECKOUT/benchmarks")
+    return folder
+
+
+def run_script(script: Path, args: list[str], echo: bool, timeout: float | None) -> tuple[int, str, float]:
+    """Run one benchmark script; returns (exit code, its output, seconds). Its lines are echoed to stderr."""
+    start = time.perf_counter()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, cwd=script.parent.parent, env=env)
+    timer = threading.Timer(timeout, proc.kill) if timeout else None  # a silent hang must end too
+    if timer is not None:
+        timer.start()
+    lines = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if echo:
+                print(f"  {script.stem} | {line.rstrip()}", file=sys.stderr, flush=True)
+        code = proc.wait()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        if timer is not None:
+            timer.cancel()
+    if timeout and time.perf_counter() - start >= timeout and code != 0:
+        lines.append(f"stopped after {timeout:g} s (--timeout)\n")
+    return code, "".join(lines), time.perf_counter() - start
+
+
+def run(args) -> int:
+    folder = find_dir(args.dir)
+    names = [n.strip().removesuffix(".py") for n in args.only.split(",")] if args.only else list(BENCHMARKS)
+    unknown = [n for n in names if not (folder / f"{n}.py").is_file()]
+    if unknown:
+        raise UserError(f"--only: no benchmark {', '.join(unknown)} in {folder} "
+                        f"(speed benchmarks: {', '.join(BENCHMARKS)})")
+    results: dict[str, dict[str, Any]] = {}
+    rows: list[Row] = []
+    failures: dict[str, str] = {}
+    for name in names:
+        flags = QUICK_FLAGS.get(name, []) if args.quick else []
+        print(f"lmforge bench: {name}.py {' '.join(flags)}".rstrip(), file=sys.stderr, flush=True)
+        code, output, seconds = run_script(folder / f"{name}.py", flags, echo=not args.quiet, timeout=args.timeout)
+        data = last_json(output)
+        entry: dict[str, Any] = {"returncode": code, "seconds": round(seconds, 1), "result": data}
+        if code != 0 or data is None:
+            tail = output.strip().splitlines()[-1] if output.strip() else "no output"
+            failures[name] = f"exit code {code}" if code else "no JSON result line"
+            failures[name] += f"; last line: {tail[:160]}"
+            entry["error"] = failures[name]
+        else:
+            try:
+                found = rows_for(name, data)
+            except ValueError as exc:
+                failures[name] = str(exc)
+                entry["error"] = str(exc)
+                found = []
+            rows += found
+            entry["rows"] = [asdict(r) for r in found]
+        results[name] = entry
+    if args.json:
+        print(json.dumps({"quick": args.quick, "machine": _machine(), "benchmarks": results}))
+    else:
+        print(f"lmforge vs reference, measured side by side ({'--quick, ' if args.quick else ''}{_machine_line()})")
+        print(table(rows, failures))
+    return 1 if failures else 0
+
+
+def _machine() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    info = {"cpu": cpu, "cpu_count": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version()}
+    if hasattr(os, "getloadavg"):
+        info["load_average"] = round(os.getloadavg()[0], 2)
+    return info
+
+
+def _machine_line() -> str:
+    m = _machine()
+    load = f", load average {m['load_average']}" if "load_average" in m else ""
+    return f"{m['cpu']}, {m['cpu_count']} cores{load}"
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "bench", help="run the speed/memory benchmarks and print lmforge vs reference ratios",
+        description="Run every speed and memory benchmark in the checkout's benchmarks/ folder (" +
+                    ", ".join(BENCHMARKS) + "), each in its own process, read the JSON line each one ends with, "
+                    "and print one table of lmforge against its reference (Hugging Face, raw tokenizers, full "
+                    "fine-tuning). Exit code 1 when a benchmark fails.")
+    parser.add_argument("--quick", action="store_true",
+                        help="pass each benchmark its --quick option (fewer repeats, smaller sizes, no compile)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (every result) instead of the table")
+    parser.add_argument("--only", metavar="NAMES", default=None,
+                        help=f"comma-separated subset of {','.join(BENCHMARKS)}")
+    parser.add_argument("--dir", metavar="DIR", default=None,
+                        help="the benchmarks folder (default: benchmarks/ of the source checkout)")
+    parser.add_argument("--timeout", type=float, default=None, metavar="S", help="stop a benchmark after S seconds")
+    parser.add_argument("--quiet", action="store_true", help="do not echo the benchmarks' own output")
+    parser.set_defaults(func=run)

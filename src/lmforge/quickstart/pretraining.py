@@ -1,0 +1,111 @@
+"""Stage 3: pre-train one model of each family on the prepared shards, each within its share of the budget.
+
+    stage          model      objective          data     what the later stages do with it
+    pretrain-gpt   gpt-tiny   causal LM          english  prompting, text generation
+    pretrain-bert  bert-tiny  masked LM          english  sentiment fine-tuning (vs from scratch, LoRA), probing
+    pretrain-t5    t5-tiny    span corruption    bible    en->es translation fine-tuning
+
+Every run uses the preset as named (only dropout is switched off: a run of minutes sees each token about
+once, so there is nothing to regularise), 128-token sequences, AdamW with a 10% linear warmup and a cosine
+decay to 10% of the peak LR. The step count comes from the budget and a throughput probe, so the cosine
+ends when the stage's time does. Loss is evaluated on the held-out split a few times along the way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from lmforge.quickstart.context import SEQ_LEN, Context, check_stopped
+from lmforge.quickstart.runs import (drop_checkpoints, loss_drop, measured_step_seconds, plan_run, read_curve,
+                                    total_tokens, warmup_for)
+
+EVALUATIONS = 4  # held-out evaluations per run, the last one at the end
+EVAL_BATCHES = 4
+FORWARD_SHARE = 0.35  # an evaluation batch costs about this share of a training step (forward only)
+MIN_STEPS = 6
+
+
+@dataclass(frozen=True)
+class Pretraining:
+    """One pre-training run of the quickstart."""
+
+    model: str
+    objective: str
+    data: str  # the family whose tokenizer and shards it reads
+    lr: float
+    batch_size: int = 8
+    title: str = ""
+
+
+RUNS = {
+    "pretrain-gpt": Pretraining("gpt-tiny", "clm", "gpt", lr=1e-3, title="gpt-tiny, causal LM"),
+    "pretrain-bert": Pretraining("bert-tiny", "mlm", "bert", lr=5e-4, title="bert-tiny, masked LM"),
+    "pretrain-t5": Pretraining("t5-tiny", "span-corruption", "t5", lr=1e-3, title="t5-tiny, span corruption"),
+}
+
+
+def _config(ctx: Context, run: Pretraining, stage: str, max_steps: int, resume: bool):
+    from lmforge.training.config import TrainConfig
+
+    return TrainConfig.from_dict(ctx.train_settings(
+        model=run.model, objective=run.objective, data=str(ctx.path(ctx.result("data")["data"][run.data]["path"])),
+        out=str(ctx.path("runs", stage)), max_steps=max_steps, batch_size=run.batch_size, seq_len=SEQ_LEN,
+        lr=run.lr, warmup=warmup_for(max_steps), schedule="cosine", min_lr_ratio=0.1,
+        eval_every=-(-max_steps // EVALUATIONS), eval_batches=EVAL_BATCHES, resume=resume,
+        overrides={"dropout": 0.0, "attn_dropout": 0.0}), source=f"quickstart {stage}")
+
+
+def pretrain_stage(stage: str):
+    """The stage function for ``stage`` (a key of :data:`RUNS`)."""
+    run = RUNS[stage]
+
+    def stage_fn(ctx: Context, seconds: float) -> dict[str, Any]:
+        from lmforge.checkpoint import read_config
+        from lmforge.quickstart.probe import Probe, probe_pretraining
+        from lmforge.training.pretrain import pretrain
+
+        def probe() -> Probe:
+            return probe_pretraining(_config(ctx, run, stage, 100, False), ctx.path("probes", stage),
+                                     ctx.probe_seconds)
+
+        def other(per_step: float) -> float:
+            return EVALUATIONS * EVAL_BATCHES * FORWARD_SHARE * per_step
+
+        plan, resume = plan_run(ctx, stage, seconds, probe, other, minimum=MIN_STEPS)
+        steps = plan["max_steps"]
+        ctx.log(f"{run.title}: {steps} steps of {run.batch_size} x {SEQ_LEN} tokens "
+                f"({plan['seconds_per_step']:.2f} s/step measured){'; resuming' if resume else ''}")
+        result = pretrain(_config(ctx, run, stage, steps, resume))
+        check_stopped(result)
+        out = ctx.path("runs", stage)
+        curve = read_curve(out)
+        first, last = loss_drop(curve)
+        metrics = result.metrics
+        drop_checkpoints(out)
+        config = read_config(out / "model")
+        record = {
+            "model": run.model, "objective": run.objective, "data": run.data, "model_dir": ctx.relative(out / "model"),
+            "parameters": parameters(config), "steps": result.step, "batch_size": run.batch_size, "seq_len": SEQ_LEN,
+            "tokens": total_tokens(out), "lr": run.lr, "plan": plan,
+            "first_loss": first, "last_loss": last, "eval_loss": metrics.get("eval_loss"),
+            "eval_ppl": metrics.get("eval_ppl"), "eval_accuracy": metrics.get("eval_accuracy"), "curve": curve,
+            "seconds_per_step_measured": None if resume else measured_step_seconds(out),
+            "vocab_size": config.vocab_size,
+        }
+        ppl = f", val ppl {record['eval_ppl']:.0f}" if isinstance(record["eval_ppl"], (int, float)) else ""
+        record["summary"] = f"loss {first:.2f} -> {last:.2f}{ppl} ({result.step} steps, {record['tokens']:,} tokens)"
+        return record
+
+    stage_fn.__name__ = stage.replace("-", "_")
+    return stage_fn
+
+
+def parameters(config) -> int:
+    """Parameter count of a model config (built on the meta device: no memory, no initialisation)."""
+    import torch
+
+    from lmforge.models import Transformer
+
+    with torch.device("meta"):
+        return int(Transformer(config).num_parameters())

@@ -1,0 +1,135 @@
+"""`lmforge bench`: runs benchmark scripts in subprocesses, reads their last JSON line, prints one table.
+
+The benchmark scripts here are fakes written into tmp_path that print a few lines and a JSON line in the
+format of the real ones, so these tests take a second and measure nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from lmforge.cli import bench
+from lmforge.cli.main import main
+
+RESULTS = {
+    "train_step": {"benchmark": "train_step", "device": "cpu", "peak_gflops": 400.0, "results": [
+        {"family": "gpt", "mode": "eager", "hf_mode": "eager", "lmforge_tok_s": 2890.0, "hf_tok_s": 2541.0,
+         "ratio": 1.137, "lmforge_mfu": 0.6, "hf_mfu": 0.5}]},
+    "generate": {"benchmark": "generate", "device": "cpu", "results": [
+        {"batch": 1, "new_tokens": 32, "hf_tok_s": 100.0, "lmforge_tok_s": 132.0, "ratio": 1.32, "identical": True},
+        {"batch": 8, "new_tokens": 32, "hf_tok_s": 400.0, "lmforge_tok_s": 700.0, "ratio": 1.75, "identical": False}]},
+    "data_pipeline": {"benchmark": "data_pipeline", "mb": 5.0, "raw_mb_s": 10.0, "raw_fast_mb_s": 11.0,
+                      "prepare_mb_s": 9.5, "prepare_over_raw": 0.95, "prepare_over_raw_fast": 0.86,
+                      "loader_tokens_s": 2.5e7, "loader_target_tokens_s": 100000},
+    "peft_memory": {"benchmark": "peft_memory", "preset": "bert-base", "runs": {"full": {"train_mb": 1000.0},
+                    "lora": {"train_mb": 560.0}}, "lora_over_full": 0.56, "qlora_nf4_bytes": 2**20,
+                    "fp32_bytes": 8 * 2**20, "qlora_over_fp32": 0.125},
+}
+
+
+def _script(folder: Path, name: str, body: str) -> None:
+    (folder / f"{name}.py").write_text(textwrap.dedent(body), encoding="utf-8")
+
+
+def _fake_benchmarks(root: Path) -> Path:
+    folder = root / "benchmarks"
+    folder.mkdir()
+    for name, result in RESULTS.items():
+        # Each fake records its arguments (so --quick can be checked), prints lines, then the JSON line.
+        _script(folder, name, f"""
+            import sys
+            from pathlib import Path
+            Path(__file__).with_suffix(".args").write_text(" ".join(sys.argv[1:]))
+            print("measuring {name} ...")
+            print('{{"not": "the last json"}}')
+            print({json.dumps(json.dumps(result))})
+            """)
+    return folder
+
+
+def test_last_json_takes_the_final_object():
+    assert bench.last_json('{"a": 1}\nsome text\n{"b": 2}\ntrailing words\n') == {"b": 2}
+    assert bench.last_json("no json here\n{broken\n") is None
+
+
+def test_rows_for_each_benchmark_format():
+    rows = {name: bench.rows_for(name, data) for name, data in RESULTS.items()}
+    assert [r.case for r in rows["train_step"]] == ["gpt eager"] and rows["train_step"][0].ratio == pytest.approx(1.137)
+    assert rows["generate"][1].case.endswith("(tokens DIFFER)")
+    assert [r.ratio for r in rows["data_pipeline"]] == [pytest.approx(0.95), pytest.approx(250.0)]
+    assert [(r.ratio, r.better) for r in rows["peft_memory"]] == [(0.56, "lower"), (0.125, "lower")]
+    generic = bench.rows_for("new_bench", {"speed_ratio": 2.0, "other": 5, "a_over_b": 0.5})
+    assert [(r.case, r.ratio) for r in generic] == [("speed_ratio", 2.0), ("a_over_b", 0.5)]
+    with pytest.raises(ValueError, match="train_step: unexpected result format"):
+        bench.rows_for("train_step", {"benchmark": "train_step", "results": [{"family": "gpt"}]})
+
+
+def test_table_aligns_and_lists_failures():
+    rows = bench.rows_for("peft_memory", RESULTS["peft_memory"])
+    text = bench.table(rows, {"generate": "exit code 1; last line: boom"})
+    lines = text.splitlines()
+    assert lines[0].split() == ["benchmark", "case", "lmforge", "reference", "ratio"]
+    assert "0.56x (lower is better)" in text and lines[-1] == "generate: FAILED (exit code 1; last line: boom)"
+    column = lines[0].index("reference")  # every row's reference cell starts under its header
+    assert lines[2][column:].startswith("full fine-tuning") and lines[3][column:].startswith("fp32")
+
+
+def test_bench_runs_every_script_and_prints_one_table(tmp_path, capsys):
+    folder = _fake_benchmarks(tmp_path)
+    assert main(["bench", "--dir", str(folder), "--quick"]) == 0
+    out = capsys.readouterr().out
+    for case in ("gpt eager", "greedy, batch 1", "prepare vs raw encode_batch", "LoRA training memory"):
+        assert case in out
+    assert "1.14x (higher is better)" in out
+    assert all((folder / f"{n}.args").read_text() == "--quick" for n in RESULTS)
+
+
+def test_bench_json_output(tmp_path, capsys):
+    folder = _fake_benchmarks(tmp_path)
+    assert main(["bench", "--dir", str(folder), "--json", "--only", "generate,peft_memory", "--quiet"]) == 0
+    data = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert list(data["benchmarks"]) == ["generate", "peft_memory"] and data["quick"] is False
+    assert data["benchmarks"]["generate"]["result"] == RESULTS["generate"]
+    assert data["benchmarks"]["peft_memory"]["rows"][0]["ratio"] == 0.56
+    assert (folder / "generate.args").read_text() == ""
+
+
+def test_a_failing_benchmark_is_reported_and_sets_the_exit_code(tmp_path, capsys):
+    folder = _fake_benchmarks(tmp_path)
+    _script(folder, "generate", """
+        print("about to fail")
+        raise SystemExit(3)
+        """)
+    _script(folder, "data_pipeline", """
+        print("finished, but printed no result line")
+        """)
+    assert main(["bench", "--dir", str(folder), "--quiet"]) == 1
+    out = capsys.readouterr().out
+    assert "generate: FAILED (exit code 3; last line: about to fail)" in out
+    assert "data_pipeline: FAILED (no JSON result line" in out
+    assert "gpt eager" in out  # the others still make the table
+
+
+def test_missing_benchmarks_folder_is_a_clear_error(tmp_path, capsys):
+    assert main(["bench", "--dir", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert "lmforge bench: error: no benchmarks found" in err and "--dir" in err and "\n" == err[-1]
+    folder = _fake_benchmarks(tmp_path)
+    assert main(["bench", "--dir", str(folder), "--only", "nope"]) == 2
+    assert "--only: no benchmark nope" in capsys.readouterr().err
+
+
+def test_default_folder_is_the_checkout_benchmarks():
+    assert bench.find_dir(None) == Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def test_bench_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    out = capsys.readouterr().out
+    for flag in ("--quick", "--json", "--only", "--dir"):
+        assert flag in out
