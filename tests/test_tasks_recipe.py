@@ -213,3 +213,25 @@ def test_load_body_takes_folders_modules_and_presets(toks, tmp_path):
     assert fresh.config == body.config and not torch.equal(fresh.embed_tokens.weight, body.embed_tokens.weight)
     with pytest.raises(ConfigError, match="no tokenizer found beside the model; pass one"):
         load_body("bert-tiny")
+
+
+def test_the_same_seed_gives_the_same_model_whatever_ran_before(toks, tmp_path):
+    """The new head, a from-scratch body and PEFT weights are drawn after seeding with ``config.seed``, so
+    two runs of one command agree even when the process's random streams were used differently before."""
+    from lmforge.peft import PeftConfig
+
+    tok = toks["bert"]
+    data = th.write_sentiment(tmp_path / "train.tsv", 16)
+    body = th.body("bert", tok)
+    body.save(tmp_path / "body", tokenizer=tok)
+
+    def run(out, noise):
+        torch.manual_seed(noise)  # whatever happened earlier in the process
+        torch.rand(noise + 1)
+        return finetune(str(tmp_path / "body"), TaskSpec(task="classify"), data, out=tmp_path / out,
+                        config=th.train_config(steps=2), random_init=True,
+                        peft=PeftConfig(method="lora", r=2, targets=["q", "v"]))
+
+    a, b = run("a", 0), run("b", 7)
+    for (name, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values()):
+        assert torch.equal(x, y), name

@@ -130,7 +130,8 @@ def _peft_option(text: str) -> tuple[str, object]:
         if isinstance(default, (int, float)):
             return key, type(default)(raw)
     except (KeyError, ValueError):
-        kind = "true or false" if isinstance(default, bool) else "an integer" if isinstance(default, int) else "a number"
+        kind = ("true or false" if isinstance(default, bool) else "an integer" if isinstance(default, int)
+                else "a number")
         raise UserError(f"--peft-option {text!r}: {key} must be {kind}") from None
     return key, raw
 

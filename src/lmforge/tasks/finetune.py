@@ -54,6 +54,7 @@ from lmforge.tasks.model import build_task_model, read_task_meta, save_task_mode
 from lmforge.tasks.spec import TaskSpec
 from lmforge.training.config import TrainConfig
 from lmforge.training.optim import parameter_kind
+from lmforge.training.state import seed_all
 from lmforge.training.precision import autocast
 from lmforge.training.trainer import MODEL_DIR, Trainer, TrainResult
 
@@ -395,6 +396,9 @@ def finetune(model, spec: TaskSpec, train, eval=None, *, config: TrainConfig, re
     """
     from lmforge.tasks import build_task
 
+    # Everything initialised here (a from-scratch body, the new head, PEFT weights) draws from the global
+    # generators: seed them, or the same command gives a different model in every process.
+    seed_all(config.seed)
     recipe = recipe or Recipe()
     out = Path(out)
     source = model
