@@ -62,14 +62,34 @@ def test_threads_follow_the_free_cores(monkeypatch):
 
     import torch
 
-    from lmforge.quickstart.runner import choose_threads
+    from lmforge.quickstart import runner
 
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
-    for load, threads in ((0.1, 4), (1.0, 3), (2.6, 1), (9.0, 1)):
-        monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
-        assert choose_threads() == threads
-    assert choose_threads(2) == 2  # --threads wins
+    for busy, threads in ((0.0, 4), (1.0, 3), (3.0, 1), (9.0, 1)):
+        monkeypatch.setattr(runner, "busy_cores", lambda busy=busy: busy)
+        assert runner.choose_threads() == threads
+    assert runner.choose_threads(2) == 2  # --threads wins
+
+
+def test_busy_cores_counts_other_running_processes(monkeypatch):
+    """/proc/stat's procs_running, less this process; median of the samples (a brief spike is ignored)."""
+    import builtins
+    import io
+
+    from lmforge.quickstart import runner
+
+    readings = iter([3, 1, 3, 3, 9])
+
+    def fake_open(path, *args, **kwargs):
+        assert path == "/proc/stat"
+        return io.StringIO(f"cpu  1 2 3\nprocs_running {next(readings)}\nprocs_blocked 0\n")
+
+    monkeypatch.setattr(builtins, "open", fake_open)
+    assert runner.busy_cores(samples=5, interval=0.0) == 2.0
+    if runner.os.path.exists("/proc/stat"):
+        monkeypatch.undo()
+        assert runner.busy_cores(samples=3, interval=0.0) >= 0.0
 
 
 # ------------------------------------------------------------------------------------------- run folder

@@ -42,21 +42,42 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def busy_cores(samples: int = 5, interval: float = 0.1) -> float:
+    """How many cores other processes are using now: the median count of runnable tasks in ``/proc/stat``
+    over ``samples`` readings, less this process. Where that file is missing, the 1-minute load average.
+
+    Why not the load average alone: it trails by a minute, so right after ``make demo``'s own ``pip install``
+    a quiet machine still looks one core busy and the run would take half the cores it could.
+    """
+    counts = []
+    for i in range(samples):
+        try:
+            with open("/proc/stat", encoding="ascii") as f:
+                line = next((ln for ln in f if ln.startswith("procs_running")), None)
+        except OSError:
+            line = None
+        if line is None:
+            return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+        counts.append(max(0, int(line.split()[1]) - 1))  # this process is running while it reads
+        if i + 1 < samples:
+            time.sleep(interval)
+    return float(sorted(counts)[len(counts) // 2])
+
+
 def choose_threads(requested: int | None = None) -> int:
-    """Torch's intra-op threads for this run: ``requested``, else as many as the load average leaves free.
+    """Torch's intra-op threads for this run: ``requested``, else as many cores as others leave free.
 
     On a machine where other processes hold the cores, two-thread kernels are several times *slower* than
     one (each parallel region ends at a barrier where one thread spins, waiting for a core the other
-    process has), so the quickstart takes only the cores that look free when it starts; never more than
-    torch's current setting, and at least one.
+    process has), so the quickstart takes only the cores that look free when it starts (:func:`busy_cores`);
+    never more than torch's current setting, and at least one.
     """
     import torch
 
     if requested:
         return requested
     cores = os.cpu_count() or 1
-    busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    return max(1, min(torch.get_num_threads(), int(cores - busy + 0.5)))
+    return max(1, min(torch.get_num_threads(), int(cores - busy_cores() + 0.5)))
 
 
 def say(message: str) -> None:
