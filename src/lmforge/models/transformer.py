@@ -97,7 +97,13 @@ class Transformer(nn.Module):
     # ------------------------------------------------------------------ init
     def reset_parameters(self) -> None:
         """GPT-2 initialisation: N(0, 0.02), with residual output projections scaled by 1/sqrt(2L) so
-        the residual stream's variance does not grow with depth."""
+        the residual stream's variance does not grow with depth.
+
+        Models with unscaled attention logits (``attn_scale=False``: T5) get Mesh-TF/T5's scheme instead,
+        which folds the 1/sqrt(d) into the weights (see :meth:`_reset_t5`)."""
+        if not self.config.attn_scale:
+            self._reset_t5()
+            return
         std = self.config.initializer_range
         depth = self.config.n_layers + (self.config.decoder_layers if self.config.arch == "encoder-decoder" else 0)
         for name, module in self.named_modules():
@@ -108,6 +114,43 @@ class Transformer(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, std=std)
+            elif isinstance(module, nn.LayerNorm):
+                if module.weight is not None:
+                    nn.init.ones_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+    def _reset_t5(self) -> None:
+        """T5's initialisation (Mesh TensorFlow, as in HF ``T5PreTrainedModel._init_weights``, factor 1):
+        token embeddings N(0, 1); q N(0, (d_model * d_kv)^-0.5), k/v N(0, d_model^-0.5), o N(0, (H d_kv)^-0.5);
+        FFN in N(0, d_model^-0.5), out N(0, d_ff^-0.5).
+
+        The GPT-2 scheme is wrong here: with unscaled logits, q.k from N(0, 0.02) weights is ~0, so every
+        attention is uniform, and N(0, 0.02) embeddings (norm ~0.3) are swamped by the ReLU FFNs' shared
+        output direction, so the encoder's output barely depends on its input and the decoder learns to
+        ignore it."""
+        cfg = self.config
+        d, hd, heads, d_ff = cfg.d_model, cfg.dim_per_head, cfg.n_heads, cfg.d_ff
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear):
+                leaf = name.rsplit(".", 1)[-1]
+                if leaf == "q" and name.endswith("attn.q"):
+                    std = (d * hd) ** -0.5
+                elif leaf in ("k", "v") and name.endswith(("attn.k", "attn.v")):
+                    std = d**-0.5
+                elif leaf == "o" and name.endswith("attn.o"):
+                    std = (heads * hd) ** -0.5
+                elif name.endswith(("ffn.up", "ffn.gate")):
+                    std = d**-0.5
+                elif name.endswith("ffn.down"):
+                    std = d_ff**-0.5
+                else:
+                    std = module.in_features**-0.5
+                nn.init.normal_(module.weight, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, std=1.0)
             elif isinstance(module, nn.LayerNorm):
                 if module.weight is not None:
                     nn.init.ones_(module.weight)
