@@ -215,7 +215,8 @@ def test_cli_lora_run_evaluate_predict_and_merge(cli_run, tmp_path, capsys):
     with torch.no_grad():
         with model.body.disable_adapters():
             plain = model(**batch).logits.softmax(-1)
-        assert (plain - model(**batch).logits.softmax(-1)).abs().max() > 1e-3
+        # 10x the merge tolerance below: a merge that dropped the adapter could not pass that check.
+        assert (plain - model(**batch).logits.softmax(-1)).abs().max() > 1e-4
     # OUT/merged is a plain task folder (full weights, no adapter) with the same predictions.
     assert (out / "merged" / "model.safetensors").is_file() and not (out / "merged" / "adapter.safetensors").exists()
     merged = inference.predict(out / "merged", dev, tmp_path / "m.jsonl")
