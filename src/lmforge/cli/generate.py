@@ -5,6 +5,7 @@ Example::
     $ lmforge generate --model runs/gpt --prompt "Once upon a time" --max-new-tokens 50
     $ lmforge generate --model runs/gpt --prompt "Once upon a time" --strategy sample --top-p 0.9 --seed 0
     $ lmforge generate --model runs/t5 --prompt-file article.txt --strategy beam --num-beams 4 --no-stream
+    $ lmforge generate --model runs/gpt --prompt "Once upon a time" --max-new-tokens 500 --compile
 
 One output is streamed as it is generated (``--no-stream`` prints it at the end); several outputs
 (several prompts, or ``--num-return-sequences``) are generated as one batch and printed each under a
@@ -59,6 +60,9 @@ def register(subparsers) -> None:
     shared.add_argument("--stop", action="append", default=[], metavar="STR",
                         help="end an output once it contains STR (repeatable); the text ends with STR")
     shared.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
+    shared.add_argument("--compile", action="store_true",
+                        help="decode through a torch.compile-d step over a static KV cache: faster per token after "
+                        "a one-off compile of tens of seconds; decoders with learned/sinusoidal/RoPE positions only")
     parser.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
                         help="print a single output as it is generated (on by default)")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu (default) or cuda")
@@ -84,7 +88,7 @@ def _config(args):
         length_penalty=args.length_penalty, early_stopping=early, num_return_sequences=args.num_return_sequences,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
         repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
-        stop_strings=args.stop, ignore_eos=args.ignore_eos, seed=args.seed,
+        stop_strings=args.stop, ignore_eos=args.ignore_eos, seed=args.seed, compile=args.compile,
     )
 
 

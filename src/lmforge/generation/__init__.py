@@ -2,6 +2,7 @@
 
     config.py     GenerationConfig: every setting, validated
     stepper.py    the model fed one token at a time (left padding, positions, KV cache)
+    compiled.py   compile=True: the token step as one torch.compile graph over a static KV cache
     sampling.py   logits processors: repetition penalty, no-repeat-n-gram, temperature, top-k/p, min-p
     stopping.py   EOS and stop strings
     search.py     the greedy/sampling loop and beam search

@@ -55,6 +55,10 @@ class GenerationConfig:
         stop_strings: end a sequence once its generated text contains one of these (needs a tokenizer).
         seed: seeds sampling (a private generator; the global RNG is left alone). None = global RNG.
         use_cache: decode incrementally over a KV cache (False re-runs the whole prefix every step).
+        compile: run each token after the prompt through a ``torch.compile``-d step over a static KV
+            cache (see :mod:`lmforge.generation.compiled`): faster per token, after a one-off compile of
+            tens of seconds per model and (batch size, capacity). Decoders with learned, sinusoidal,
+            RoPE or no positions only; needs ``use_cache``.
     """
 
     max_new_tokens: int = 64
@@ -76,6 +80,7 @@ class GenerationConfig:
     stop_strings: list[str] = field(default_factory=list)
     seed: int | None = None
     use_cache: bool = True
+    compile: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop_strings, str):
@@ -127,6 +132,8 @@ class GenerationConfig:
             fail("num_return_sequences", "must be 1 for greedy search (all copies would be identical)")
         if strategy == "beam" and self.num_return_sequences > self.num_beams:
             fail("num_return_sequences", f"must be <= num_beams={self.num_beams}")
+        if self.compile and not self.use_cache:
+            fail("compile", "needs use_cache=True (the compiled step decodes over a static KV cache)")
         if any(not isinstance(s, str) or not s for s in self.stop_strings):
             fail("stop_strings", "must be non-empty strings")
         return self

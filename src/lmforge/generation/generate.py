@@ -5,7 +5,8 @@
     stream(model, tok, prompt)      one string -> iterator of new text, piece by piece
 
 Settings come from a :class:`GenerationConfig` and/or keyword overrides (``max_new_tokens=20``,
-``num_beams=4``, ``strategy="sample"``, ...). Generation runs in eval mode under
+``num_beams=4``, ``strategy="sample"``, ``compile=True`` for the compiled decode step of
+:mod:`lmforge.generation.compiled`, ...). Generation runs in eval mode under
 ``torch.inference_mode`` and restores the model's mode after.
 
 Prompts of different lengths may come as ragged lists or as a padded tensor with its mask (padded on
@@ -34,6 +35,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import nn
 
+from lmforge.generation.compiled import CompiledStepper
 from lmforge.generation.config import GenerationConfig
 from lmforge.generation.search import GenerationOutput, beam_search, greedy_or_sample, iter_tokens
 from lmforge.generation.stepper import Stepper, pack
@@ -61,12 +63,14 @@ def _decode_weights(model) -> list[torch.Tensor]:
 
 
 @contextlib.contextmanager
-def _decoding(model):
-    """Eval mode (dropout would make every step random) and the decoding forms of the weights."""
+def _decoding(model, config: GenerationConfig):
+    """Eval mode (dropout would make every step random) and the decoding forms of the weights. Not for
+    compiled decoding: the compiled graph multiplies by the weights as they are (its own kernels), and
+    the registry's id() lookups are nothing to trace."""
     was_training = model.training
     model.eval()
     try:
-        with decoding_weights(_decode_weights(model)):
+        with decoding_weights([] if config.compile else _decode_weights(model)):
             yield
     finally:
         model.train(was_training)
@@ -115,7 +119,10 @@ class _Run:
         mask = mask.to(device) if mask is not None else None
         start = config.decoder_start_token_id
         start = start if start is not None else model._decoder_start_id()
-        self.stepper = Stepper(model, ids, mask, config.max_new_tokens, start, pad, config.use_cache)
+        if config.compile:
+            self.stepper = CompiledStepper(model, ids, mask, config.max_new_tokens, start, pad)
+        else:
+            self.stepper = Stepper(model, ids, mask, config.max_new_tokens, start, pad, config.use_cache)
         self.batch_size = ids.shape[0]
 
     def search(self) -> GenerationOutput:
@@ -149,7 +156,7 @@ def generate(
         :class:`GenerationOutput` with the new tokens (see the module docstring).
     """
     config = resolve_config(config, settings)
-    with torch.inference_mode(), _decoding(model):
+    with torch.inference_mode(), _decoding(model, config):
         out = _Run(model, input_ids, attention_mask, config, tokenizer).search()
     # Plain tensors again: inference tensors refuse in-place edits outside inference mode.
     return GenerationOutput(
@@ -256,7 +263,7 @@ def stream(
         yield generate_text(model, tokenizer, prompt, config)[0]
         return
     ids = [encode_prompt(model, tokenizer, prompt)]
-    with _decoding(model):
+    with _decoding(model, config):
         # Inference mode is entered per step, not held across ``yield``: the caller's code between
         # pieces must not run inside it.
         with torch.inference_mode():

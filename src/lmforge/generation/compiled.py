@@ -1,0 +1,260 @@
+"""A compiled decode step: the one-token decoder forward as one ``torch.compile`` graph over a static KV cache.
+
+``GenerationConfig(compile=True)`` (``model.generate(..., compile=True)``, ``lmforge generate --compile``)
+runs the prompt eagerly, then every following token through one compiled graph:
+
+    prompt (eager)  ids (N, T0) -> model, KVCache(capacity=C) -> logits (N, V) of token 1
+    token t         ids (N, 1), slot (1,) -> [compiled: embed, layers over StaticKVCache (N, H_kv, C, hd),
+                                              head] -> logits (N, V) of token t+1
+
+Shapes never change between steps: the KV buffers hold ``C`` positions (prompt + new tokens rounded
+up to a multiple of :data:`CAPACITY_BLOCK`), the write slot is a tensor, and attention spans all ``C``
+keys with a mask of the valid ones (real prompt tokens, and positions up to the current one). So one
+graph serves every step, and every later call with the same batch size and rounded capacity.
+
+Where the time goes: a decode step multiplies one or a few rows by every weight, so it is bound by
+streaming the weights from memory (the tiny GPT: 55 MB of fp32 per token). On a CPU the graph is built
+for that (see :data:`CPU_OPTIONS`): the weights are compiled in as constants (inductor's freezing),
+pre-packed for inductor's C++ GEMM template, which streams them near the read bandwidth (MKL's kernels
+reach ~60% of it on the development machine's AMD EPYC); q/k/v are one GEMM; SDPA is decomposed into
+fused plain ops (its flash kernel costs more than the math for one query row); and the ~60 kernels of a
+step run with no per-op dispatch. Tiny GPT shape, fp32, one thread: ~3.4 ms per token against ~6.8 ms
+eager (``benchmarks/generate.py``).
+
+The compiled steps are kept per model (weakly: they go with it) and per (batch size, capacity, dtype,
+device), at most :data:`MAX_STEPS_PER_MODEL` of them (least recently used dropped). Each is a fresh
+code object to ``torch.compile``, so each compiles once (``dynamic=False``) and its guards never grow.
+The first call for a shape pays the compile (10-40 s on a 2-core CPU); later ones only run it. Costs:
+each kept step holds its own packed copies of the weights (the tiny GPT, 55 MB of weights: ~130 MB
+more resident memory per step), and a step whose weights were written in place or replaced since it
+was compiled is compiled again (it would otherwise run the old, frozen values).
+
+Supported: decoders whose positions go through ``position_ids`` (learned, sinusoidal, RoPE, none), with
+greedy search, sampling (all logits processors, EOS, stop strings, several samples per prompt) and
+beam search; batches of any size, padded prompts included; streaming. Not supported (a ``ValueError``
+says so): encoder-decoders, relative position biases (ALiBi, T5, Shaw: they would place the query at the
+last slot of the static cache), and ``use_cache=False``. Tokens equal the eager path's up to fp32
+rounding (the compiled kernels sum in another order), which can decide only a near-tied argmax.
+
+Example:
+    >>> import torch, lmforge
+    >>> model = lmforge.build_model("gpt-tiny", n_layers=2).eval()
+    >>> ids = torch.tensor([[5, 6, 7]])
+    >>> out = model.generate(ids, max_new_tokens=8, compile=True)           # doctest: +SKIP
+    >>> out.tolist() == model.generate(ids, max_new_tokens=8).tolist()     # doctest: +SKIP
+    True
+    >>> cached_steps(model)                                                 # doctest: +SKIP
+    [(1, 64, torch.float32, 'cpu')]
+"""
+
+from __future__ import annotations
+
+import types
+import weakref
+from collections import OrderedDict
+
+import torch
+
+from lmforge.generation.stepper import Stepper
+from lmforge.nn.static_kv_cache import StaticKVCache
+
+CAPACITY_BLOCK = 64  # capacities round up to this: at most one compile per 64 positions of prompt + output
+MAX_STEPS_PER_MODEL = 4  # compiled (batch, capacity, ...) variants kept per model (each holds packed weights)
+SUPPORTED_POSITIONS = ("learned", "sinusoidal", "rope", "none")
+# Inductor settings of the step on a CPU: GEMMs by inductor's C++ template, whose pre-packed weights
+# stream near the read bandwidth (tiny GPT shape, one thread, fp32, weights from DRAM: the 25 GEMMs of
+# a token take 2.97 ms, against 5.2 ms with inductor's default packed MKL and 6.2 ms F.linear). Only
+# the template is tried ("CPP"): autotuning against ATen times each GEMM with its weight hot in cache,
+# where MKL wins, so it picks the slower kernel for the real, streaming case (and compiles twice as long).
+CPU_OPTIONS = {"max_autotune": True, "max_autotune_gemm_backends": "CPP"}
+FREEZE = True  # compile the weights in as constants (see _CompiledStep)
+# SDPA's CPU kernel (flash attention) costs ~0.1-0.6 ms per call for one query row; the plain math,
+# decomposed into ops inductor fuses, costs a fraction of that.
+DECOMPOSE_SDPA = True
+
+# model -> OrderedDict[(batch, capacity, dtype, device), compiled step]
+_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def check_supported(model) -> None:
+    """Raise ValueError unless ``model`` can decode through the compiled step."""
+    mc = model.config
+    if mc.arch != "decoder":
+        raise ValueError(f"compile=True supports decoder models only; {mc.name!r} is {mc.arch} (use compile=False)")
+    if mc.position not in SUPPORTED_POSITIONS:
+        raise ValueError(
+            f"compile=True supports position schemes {', '.join(SUPPORTED_POSITIONS)}; {mc.name!r} uses "
+            f"{mc.position!r}, whose bias needs the query's position in the cache (use compile=False)"
+        )
+
+
+def capacity_for(length: int) -> int:
+    """KV positions to reserve for ``length`` tokens: rounded up so nearby lengths share one compiled step."""
+    return -(-length // CAPACITY_BLOCK) * CAPACITY_BLOCK
+
+
+def _decode_step(model, ids, slot, positions, valid, keys, values):
+    """One token through ``model`` over a static cache (traced by torch.compile; see the module docstring).
+
+    Args:
+        ids: (N, 1) the newest tokens.
+        slot: (1,) long, their cache slot (= column in the token buffer).
+        positions: (N, C) position ids of every slot.
+        valid: (N, C) bool, real tokens (prompt padding False; future slots True: ``slot`` cuts them).
+        keys, values: per layer (N, H_kv, C, hd), written in place at ``slot``.
+
+    Returns:
+        logits (N, V) of the next token.
+    """
+    C = valid.shape[1]
+    visible = valid & (torch.arange(C, device=valid.device) <= slot)  # (N, C): causal over the static slots
+    out = model(
+        ids,
+        attention_mask=visible[:, None, :],  # (N, 1, C): a complete mask, used as is by the stack
+        position_ids=positions.index_select(1, slot),  # (N, 1)
+        past_key_values=StaticKVCache(keys, values, slot),
+        use_cache=True,
+    )
+    return out.logits[:, -1]
+
+
+def _fresh_step():
+    """``_decode_step`` under a new code object: dynamo keeps compiled graphs (and its recompile limit)
+    per code object, so each variant gets its own cache, one graph long, instead of sharing one."""
+    code = _decode_step.__code__.replace()
+    return types.FunctionType(code, _decode_step.__globals__, _decode_step.__name__)
+
+
+def _weights(model) -> list[torch.Tensor]:
+    return [*model.parameters(), *model.buffers()]
+
+
+class _CompiledStep:
+    """One compiled step: ``torch.compile`` of a fresh copy of :func:`_decode_step`, compiled at its first
+    call. With :data:`FREEZE` the weights are compiled in as constants (inductor's freezing: pre-packed
+    GEMM weights, q/k/v concatenated once), so the step remembers which tensors they were and their
+    version counters: a weight written in place (fine-tuning, ``load_state_dict``) or replaced since
+    makes it :meth:`stale`."""
+
+    def __init__(self, model, device: torch.device):
+        self.fn = torch.compile(_fresh_step(), fullgraph=True, dynamic=False, backend=_backend(device))
+        self.freeze = FREEZE
+        self.versions = [(t, t._version) for t in _weights(model)]
+        self.compiled = False
+
+    def stale(self, model) -> bool:
+        if not self.freeze:
+            return False
+        weights = _weights(model)
+        return len(weights) != len(self.versions) or any(
+            w is not t or t._version != v for w, (t, v) in zip(weights, self.versions)
+        )
+
+    def __call__(self, *args):
+        if self.compiled:
+            return self.fn(*args)
+        # Dynamo reads the freezing switch while tracing (it decides whether weights become graph
+        # constants), from the global config; only this first call traces.
+        import torch._inductor.config as inductor_config  # here: importing inductor takes a second or more
+
+        try:
+            with inductor_config.patch(freezing=self.freeze):
+                out = self.fn(*args)
+        except Exception as exc:  # a compiler or toolchain failure: say which switch to turn off
+            raise RuntimeError(f"compile=True: torch.compile of the decode step failed ({type(exc).__name__}: "
+                               f"{exc}); generate with compile=False instead") from exc
+        self.compiled = True
+        return out
+
+
+def _backend(device: torch.device):
+    """Inductor, with :data:`CPU_OPTIONS` and SDPA's CPU kernel decomposed (:data:`DECOMPOSE_SDPA`) on a CPU."""
+    cpu = device.type == "cpu"
+
+    def backend(gm, example_inputs):
+        from torch._decomp import decomposition_table
+        from torch._inductor.compile_fx import compile_fx
+        from torch._inductor.decomposition import select_decomp_table
+
+        table = dict(select_decomp_table())
+        if cpu and DECOMPOSE_SDPA:
+            op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+            table[op] = decomposition_table[op]
+        return compile_fx(gm, example_inputs, config_patches=dict(CPU_OPTIONS) if cpu else None, decompositions=table)
+
+    return backend
+
+
+def compiled_step(model, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> _CompiledStep:
+    """The compiled step for this model and shape, built on first use (the compile itself happens at its
+    first call); a stale one (weights changed since it froze them) is replaced."""
+    steps = _STEPS.setdefault(model, OrderedDict())
+    key = (batch, capacity, dtype, str(device))
+    step = steps.get(key)
+    if step is None or step.stale(model):
+        step = steps[key] = _CompiledStep(model, torch.device(device))
+        while len(steps) > MAX_STEPS_PER_MODEL:
+            steps.popitem(last=False)
+    steps.move_to_end(key)
+    return step
+
+
+def cached_steps(model) -> list[tuple]:
+    """Keys (batch, capacity, dtype, device) of the compiled steps kept for ``model``, oldest first."""
+    return list(_STEPS.get(model, {}))
+
+
+class CompiledStepper(Stepper):
+    """A :class:`Stepper` (same interface) whose token steps after the prompt run the compiled graph.
+
+    Args as :class:`Stepper`, always with a cache; the model must pass :func:`check_supported`.
+    """
+
+    def __init__(self, model, input_ids, attention_mask, max_new_tokens: int, start_id: int, pad_id: int):
+        check_supported(model)
+        super().__init__(model, input_ids, attention_mask, max_new_tokens, start_id, pad_id, use_cache=True)
+        self.capacity = capacity_for(self.tokens.shape[1])
+        self.cache.capacity = self.capacity  # the prefill allocates buffers of the final size
+        self.static: StaticKVCache | None = None
+
+    def prefill(self) -> torch.Tensor:
+        logits = self._forward(0)  # eager: the prompt's shape varies, and runs once
+        N, L_max = self.tokens.shape
+        C, device = self.capacity, self.tokens.device
+        self._slots = torch.arange(C, device=device)  # slot i is the view _slots[i:i+1]: no per-step tensor
+        self._valid = torch.zeros(N, C, dtype=torch.bool, device=device)
+        self._valid[:, :L_max] = self.valid
+        # (N, C) even when the rows share positions: one input shape whether or not the prompts were padded
+        self._positions = torch.zeros(N, C, dtype=torch.long, device=device)
+        self._positions[:, :L_max] = self.positions
+        self.static = StaticKVCache.from_cache(self.cache, C, self._slots[:1])
+        self.cache = None  # the static buffers hold everything from here on
+        self._step = None  # looked up at the first step: beam search widens the batch after the prompt
+        return logits
+
+    def step(self, tokens: torch.Tensor, forward: bool = True) -> torch.Tensor | None:
+        i = self.length
+        self.tokens[:, i] = tokens
+        self.length += 1
+        if not forward:
+            return None
+        s = self.static
+        if self._step is None:
+            self._step = compiled_step(self.model, self.batch_size, self.capacity, s.keys[0].dtype, s.keys[0].device)
+        ids = tokens.reshape(-1, 1).contiguous()  # (N, 1), strides fixed: a column view's would follow L_max
+        return self._step(self.model, ids, self._slots[i:i + 1], self._positions,
+                          self._valid, s.keys, s.values)
+
+    def select(self, index: torch.Tensor, same_source: bool = False) -> None:
+        if self.static is None:  # before the prompt ran: the eager bookkeeping is all there is
+            return super().select(index, same_source)
+        self.tokens = self.tokens.index_select(0, index)
+        self.static.reorder(index)
+        if index.shape[0] != self._valid.shape[0]:
+            self._step = None  # another batch size: another compiled step
+        if not same_source:
+            self.valid = self.valid.index_select(0, index)
+            self._valid = self._valid.index_select(0, index)
+            self._positions = self._positions.index_select(0, index)
+            if self.padded:
+                self.positions = self.positions.index_select(0, index)
