@@ -142,6 +142,21 @@ def prompt_classification(run: str, args) -> dict:
 
 
 # ------------------------------------------------------------------ instruction tuning
+def _per_kind(text: str) -> int | dict[str, int]:
+    """``--demo-train``: an int, or ``kind=N`` pairs separated by commas."""
+    from lmforge.prompting.demonstrations import KINDS
+
+    if "=" not in text:
+        return int(text)
+    counts = {}
+    for part in text.split(","):
+        kind, _, n = part.partition("=")
+        if kind.strip() not in KINDS or not n.strip().isdigit():
+            raise argparse.ArgumentTypeError(f"{part!r}: want KIND=N with KIND one of {', '.join(KINDS)}")
+        counts[kind.strip()] = int(n)
+    return {kind: counts.get(kind, 0) for kind in KINDS}
+
+
 def _demonstrations(args) -> dict[str, Path]:
     """Train / dev / test-seen / test-unseen JSONL files of the demonstration set, in OUT/demonstrations/."""
     from lmforge.prompting.demonstrations import build_demonstrations, write_jsonl
@@ -235,7 +250,10 @@ def main(argv=None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="score the first N test rows only")
     parser.add_argument("--dev-limit", type=int, default=300, help="choose settings on the first N dev rows")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--demo-train", type=int, default=4000, help="instruct: training rows per kind")
+    parser.add_argument("--demo-train", type=_per_kind, default=4000,
+                        help="instruct: training rows per kind, N or KIND=N,... (e.g. sentiment=6000,translate=2000,"
+                        "paraphrase=6000: the loss is a mean over response tokens, so a kind with one-word answers "
+                        "gets little of it unless it has more rows)")
     parser.add_argument("--demo-test", type=int, default=300, help="instruct: held-out rows per kind")
     parser.add_argument("--max-words", type=int, default=30,
                         help="instruct: inputs and outputs of at most N words (prompt + response fit ~128 tokens)")

@@ -193,6 +193,23 @@ def test_objective_kwargs_come_from_the_tokenizer(data_root):
     assert set(kwargs["special_token_ids"]) == {v for k, v in bert.special_token_ids().items()}
 
 
+def test_denoising_gets_the_sentence_ends(data_root):
+    # Without them BART's sentence permutation sees each flat document as one sentence: a silent no-op.
+    bart = Tokenizer.load(prepared(data_root, "bart") / "tokenizer")
+    kwargs = objective_kwargs("denoising", bart, seed=0, options={})
+    ends = kwargs["sentence_end_ids"]
+    assert bart.token_to_id(".") in ends and bart.token_to_id("?") in ends
+    assert all(set(bart.decode([i]).strip()) <= set(".!?\"')»”’") for i in ends)
+    assert not set(ends) & {v for k, v in bart.special_token_ids().items() if k.endswith("_token_id")}
+    from lmforge.objectives import OBJECTIVES
+
+    # Only the permutation (no infilling): the four sentences come back in other orders.
+    denoise = OBJECTIVES["denoising"](**kwargs, infill_ratio=0.0)
+    doc = bart.encode("It rained. The sun came out. We walked home. Then it rained again.", add_special_tokens=False)
+    outs = {tuple(denoise([doc])["input_ids"][0].tolist()) for _ in range(8)}
+    assert len(outs) > 1, "sentence permutation never changed the order"
+
+
 def test_build_pretraining_document_segments_fit_the_model(data_root, tmp_path):
     # Document objectives read segments of seq_len - 2 tokens and frame them: inputs never exceed seq_len.
     data = prepared(data_root, "bart")

@@ -221,9 +221,16 @@ def setup(strategy: str = "auto", device: str = "auto") -> DistContext:
     return DistContext(strategy, rank, local_rank, world_size, dev)
 
 
-def teardown() -> None:
-    """Leave the default process group, if one is open."""
+def teardown(barrier: bool = False) -> None:
+    """Leave the default process group, if one is open.
+
+    ``barrier=True`` (a job that ended normally) first waits for every rank: a rank that destroys its group
+    while a peer still talks to it can abort that peer at exit (gloo: "terminate called without an active
+    exception"). Not after a failure, where a peer may be gone and the barrier would wait for the timeout.
+    """
     if dist.is_available() and dist.is_initialized():
+        if barrier and dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()
 
 
@@ -287,7 +294,7 @@ def session(strategy: str = "auto", device: str = "auto") -> Iterator[DistContex
             teardown()
         raise
     if opened:
-        teardown()
+        teardown(barrier=True)
 
 
 # ---------------------------------------------------------------------------------- seeds

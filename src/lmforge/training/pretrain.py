@@ -114,6 +114,8 @@ def objective_kwargs(name: str, tokenizer: Tokenizer, seed: int, options: dict[s
         "add_cls_sep": "cls_token_id" in ids and "sep_token_id" in ids,
         "seed": seed,
     }
+    if "sentence_end_ids" in params:  # a vocabulary scan: only for the objectives that split sentences
+        available["sentence_end_ids"] = tokenizer.sentence_end_ids()
     kwargs = {k: v for k, v in available.items() if k in params and v is not None}
     for key, value in options.items():
         if key not in params:
