@@ -137,7 +137,10 @@ class Attention(nn.Module):
         dropout = self.dropout if self.training else 0.0
 
         if self.relative is not None and self.relative.value_table is not None:
-            out = self._explicit(q, k, v, attn_mask, dropout, ctx.rel_index)
+            probs = self._probs(q, k, attn_mask, False, dropout)
+            out = self._weigh(probs, v) + self.relative.value_term(probs, ctx.rel_index)  # (B, H, T, hd)
+        elif use_matmul_attention(q, k, attn_mask):
+            out = self._weigh(self._probs(q, k, attn_mask, is_causal and attn_mask is None, dropout), v)
         else:
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=is_causal and attn_mask is None,
@@ -146,18 +149,64 @@ class Attention(nn.Module):
         out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H*hd)
         return apply_linear(self.o, out)
 
-    def _explicit(self, q, k, v, attn_mask, dropout, rel_index):
-        """Softmax attention written out, for Shaw relative values: z_i = sum_j a_ij (v_j + a^V_ij)."""
+    def _expand(self, kv: torch.Tensor) -> torch.Tensor:
+        """(B, Hkv, S, hd) -> (B*H, S, hd): each key/value head repeated for its group of query heads."""
         if self.n_kv_heads != self.n_heads:
-            k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
-            v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
-        scores = (q @ k.transpose(-2, -1)) * self.scale  # (B, H, T, S)
-        if attn_mask is not None:
-            scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
-        probs = scores.float().softmax(-1).to(q.dtype)
-        if dropout:
-            probs = F.dropout(probs, dropout, training=True)
-        return probs @ v + self.relative.value_term(probs, rel_index)  # (B, H, T, hd)
+            kv = kv.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
+        return kv.reshape(-1, *kv.shape[2:])
+
+    def _probs(self, q, k, attn_mask, is_causal: bool, dropout: float) -> torch.Tensor:
+        """Attention weights written out: softmax(q k^T * scale + mask) (B, H, T, S), dropout applied.
+
+        The mask enters as an additive bias of one ``baddbmm`` that also scales (one pass over the
+        scores instead of three). Masked logits get half the dtype's lowest value, not -inf, so a query
+        that may see nothing (a padding row) gets uniform weights instead of NaN, which would poison the
+        backward pass through the padded positions' zero gradients."""
+        B, H, T, hd = q.shape
+        S = k.shape[2]
+        low = torch.finfo(q.dtype).min / 2
+        if is_causal:
+            attn_mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
+        if attn_mask is None:
+            bias, beta = q.new_empty(1, 1, 1), 0.0
+        else:
+            if attn_mask.dtype == torch.bool:
+                bias = torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~attn_mask, low)
+            else:  # an additive bias, -inf where masked
+                bias = attn_mask.to(q.dtype).clamp_min(low)
+            bias = bias.reshape(-1, T, S) if bias.dim() < 4 or bias.shape[:2] == (1, 1) else (
+                bias.expand(B, H, T, S).reshape(B * H, T, S))
+            beta = 1.0
+        scores = torch.baddbmm(bias, q.reshape(B * H, T, hd), self._expand(k).transpose(1, 2),
+                               beta=beta, alpha=self.scale)  # (B*H, T, S)
+        probs = scores.softmax(-1).view(B, H, T, S)  # a bf16 softmax accumulates in fp32 internally on CPU
+        return F.dropout(probs, dropout, training=True) if dropout else probs
+
+    def _weigh(self, probs: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """probs (B, H, T, S), v (B, Hkv, S, hd) -> (B, H, T, hd)."""
+        B, H, T, S = probs.shape
+        return torch.bmm(probs.reshape(B * H, T, S), self._expand(v)).view(B, H, T, -1)
+
+
+# SDPA's CPU kernel (flash attention) is slow to train through in bf16: for the tiny GPT's attention
+# (8 x 6 heads x 256 x 256, head dim 64, one thread) forward + backward takes 102 ms against 65 ms
+# for plain batched matmuls and a softmax, and 400 vs 151 ms at 32 x 12 heads x 128. In fp32, and
+# without gradients, the fused kernel is as fast or faster, and for long sequences it is what keeps
+# the (B, H, T, S) scores out of memory; so only bf16/fp16 training steps whose scores stay small
+# take the matmul path (`benchmarks/train_step.py`).
+MATMUL_ATTENTION_MAX_SCORES = 1 << 24  # B*H*T*S: 32 MB of bf16 scores per layer, kept for backward
+
+
+def use_matmul_attention(q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
+    """Whether :class:`Attention` writes the softmax out instead of calling SDPA (see above).
+    q (B, H, T, hd), k (B, Hkv, S, hd)."""
+    return (
+        q.device.type == "cpu"
+        and q.dtype in (torch.bfloat16, torch.float16)
+        and torch.is_grad_enabled()
+        and q.requires_grad
+        and q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] <= MATMUL_ATTENTION_MAX_SCORES
+    )
 
 
 def _merge_mask_and_bias(
