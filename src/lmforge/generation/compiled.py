@@ -246,15 +246,12 @@ class CompiledStepper(Stepper):
                           self._valid, s.keys, s.values)
 
     def select(self, index: torch.Tensor, same_source: bool = False) -> None:
+        super().select(index, same_source)  # tokens, prompt mask and positions (no eager cache after the prompt)
         if self.static is None:  # before the prompt ran: the eager bookkeeping is all there is
-            return super().select(index, same_source)
-        self.tokens = self.tokens.index_select(0, index)
+            return
         self.static.reorder(index)
         if index.shape[0] != self._valid.shape[0]:
             self._step = None  # another batch size: another compiled step
         if not same_source:
-            self.valid = self.valid.index_select(0, index)
             self._valid = self._valid.index_select(0, index)
             self._positions = self._positions.index_select(0, index)
-            if self.padded:
-                self.positions = self.positions.index_select(0, index)

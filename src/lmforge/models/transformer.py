@@ -100,27 +100,29 @@ class Transformer(nn.Module):
         the residual stream's variance does not grow with depth.
 
         Models with unscaled attention logits (``attn_scale=False``: T5) get Mesh-TF/T5's scheme instead,
-        which folds the 1/sqrt(d) into the weights (see :meth:`_reset_t5`)."""
-        if not self.config.attn_scale:
-            self._reset_t5()
-            return
-        std = self.config.initializer_range
-        depth = self.config.n_layers + (self.config.decoder_layers if self.config.arch == "encoder-decoder" else 0)
+        which folds the 1/sqrt(d) into the weights (see :meth:`_t5_std`)."""
+        t5 = not self.config.attn_scale
+        linear_std = self._t5_std if t5 else self._gpt2_std
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
-                scaled = name.endswith(("attn.o", "ffn.down"))
-                nn.init.normal_(module.weight, std=std / math.sqrt(2 * depth) if scaled else std)
+                nn.init.normal_(module.weight, std=linear_std(name, module))
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, std=std)
+                nn.init.normal_(module.weight, std=1.0 if t5 else self.config.initializer_range)
             elif isinstance(module, nn.LayerNorm):
                 if module.weight is not None:
                     nn.init.ones_(module.weight)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
 
-    def _reset_t5(self) -> None:
+    def _gpt2_std(self, name: str, module: nn.Linear) -> float:
+        cfg = self.config
+        depth = cfg.n_layers + (cfg.decoder_layers if cfg.arch == "encoder-decoder" else 0)
+        scaled = name.endswith(("attn.o", "ffn.down"))
+        return cfg.initializer_range / math.sqrt(2 * depth) if scaled else cfg.initializer_range
+
+    def _t5_std(self, name: str, module: nn.Linear) -> float:
         """T5's initialisation (Mesh TensorFlow, as in HF ``T5PreTrainedModel._init_weights``, factor 1):
         token embeddings N(0, 1); q N(0, (d_model * d_kv)^-0.5), k/v N(0, d_model^-0.5), o N(0, (H d_kv)^-0.5);
         FFN in N(0, d_model^-0.5), out N(0, d_ff^-0.5).
@@ -130,32 +132,16 @@ class Transformer(nn.Module):
         output direction, so the encoder's output barely depends on its input and the decoder learns to
         ignore it."""
         cfg = self.config
-        d, hd, heads, d_ff = cfg.d_model, cfg.dim_per_head, cfg.n_heads, cfg.d_ff
-        for name, module in self.named_modules():
-            if isinstance(module, nn.Linear):
-                leaf = name.rsplit(".", 1)[-1]
-                if leaf == "q" and name.endswith("attn.q"):
-                    std = (d * hd) ** -0.5
-                elif leaf in ("k", "v") and name.endswith(("attn.k", "attn.v")):
-                    std = d**-0.5
-                elif leaf == "o" and name.endswith("attn.o"):
-                    std = (heads * hd) ** -0.5
-                elif name.endswith(("ffn.up", "ffn.gate")):
-                    std = d**-0.5
-                elif name.endswith("ffn.down"):
-                    std = d_ff**-0.5
-                else:
-                    std = module.in_features**-0.5
-                nn.init.normal_(module.weight, std=std)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, std=1.0)
-            elif isinstance(module, nn.LayerNorm):
-                if module.weight is not None:
-                    nn.init.ones_(module.weight)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
+        d, hd = cfg.d_model, cfg.dim_per_head
+        if name.endswith("attn.q"):
+            return (d * hd) ** -0.5
+        if name.endswith(("attn.k", "attn.v", "ffn.up", "ffn.gate")):
+            return d**-0.5
+        if name.endswith("attn.o"):
+            return (cfg.n_heads * hd) ** -0.5
+        if name.endswith("ffn.down"):
+            return cfg.d_ff**-0.5
+        return module.in_features**-0.5
 
     # ------------------------------------------------------------------ helpers
     @property

@@ -165,17 +165,18 @@ class Attention(nn.Module):
         B, H, T, hd = q.shape
         S = k.shape[2]
         low = torch.finfo(q.dtype).min / 2
-        if is_causal:
-            attn_mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
-        if attn_mask is None:
+        if is_causal:  # (T, S): low above the diagonal (query i sees keys up to i + S - T)
+            bias = torch.full((T, S), low, dtype=q.dtype, device=q.device).triu_(S - T + 1)
+        elif attn_mask is None:
+            bias = None
+        elif attn_mask.dtype == torch.bool:
+            bias = torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~attn_mask, low)
+        else:  # an additive bias, -inf where masked
+            bias = attn_mask.to(q.dtype).clamp_min(low)
+        if bias is None:
             bias, beta = q.new_empty(1, 1, 1), 0.0
-        else:
-            if attn_mask.dtype == torch.bool:
-                bias = torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~attn_mask, low)
-            else:  # an additive bias, -inf where masked
-                bias = attn_mask.to(q.dtype).clamp_min(low)
-            bias = bias.reshape(-1, T, S) if bias.dim() < 4 or bias.shape[:2] == (1, 1) else (
-                bias.expand(B, H, T, S).reshape(B * H, T, S))
+        else:  # baddbmm broadcasts a (1, T, S) bias only: per-row or per-head biases are laid out (B*H, T, S)
+            bias = bias.reshape(1, T, S) if bias.numel() == T * S else bias.expand(B, H, T, S).reshape(B * H, T, S)
             beta = 1.0
         scores = torch.baddbmm(bias, q.reshape(B * H, T, hd), self._expand(k).transpose(1, 2),
                                beta=beta, alpha=self.scale)  # (B*H, T, S)
