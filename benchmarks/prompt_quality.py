@@ -17,6 +17,11 @@ is one setting's test accuracy; the setting with the best dev accuracy is marked
 is chosen without looking at test. The majority-class baseline is the test split's most frequent label.
 
 The tiny presets were pre-trained on 128-token windows (``--window``): positions past 128 never trained.
+Instruction tuning's learning rate (``--instruct-lr``, default 1e-4) decides whether the tiny GPT learns the
+tasks at all. On the sentiment demonstrations alone (7,000 rows, 600 steps x 16, from random weights, held-out
+reviews) lr 1e-3 gave 0.525 (the answer did not depend on the review: the residual stream grew ~100x over the
+token embeddings and the label logit stayed flat), 3e-4 gave 0.695 and 1e-4 0.745.
+
 Demonstrations come from reviews of at most ``--demo-words`` words so that most k-shot prompts fit, and a
 prompt that does not is cut from the left to the window (the verbalizer cuts at the model's
 ``max_seq_len``, which is set to the window here); the number of cut test prompts is printed.
@@ -258,7 +263,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-words", type=int, default=30,
                         help="instruct: inputs and outputs of at most N words (prompt + response fit ~128 tokens)")
     parser.add_argument("--instruct-steps", type=int, default=1500)
-    parser.add_argument("--instruct-lr", type=float, default=5e-4)
+    parser.add_argument("--instruct-lr", type=float, default=1e-4, help="instruct: peak LR (see the module docstring)")
     parser.add_argument("--instruct-length", type=int, default=192, help="instruct: row length cap in tokens")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=96, help="instruct: longest generated translation")

@@ -26,6 +26,12 @@ def test_json_and_yaml_round_trip(tmp_path):
         ({"head": "mlm", "arch": "decoder"}, "head"),
         ({"pad_token_id": 10**6}, "pad_token_id"),
         ({"vocab_size": 0}, "vocab_size"),
+        # wrong kinds are named before any range check can fail on them
+        ({"dropout": "/tmp/run"}, r"dropout='/tmp/run' must be float"),
+        ({"d_model": 384.0}, r"d_model=384.0 must be int"),
+        ({"bias": "yes"}, r"bias='yes' must be bool"),
+        ({"n_kv_heads": "2"}, r"n_kv_heads='2' must be int or null"),
+        ({"tie_embeddings": 1}, "tie_embeddings"),
     ],
 )
 def test_bad_fields_are_named(change, needle):

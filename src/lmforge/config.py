@@ -166,6 +166,7 @@ class ModelConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"ModelConfig.{name}={value!r} must be a positive integer")
 
+        self._check_types()
         choice("arch", ARCHS)
         choice("position", POSITIONS)
         choice("norm", NORMS)
@@ -220,6 +221,20 @@ class ModelConfig:
             if tid is not None and not 0 <= tid < self.vocab_size:
                 raise ConfigError(f"ModelConfig.{name}={tid} is outside the vocabulary [0, {self.vocab_size})")
         return self
+
+    def _check_types(self) -> None:
+        """Each field holds its annotated kind (a YAML typo such as ``dropout: /tmp/x`` must not reach the
+        range checks, whose comparison would fail with an unrelated TypeError)."""
+        kinds = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,), "dict[str, Any]": (dict,)}
+        for f in fields(self):
+            value, annotation = getattr(self, f.name), str(f.type)
+            optional = annotation.endswith(" | None")
+            allowed = kinds.get(annotation.removesuffix(" | None"))
+            if allowed is None or (optional and value is None):
+                continue
+            wrong = not isinstance(value, allowed) or (bool not in allowed and isinstance(value, bool))
+            if wrong:
+                raise ConfigError(f"ModelConfig.{f.name}={value!r} must be {annotation.replace(' | None', ' or null')}")
 
     # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:
