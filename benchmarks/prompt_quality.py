@@ -20,7 +20,10 @@ The tiny presets were pre-trained on 128-token windows (``--window``): positions
 Instruction tuning's learning rate (``--instruct-lr``, default 1e-4) decides whether the tiny GPT learns the
 tasks at all. On the sentiment demonstrations alone (7,000 rows, 600 steps x 16, from random weights, held-out
 reviews) lr 1e-3 gave 0.525 (the answer did not depend on the review: the residual stream grew ~100x over the
-token embeddings and the label logit stayed flat), 3e-4 gave 0.695 and 1e-4 0.745.
+token embeddings and the label logit stayed flat), 3e-4 gave 0.695 and 1e-4 0.745. The default mixture
+(``--demo-train``) leaves the paraphrase kind out of training: with 7,000 paraphrase rows added, whose yes/no
+answers the tiny model does not learn, sentiment fell back to 0.50 even at 1e-4 (its held-out rows are still
+scored, as an untrained kind).
 
 Demonstrations come from reviews of at most ``--demo-words`` words so that most k-shot prompts fit, and a
 prompt that does not is cut from the left to the window (the verbalizer cuts at the model's
@@ -255,14 +258,14 @@ def main(argv=None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="score the first N test rows only")
     parser.add_argument("--dev-limit", type=int, default=300, help="choose settings on the first N dev rows")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--demo-train", type=_per_kind, default=4000,
+    parser.add_argument("--demo-train", type=_per_kind, default="sentiment=7000,translate=500,paraphrase=0",
                         help="instruct: training rows per kind, N or KIND=N,... (e.g. sentiment=6000,translate=2000,"
                         "paraphrase=6000: the loss is a mean over response tokens, so a kind with one-word answers "
                         "gets little of it unless it has more rows)")
     parser.add_argument("--demo-test", type=int, default=300, help="instruct: held-out rows per kind")
     parser.add_argument("--max-words", type=int, default=30,
                         help="instruct: inputs and outputs of at most N words (prompt + response fit ~128 tokens)")
-    parser.add_argument("--instruct-steps", type=int, default=1500)
+    parser.add_argument("--instruct-steps", type=int, default=1200)
     parser.add_argument("--instruct-lr", type=float, default=1e-4, help="instruct: peak LR (see the module docstring)")
     parser.add_argument("--instruct-length", type=int, default=192, help="instruct: row length cap in tokens")
     parser.add_argument("--batch-size", type=int, default=16)
