@@ -259,9 +259,9 @@ def main(argv=None) -> int:
     parser.add_argument("--dev-limit", type=int, default=300, help="choose settings on the first N dev rows")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--demo-train", type=_per_kind, default="sentiment=7000,translate=500,paraphrase=0",
-                        help="instruct: training rows per kind, N or KIND=N,... (e.g. sentiment=6000,translate=2000,"
-                        "paraphrase=6000: the loss is a mean over response tokens, so a kind with one-word answers "
-                        "gets little of it unless it has more rows)")
+                        help="instruct: training rows per kind, N or KIND=N,... (default: %(default)s; the loss is a mean "
+                        "over response tokens, so a kind with one-word answers gets little of it unless it has more "
+                        "rows)")
     parser.add_argument("--demo-test", type=int, default=300, help="instruct: held-out rows per kind")
     parser.add_argument("--max-words", type=int, default=30,
                         help="instruct: inputs and outputs of at most N words (prompt + response fit ~128 tokens)")

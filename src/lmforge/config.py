@@ -161,9 +161,9 @@ class ModelConfig:
             if value not in allowed:
                 raise ConfigError(f"ModelConfig.{name}={value!r} is not one of {', '.join(allowed)}")
 
-        def positive(name: str, value: Any = None) -> None:
-            value = getattr(self, name) if value is None else value
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        def positive(name: str) -> None:  # the kind (int) is already checked by _check_types
+            value = getattr(self, name)
+            if value <= 0:
                 raise ConfigError(f"ModelConfig.{name}={value!r} must be a positive integer")
 
         self._check_types()
