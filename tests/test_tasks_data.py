@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from lmforge.config import ModelConfig
+from lmforge.config import ConfigError, ModelConfig
 from lmforge.tasks import build_task
 from lmforge.tasks.data import ExampleBatches, TaskDataError, read_table
 from lmforge.tasks.spec import TaskSpec
@@ -96,6 +96,13 @@ def test_columns_by_task_and_label_map():
     for given in ({}, {"label_column": "label"}, {"target_column": "label"}):
         spec = TaskSpec(task="text2text", label_map=words, **given)
         assert spec.columns() == {"text": "text", "label": "label"}, given  # a label map reads labels
+
+
+def test_loss_average_is_checked():
+    with pytest.raises(ConfigError, match="loss_average='sentence' is not one of token, example"):
+        TaskSpec(task="seq2seq", loss_average="sentence")
+    with pytest.raises(ConfigError, match="only used by the generative tasks"):
+        TaskSpec(task="classify", loss_average="example")
 
 
 def test_label_order_is_numeric_when_labels_are_numbers(tmp_path, bert_tok):

@@ -137,6 +137,35 @@ def test_text2text_mixture_trains_one_model_for_two_tasks(toks, tmp_path):
         inference.evaluate(tmp_path / "run" / "best", tmp_path / "nd.tsv")
 
 
+def test_example_averaged_loss_counts_each_example_once(toks, tmp_path):
+    """loss_average="example": the batch loss is the mean of each example's own (token-averaged) loss."""
+    from lmforge.tasks.model import build_task_model
+
+    tok = toks["t5"]
+    body = th.body("t5", tok).eval()
+    spec = TaskSpec(task="seq2seq", task_prefix="numbers: ", max_target_length=12, loss_average="example")
+    task = build_task(spec, tok, body.config)
+    examples = task.encode(read_table(th.write_numbers(tmp_path / "n.tsv", 6)))
+    assert len({len(e["target_ids"]) for e in examples}) > 1  # targets of different lengths, or the test is moot
+    by_example = build_task_model(body, spec)
+    by_token = build_task_model(body, spec.replace(loss_average="token"))
+    with torch.no_grad():
+        out = by_example(**task.collate(examples))
+        singles = [by_token(**task.collate([e])).loss for e in examples]
+        pooled = by_token(**task.collate(examples))
+    assert out.n_targets == len(examples)
+    torch.testing.assert_close(out.loss, torch.stack(singles).mean(), rtol=1e-5, atol=1e-6)
+    # Token averaging weighs long targets more, so the two differ on this batch.
+    assert not torch.allclose(pooled.loss, out.loss)
+
+    # The Trainer divides by examples too: its logged loss is the example mean, over batch_size targets.
+    finetune(body, spec, tmp_path / "n.tsv", config=th.train_config(steps=1, batch_size=6, lr=1e-9),
+             out=tmp_path / "run", tokenizer=tok, recipe=Recipe(bucket=0))
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][0]
+    assert logged["targets"] == 6
+    assert logged["loss"] == pytest.approx(float(out.loss), rel=1e-4)
+
+
 def test_cli_finetune_evaluate_predict(toks, tmp_path, capsys):
     tok = toks["bert"]
     model_dir = checkpoint.save(th.body("bert", tok), tmp_path / "base", tokenizer=tok)
@@ -215,8 +244,9 @@ def test_cli_text2text_mixture_and_label_maps(toks, tmp_path, capsys):
     mixture = str(tmp_path / "tasks.yaml")
     assert main(["finetune", "--model", str(model_dir), "--task", "text2text", "--mixture", mixture, "--out", str(out),
                  "--max-steps", "2", "--eval-every", "2", "--max-target-length", "12", "--no-progress",
-                 "--no-tensorboard", "--precision", "fp32"]) == 0
+                 "--no-tensorboard", "--precision", "fp32", "--loss-average", "example"]) == 0
     assert "best: score" in capsys.readouterr().out
+    assert load_task_model(out / "best").spec.loss_average == "example"
     assert main(["evaluate", "--model", str(out / "best"), "--data", str(tmp_path / "s.tsv"), "--subtask",
                  "sentiment"]) == 0
     assert "accuracy" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -60,6 +60,8 @@ TASK_FLAGS = {
     "max_answer_length": ("N", "qa: longest answer span in tokens (default 30)"),
     "mixing_cap": ("K", "text2text mixture: examples-proportional mixing cap"),
     "mixing_temperature": ("T", "text2text mixture: mixing temperature (1 = proportional)"),
+    "loss_average": ("HOW", "seq2seq/text2text: token (default: over all target tokens of a batch) | example "
+                            "(each example's mean counts once: a mixture's one-word labels are not drowned out)"),
 }
 
 
@@ -333,7 +335,7 @@ def _add_peft_flags(parser) -> None:
 
 
 def register(subparsers) -> None:
-    from lmforge.tasks.spec import POOLINGS, TASKS
+    from lmforge.tasks.spec import LOSS_AVERAGES, POOLINGS, TASKS
 
     parser = subparsers.add_parser(
         "finetune", help="fine-tune a model on a task (classify, regress, multilabel, tag, qa, seq2seq, text2text)",
@@ -360,7 +362,7 @@ def register(subparsers) -> None:
         kind = {"classifier_dropout": float, "mixing_temperature": float, "max_length": int, "max_target_length": int,
                 "max_answer_length": int, "mixing_cap": int}.get(key, str)
         task.add_argument("--" + key.replace("_", "-"), dest=key, type=kind, default=None, metavar=metavar, help=text,
-                          choices=POOLINGS if key == "pooling" else None)
+                          choices={"pooling": POOLINGS, "loss_average": LOSS_AVERAGES}.get(key))
     task.add_argument("--label-map", default=None, metavar="MAP",
                       help="text2text: label words, '0=negative,1=positive', a JSON object or a .json/.yaml file")
     task.add_argument("--mixture", default=None, metavar="FILE.yaml",

@@ -47,6 +47,7 @@ import torch
 from torch import nn
 
 from lmforge.config import ConfigError
+from lmforge.objectives.base import IGNORE_INDEX
 from lmforge.peft.config import PeftConfig
 from lmforge.tasks import metrics as task_metrics
 from lmforge.tasks.data import ExampleBatches, Table, read_table, warn
@@ -275,6 +276,12 @@ class FinetuneTrainer(Trainer):
         meta = read_task_meta(self.out / BEST_DIR) if (self.out / BEST_DIR).is_dir() else None
         self.best = meta.get("best") if meta else None
         return resumed
+
+    def count_targets(self, batch: dict[str, Any]) -> int:
+        """``loss_average="example"``: the loss is a mean over examples with a target, so count those."""
+        if self.task.spec.loss_average == "example":
+            return int((batch["labels"] != IGNORE_INDEX).any(-1).sum())
+        return super().count_targets(batch)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:

@@ -41,11 +41,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from lmforge import checkpoint
 from lmforge.models.transformer import Transformer, shift_right
+from lmforge.objectives.base import IGNORE_INDEX
 from lmforge.tasks.heads import SequenceHead, SpanHead, TokenHead
 from lmforge.tasks.spec import TaskSpec
 from lmforge.utils.io import atomic_dir
@@ -99,6 +101,26 @@ def build_head(spec: TaskSpec, body: Transformer) -> nn.Module | None:
     return None
 
 
+def example_mean_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The mean over examples of each example's mean token cross-entropy (``TaskSpec.loss_average="example"``).
+
+    Args:
+        logits: (N, V) at the labelled positions of ``labels``, in row-major order (what the body returns
+            when given labels).
+        labels: (B, T) target ids, -100 where there is no target.
+
+    Returns:
+        ``(loss, n)``: the scalar loss and n, the number of examples with at least one target (the Trainer
+        weighs micro-batches by it).
+    """
+    selected = labels != IGNORE_INDEX  # (B, T)
+    per_token = F.cross_entropy(logits.float(), labels[selected], reduction="none")  # (N,)
+    counts = selected.sum(1)  # (B,) targets per example
+    row = selected.nonzero()[:, 0]  # (N,) the example each target belongs to
+    n = int((counts > 0).sum())
+    return (per_token / counts[row]).sum() / max(n, 1), n
+
+
 class TaskModel(nn.Module):
     """``body`` (an lmforge Transformer) + ``head`` (None for generative tasks), described by ``spec``.
 
@@ -133,6 +155,9 @@ class TaskModel(nn.Module):
         if self.head is None:
             out = self.body(input_ids, attention_mask, token_type_ids, decoder_input_ids=decoder_input_ids,
                             decoder_attention_mask=decoder_attention_mask, labels=labels)
+            if labels is not None and self.spec.loss_average == "example":
+                loss, n = example_mean_loss(out.logits, labels)
+                return TaskOutput(out.logits, loss, n)
             return TaskOutput(out.logits, out.loss, out.n_targets)
         h, pooled = self.features(input_ids, attention_mask, token_type_ids)
         logits = self.head(h, attention_mask, pooled)

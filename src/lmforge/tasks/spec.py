@@ -38,6 +38,7 @@ TASKS = ("classify", "regress", "multilabel", "tag", "qa", "seq2seq", "text2text
 HEAD_TASKS = ("classify", "regress", "multilabel", "tag", "qa")
 GENERATIVE_TASKS = ("seq2seq", "text2text")
 POOLINGS = ("cls", "mean", "last", "max")
+LOSS_AVERAGES = ("token", "example")
 
 # Which input/target columns each task reads, and their default names.
 DEFAULT_COLUMNS = {
@@ -70,6 +71,10 @@ class TaskSpec:
         lengths: ``max_length`` input tokens, ``max_target_length`` target tokens (generation stops there too),
             ``max_answer_length`` (QA span decoding, in tokens).
         mixture: text2text multi-task entries; ``mixing_cap``, ``mixing_temperature`` (T5 section 3.5.2).
+        loss: ``loss_average`` (seq2seq, text2text): ``token`` averages the loss over every target token of a
+            batch; ``example`` averages each example's mean token loss, so a one-word label counts as much as
+            a 40-token verse (fairseq's sentence averaging) - without it a mixture's short-target task gets a
+            few percent of the gradient however often it is sampled.
     """
 
     task: str = "classify"
@@ -91,6 +96,7 @@ class TaskSpec:
     mixture: list[dict[str, Any]] = field(default_factory=list)
     mixing_cap: int | None = None
     mixing_temperature: float = 1.0
+    loss_average: str = "token"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -118,6 +124,10 @@ class TaskSpec:
 
         if self.task not in TASKS:
             raise bad("task", f"is not one of {', '.join(TASKS)}")
+        if self.loss_average not in LOSS_AVERAGES:
+            raise bad("loss_average", f"is not one of {', '.join(LOSS_AVERAGES)}")
+        if self.loss_average != "token" and not self.generative:
+            raise bad("loss_average", "is only used by the generative tasks (seq2seq, text2text)")
         if self.pooling is not None and self.pooling not in POOLINGS:
             raise bad("pooling", f"is not one of {', '.join(POOLINGS)}")
         for key in ("max_length", "max_target_length", "max_answer_length"):

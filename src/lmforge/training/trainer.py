@@ -213,7 +213,7 @@ class Trainer:
             ``{"loss": mean CE over every target token (None if there is none), "targets": their count}``.
         """
         world = self.dist.world_size
-        total = sum(_count_targets(b) for b in batches)  # known before any backward: the divisor of every term
+        total = sum(self.count_targets(b) for b in batches)  # known before any backward: the divisor of every term
         if world > 1:  # the global batch's count: every rank divides by the same N
             total = int(self.dist.all_reduce([total])[0])
         self.optimizer.zero_grad(set_to_none=True)
@@ -224,7 +224,7 @@ class Trainer:
                     out = self._forward(**batch)
                 if out.loss is None:
                     raise ValueError("the model returned no loss; the objective's batches must carry labels")
-                n = out.n_targets if out.n_targets is not None else _count_targets(batch)
+                n = out.n_targets if out.n_targets is not None else self.count_targets(batch)
                 # out.loss is the mean over this micro-batch's n targets; n / total turns it into its share of
                 # the mean over the whole accumulated batch, and the factor `world` undoes the averaging of
                 # the ranks' gradients by DDP/FSDP.
@@ -232,6 +232,13 @@ class Trainer:
             loss_sum += out.loss.detach().float() * n
         loss = self.dist.all_reduce([loss_sum.item()])[0] if world > 1 else loss_sum.item()
         return {"loss": loss / total if total else None, "targets": total}
+
+    def count_targets(self, batch: dict[str, Any]) -> int:
+        """How many targets the model's mean loss over ``batch`` is over: its labelled tokens (labels != -100).
+
+        It must equal the ``n_targets`` the model returns; a model that averages otherwise (per example, say)
+        overrides this in a subclass of the Trainer."""
+        return _count_targets(batch)
 
     def train_step(self) -> dict[str, Any]:
         """One optimizer step on the next ``grad_accum`` batches; returns the step's metrics record."""
