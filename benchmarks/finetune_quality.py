@@ -164,8 +164,9 @@ def _mixture_spec(args, target_length: int = 48, source_length: int = 64) -> Tas
         {"name": "translate", "train": "kjv-rv1909:train", "eval": "kjv-rv1909:dev", "text_column": "en",
          "target_column": "es", "task_prefix": "translate English to Spanish: "},
     ]
-    # Loss is a mean over target tokens, so a verse outweighs a one-word label ~20:1; equal mixing
-    # (a high --mixing-temperature) gives the sentiment task a fair share of the updates.
+    # By default the loss is a mean over target tokens, so a verse outweighs a one-word label ~20:1 however the
+    # tasks are mixed; --loss-average example weighs each example once, and --mixing-temperature sets how
+    # often each task is drawn.
     return TaskSpec(task="text2text", mixture=mixture, max_length=source_length, max_target_length=target_length,
                     mixing_temperature=args.mixing_temperature, loss_average=args.loss_average)
 

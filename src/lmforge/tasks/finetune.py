@@ -47,11 +47,10 @@ import torch
 from torch import nn
 
 from lmforge.config import ConfigError
-from lmforge.objectives.base import IGNORE_INDEX
 from lmforge.peft.config import PeftConfig
 from lmforge.tasks import metrics as task_metrics
 from lmforge.tasks.data import ExampleBatches, Table, read_table, warn
-from lmforge.tasks.model import build_task_model, read_task_meta, save_task_model
+from lmforge.tasks.model import build_task_model, examples_with_targets, read_task_meta, save_task_model
 from lmforge.tasks.spec import TaskSpec
 from lmforge.training.config import TrainConfig
 from lmforge.training.optim import parameter_kind
@@ -280,7 +279,7 @@ class FinetuneTrainer(Trainer):
     def count_targets(self, batch: dict[str, Any]) -> int:
         """``loss_average="example"``: the loss is a mean over examples with a target, so count those."""
         if self.task.spec.loss_average == "example":
-            return int((batch["labels"] != IGNORE_INDEX).any(-1).sum())
+            return examples_with_targets(batch["labels"])
         return super().count_targets(batch)
 
     @torch.no_grad()

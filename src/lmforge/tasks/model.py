@@ -101,6 +101,11 @@ def build_head(spec: TaskSpec, body: Transformer) -> nn.Module | None:
     return None
 
 
+def examples_with_targets(labels: torch.Tensor) -> int:
+    """How many rows of (B, T) ``labels`` hold at least one target: the divisor of an example-mean loss."""
+    return int((labels != IGNORE_INDEX).any(-1).sum())
+
+
 def example_mean_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
     """The mean over examples of each example's mean token cross-entropy (``TaskSpec.loss_average="example"``).
 
@@ -117,7 +122,7 @@ def example_mean_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch
     per_token = F.cross_entropy(logits.float(), labels[selected], reduction="none")  # (N,)
     counts = selected.sum(1)  # (B,) targets per example
     row = selected.nonzero()[:, 0]  # (N,) the example each target belongs to
-    n = int((counts > 0).sum())
+    n = examples_with_targets(labels)
     return (per_token / counts[row]).sum() / max(n, 1), n
 
 
