@@ -85,3 +85,40 @@ def test_which_steps_take_the_matmul_path():
     assert not attention.use_matmul_attention(q.float(), k.float(), None)  # fp32: SDPA's kernel is faster
     big = torch.empty(64, 16, 128, 8, dtype=torch.bfloat16, requires_grad=True)
     assert not attention.use_matmul_attention(big, torch.empty(64, 16, 16384, 8), None)  # scores too big to keep
+
+
+@pytest.mark.parametrize("name", ["gpt-causal", "llama-gqa-rope"])
+@pytest.mark.parametrize("seq", [8, 9])  # halves of 4 + 4 and 4 + 5 queries
+def test_causal_halves_equal_one_softmax(name, seq, monkeypatch):
+    # Compiled training splits causal attention into two query halves; forced on here, eagerly and in
+    # fp32, it must give the one-softmax result: logits and every gradient.
+    torch.manual_seed(0)
+    cfg = tiny_config(**CASES[name])
+    model = Transformer(cfg).train()
+    ids = torch.randint(1, cfg.vocab_size, (2, seq), generator=torch.Generator().manual_seed(2))
+    batch = dict(input_ids=ids, labels=ids)  # no padding: the plain causal mask the halves path serves
+    halves, original = [], attention.Attention._causal_in_halves
+
+    def counted(self, *args):
+        halves.append(1)
+        return original(self, *args)
+
+    monkeypatch.setattr(attention.Attention, "_causal_in_halves", counted)
+    monkeypatch.setattr(attention, "split_causal_in_halves", lambda q, k: False)
+    logits_a, grads_a = _loss_and_grads(model, batch, True, monkeypatch)
+    monkeypatch.setattr(attention, "split_causal_in_halves", lambda q, k: True)
+    logits_b, grads_b = _loss_and_grads(model, batch, True, monkeypatch)
+    assert len(halves) == cfg.n_layers  # the split path really ran, once per layer
+    torch.testing.assert_close(logits_a, logits_b, atol=1e-5, rtol=1e-5)
+    assert grads_a.keys() == grads_b.keys() and grads_a
+    for n in grads_a:
+        torch.testing.assert_close(grads_a[n], grads_b[n], atol=1e-5, rtol=1e-4, msg=n)
+
+
+def test_which_steps_split_causal_attention():
+    q = torch.randn(1, 2, 128, 8, requires_grad=True)
+    assert not attention.split_causal_in_halves(q, q)  # eager: the split's copies cost what it saves
+    split = torch.compile(lambda q, k: torch.tensor(attention.split_causal_in_halves(q, k)), backend="eager")
+    assert split(q, q)  # traced by torch.compile, self-attention without a cache
+    assert not split(q, torch.randn(1, 2, 130, 8))  # keys from a cache: T != S
+    assert not split(q[:, :, :32], q[:, :, :32])  # too short to gain

@@ -32,3 +32,30 @@ def test_sum_reduction_and_bf16():
     torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
     ours.backward()
     assert low.grad.dtype == torch.bfloat16
+
+
+def test_scaled_loss_scales_the_gradient():
+    # backward skips the rescale only when it is seeded with exactly 1 (a plain loss.backward())
+    logits = torch.randn(40, 30, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(0, 30, (40,))
+    (g1,) = torch.autograd.grad(cross_entropy(logits, target) * 0.25, logits)
+    (g2,) = torch.autograd.grad(F.cross_entropy(logits, target) * 0.25, logits)
+    torch.testing.assert_close(g1, g2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_fused_equals_chunked(dtype, reduction):
+    # fused=True is the torch.compile'd kernel a compiled model uses; one graph serves every row count
+    for n in (5, 37):
+        logits = (torch.randn(n, 300, dtype=torch.float64) * 4).to(dtype).requires_grad_()
+        target = torch.randint(0, 300, (n,))
+        fused = cross_entropy(logits, target, reduction, fused=True)
+        (g_fused,) = torch.autograd.grad(fused, logits)
+        chunked = cross_entropy(logits, target, reduction)
+        (g_chunked,) = torch.autograd.grad(chunked, logits)
+        assert fused.dtype == chunked.dtype
+        tol = 1e-12 if dtype == torch.float64 else 1e-5
+        torch.testing.assert_close(fused, chunked, atol=tol, rtol=tol)
+        torch.testing.assert_close(g_fused.float(), g_chunked.float(), atol=tol if dtype == torch.float64 else 4e-3,
+                                   rtol=tol if dtype == torch.float64 else 1e-2)

@@ -232,19 +232,24 @@ class Transformer(nn.Module):
         if labels is None:
             out.logits = self._head(h)  # (B, T, V)
             return out
-        out.logits, out.loss, out.n_targets = self._labelled_loss(h, labels)
+        out.logits, out.loss, out.n_targets = self._labelled_loss(h, labels, torch.compiler.is_compiling())
         return out
 
     # Selecting the labelled rows has a data-dependent shape, which torch.compile cannot trace
     # without a break; excluding this method keeps the whole body in one compiled graph, and the
-    # head's matmul plus the lean loss run just as fast eagerly.
+    # head's matmul runs just as fast eagerly. A compiled model asks for the fused (compiled) loss.
     @torch.compiler.disable
-    def _labelled_loss(self, h: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def _labelled_loss(
+        self, h: torch.Tensor, labels: torch.Tensor, fused: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
         """h (B, T, D), labels (B, T) -> logits (N, V) at labelled positions, mean CE, N."""
         selected = labels != -100  # (B, T)
-        logits = self._head(h[selected])  # (N, V): only labelled positions reach the vocabulary
-        target = labels[selected]
-        return logits, cross_entropy(logits, target), int(target.numel())
+        if bool(selected.all()):  # causal LM: every position; a view, where indexing would copy (and scatter back)
+            rows, target = h.reshape(-1, h.shape[-1]), labels.reshape(-1)
+        else:
+            rows, target = h[selected], labels[selected]
+        logits = self._head(rows)  # (N, V): only labelled positions reach the vocabulary
+        return logits, cross_entropy(logits, target, fused=fused), int(target.numel())
 
     def generate(self, *args, **kwargs):
         """Greedy / beam / sampled generation; see :func:`lmforge.generation.generate` (same arguments,

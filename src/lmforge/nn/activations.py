@@ -7,16 +7,39 @@
 
 from __future__ import annotations
 
-import functools
+import math
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+_SQRT_8_OVER_PI = 2 * math.sqrt(2 / math.pi)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GPT-2's GELU, ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, any shape.
+
+    Under ``torch.compile`` it is written as ``x * sigmoid(2u)``, the same function
+    (``0.5 (1 + tanh(u)) = sigmoid(2u)``): the CPU's vectorised tanh is ~3x slower than its exp, and
+    inductor fuses this form, forward and backward, into kernels that take half the time of its
+    tanh lowering (tiny GPT, bf16: 6.5 -> 3.2 ms per FFN). Eager mode keeps ATen's single fused kernel,
+    which beats the several kernels this form would launch there.
+
+    Example:
+        >>> x = torch.linspace(-6, 6, 101)
+        >>> bool(torch.allclose(torch.compile(gelu_tanh)(x), F.gelu(x, approximate="tanh"), atol=1e-6))
+        True
+    """
+    if not torch.compiler.is_compiling():
+        return F.gelu(x, approximate="tanh")
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))  # bf16 is computed in fp32, rounded once
+    return (xf * torch.sigmoid(_SQRT_8_OVER_PI * (xf + 0.044715 * xf * xf * xf))).to(x.dtype)
+
+
 _BASE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,
-    "gelu-tanh": functools.partial(F.gelu, approximate="tanh"),
+    "gelu-tanh": gelu_tanh,
     "silu": F.silu,
 }
 _GATE_OF = {"geglu": "gelu", "geglu-tanh": "gelu-tanh", "reglu": "relu", "swiglu": "silu"}

@@ -140,7 +140,11 @@ class Attention(nn.Module):
             probs = self._probs(q, k, attn_mask, False, dropout)
             out = self._weigh(probs, v) + self.relative.value_term(probs, ctx.rel_index)  # (B, H, T, hd)
         elif use_matmul_attention(q, k, attn_mask):
-            out = self._weigh(self._probs(q, k, attn_mask, is_causal and attn_mask is None, dropout), v)
+            causal = is_causal and attn_mask is None
+            if causal and split_causal_in_halves(q, k):
+                out = self._causal_in_halves(q, k, v, dropout)
+            else:
+                out = self._weigh(self._probs(q, k, attn_mask, causal, dropout), v)
         else:
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=is_causal and attn_mask is None,
@@ -183,6 +187,18 @@ class Attention(nn.Module):
         probs = scores.softmax(-1).view(B, H, T, S)  # a bf16 softmax accumulates in fp32 internally on CPU
         return F.dropout(probs, dropout, training=True) if dropout else probs
 
+    def _causal_in_halves(self, q, k, v, dropout: float) -> torch.Tensor:
+        """Causal self-attention (T == S) written out in two query halves: the first half's queries see
+        only the first half's keys, so the all-masked upper-right quarter of the scores is never
+        computed. A quarter fewer score FLOPs and softmax elements. Only under torch.compile, which fuses
+        the slices and the concatenation away; eagerly their copies cost what the quarter saves
+        (tiny GPT attention, forward + backward per layer: compiled 11.2 -> 9.2 ms, eager 9.4 vs 9.7 ms).
+        q, k, v (B, H|Hkv, T, hd) -> (B, H, T, hd)."""
+        c = q.shape[2] // 2
+        first = self._weigh(self._probs(q[:, :, :c], k[:, :, :c], None, True, dropout), v[:, :, :c])  # (B, H, c, hd)
+        second = self._weigh(self._probs(q[:, :, c:], k, None, True, dropout), v)  # (B, H, T - c, hd)
+        return torch.cat([first, second], dim=2)
+
     def _weigh(self, probs: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """probs (B, H, T, S), v (B, Hkv, S, hd) -> (B, H, T, hd)."""
         B, H, T, S = probs.shape
@@ -208,6 +224,13 @@ def use_matmul_attention(q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tens
         and q.requires_grad
         and q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] <= MATMUL_ATTENTION_MAX_SCORES
     )
+
+
+def split_causal_in_halves(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether causal matmul attention skips its masked quarter (``Attention._causal_in_halves``): under
+    torch.compile, for self-attention without a cache (T == S) long enough to matter.
+    q (B, H, T, hd), k (B, Hkv, S, hd)."""
+    return torch.compiler.is_compiling() and q.shape[2] == k.shape[2] >= 64
 
 
 def _merge_mask_and_bias(

@@ -5,8 +5,11 @@ log-softmax, and in backward writes two more fp32 (N, V) tensors before casting 
 on a CPU that memory traffic is a quarter of a small model's training step. This version reads the
 logits in their own dtype, does the arithmetic in fp32 one chunk of rows at a time (so temporaries
 stay in cache), and writes the gradient ``(softmax(z) - onehot(y)) / N`` during the forward pass,
-directly in the logits' dtype, so backward is a single rescale. The result equals ``F.cross_entropy`` up
-to floating-point rounding (checked in tests).
+directly in the logits' dtype, so backward is a single rescale (none for a plain ``loss.backward()``).
+With ``fused=True`` (what a model running under torch.compile asks for) the same loss and gradient come
+from one inductor kernel instead of the chunk loop's dozen small ops per chunk: 18 vs 31 ms for the tiny
+GPT's 2048 x 8192 bf16 logits. The result equals ``F.cross_entropy`` up to floating-point rounding
+(checked in tests).
 
 Example:
     >>> import torch
@@ -17,48 +20,84 @@ Example:
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 # Rows per chunk: ~256K elements (1 MiB in fp32), so the fp32 temporaries stay in L2 cache.
 _CHUNK_ELEMENTS = 1 << 18
 
 
+def _chunked_loss_and_grad(logits: torch.Tensor, target: torch.Tensor, divisor: float, want_grad: bool):
+    """Eager: logits (N, V), target (N,) -> (summed loss / divisor, its gradient (N, V) in the logits'
+    dtype, or None), computed one cache-sized chunk of rows at a time."""
+    N = logits.shape[0]
+    acc = torch.promote_types(logits.dtype, torch.float32)  # never accumulate in bf16
+    # The gradient softmax(z) - onehot(y) falls out of the same log-softmax pass, so it is written
+    # here, once, in the logits' dtype; backward only rescales it. No fp32 (N, V) tensor survives.
+    grad = torch.empty_like(logits) if want_grad else None
+    rows = max(8, _CHUNK_ELEMENTS // max(logits.shape[1], 1))
+    total = torch.zeros((), dtype=acc, device=logits.device)
+    for start in range(0, N, rows):
+        end = min(start + rows, N)
+        t = target[start:end, None]
+        logp = torch.log_softmax(logits[start:end], dim=-1, dtype=acc)  # (c, V), fp32 in cache-sized rows
+        total -= logp.gather(1, t).sum()
+        if want_grad:
+            probs = logp.exp_()
+            probs.scatter_add_(1, t, probs.new_full(t.shape, -1.0))  # in fp32, so p - 1 keeps its digits
+            torch.mul(probs, 1.0 / divisor, out=grad[start:end])  # scale and round to the logits' dtype
+    return total / divisor, grad
+
+
+def _loss_and_grad(logits: torch.Tensor, target: torch.Tensor, mean: bool):
+    """The same loss and gradient written as whole-tensor ops, for inductor to fuse into one kernel.
+    ``mean`` is a flag, not a divisor, so that every batch size shares one compiled graph."""
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32))  # (N, V)
+    top = z.amax(-1, keepdim=True)  # (N, 1)
+    e = (z - top).exp()
+    norm = e.sum(-1, keepdim=True)  # (N, 1)
+    scale = 1.0 / z.shape[0] if mean else 1.0
+    loss = (top + norm.log() - z.gather(1, target[:, None])).sum() * scale
+    onehot = torch.arange(z.shape[1], device=z.device) == target[:, None]  # (N, V)
+    return loss, ((e / norm - onehot.to(z.dtype)) * scale).to(logits.dtype)
+
+
+@functools.cache
+def _compiled_loss_and_grad():
+    return torch.compile(_loss_and_grad, dynamic=True)  # N varies with the labelled rows of each batch
+
+
 class _CrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, divisor: float) -> torch.Tensor:
-        N = logits.shape[0]
-        acc = torch.float64 if logits.dtype == torch.float64 else torch.float32  # never accumulate in bf16
-        want_grad = ctx.needs_input_grad[0]
-        # The gradient softmax(z) - onehot(y) falls out of the same log-softmax pass, so it is written
-        # here, once, in the logits' dtype; backward only rescales it. No fp32 (N, V) tensor survives.
-        grad = torch.empty_like(logits) if want_grad else None
-        rows = max(8, _CHUNK_ELEMENTS // max(logits.shape[1], 1))
-        total = torch.zeros((), dtype=acc, device=logits.device)
-        for start in range(0, N, rows):
-            end = min(start + rows, N)
-            t = target[start:end, None]
-            logp = torch.log_softmax(logits[start:end], dim=-1, dtype=acc)  # (c, V), fp32 in cache-sized rows
-            total -= logp.gather(1, t).sum()
-            if want_grad:
-                probs = logp.exp_()
-                probs.scatter_add_(1, t, probs.new_full(t.shape, -1.0))
-                grad[start:end] = probs.div_(divisor)
+    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, mean: bool, fused: bool) -> torch.Tensor:
+        if fused and ctx.needs_input_grad[0]:
+            loss, grad = _compiled_loss_and_grad()(logits, target, mean)
+        else:
+            divisor = float(logits.shape[0]) if mean else 1.0
+            loss, grad = _chunked_loss_and_grad(logits, target, divisor, ctx.needs_input_grad[0])
         ctx.save_for_backward(grad)
-        return total / divisor
+        return loss
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         (grad,) = ctx.saved_tensors
-        return grad * grad_out.to(grad.dtype), None, None
+        # loss.backward() seeds 1: then the gradient is already final, and skipping the rescale saves a
+        # full pass over the (N, V) logits. Reading the scalar is free on the CPU; elsewhere it would sync.
+        if grad_out.device.type == "cpu" and grad_out.numel() == 1 and float(grad_out) == 1.0:
+            return grad, None, None, None
+        return grad * grad_out.to(grad.dtype), None, None, None
 
 
-def cross_entropy(logits: torch.Tensor, target: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+def cross_entropy(
+    logits: torch.Tensor, target: torch.Tensor, reduction: str = "mean", fused: bool = False
+) -> torch.Tensor:
     """Token cross-entropy. logits (N, V) in any float dtype, target (N,) long; no ignore index
     (select the labelled rows first). ``reduction``: ``mean`` or ``sum`` (a trainer that accumulates
-    gradients sums, then divides by the target-token count of all its micro-batches)."""
+    gradients sums, then divides by the target-token count of all its micro-batches). ``fused``: compute
+    it with torch.compile (the first call compiles, once per process; needs what torch.compile needs)."""
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction={reduction!r} must be 'mean' or 'sum'")
     if logits.shape[0] == 0:
         return logits.sum() * 0.0
-    divisor = float(logits.shape[0]) if reduction == "mean" else 1.0
-    return _CrossEntropy.apply(logits, target, divisor)
+    return _CrossEntropy.apply(logits, target, reduction == "mean", fused)
