@@ -59,3 +59,16 @@ def test_fused_equals_chunked(dtype, reduction):
         torch.testing.assert_close(fused, chunked, atol=tol, rtol=tol)
         torch.testing.assert_close(g_fused.float(), g_chunked.float(), atol=tol if dtype == torch.float64 else 4e-3,
                                    rtol=tol if dtype == torch.float64 else 1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_confidently_wrong_rows_keep_a_finite_exact_loss(dtype):
+    # p(target) = exp(-200) underflows fp32: the loss must come from the logits, not from log(p)
+    logits = torch.zeros(4, 64)
+    logits[:, 0] = 200.0
+    target = torch.tensor([5, 0, 9, 63])
+    ref = F.cross_entropy(logits.double(), target)
+    for fused in (False, True):
+        ours = cross_entropy(logits.to(dtype).requires_grad_(), target, fused=fused)
+        assert torch.isfinite(ours), fused
+        torch.testing.assert_close(ours.double(), ref, atol=1e-4, rtol=1e-5)

@@ -33,20 +33,25 @@ def _chunked_loss_and_grad(logits: torch.Tensor, target: torch.Tensor, divisor: 
     dtype, or None), computed one cache-sized chunk of rows at a time."""
     N = logits.shape[0]
     acc = torch.promote_types(logits.dtype, torch.float32)  # never accumulate in bf16
-    # The gradient softmax(z) - onehot(y) falls out of the same log-softmax pass, so it is written
+    # The gradient softmax(z) - onehot(y) falls out of the same softmax pass as the loss, so it is written
     # here, once, in the logits' dtype; backward only rescales it. No fp32 (N, V) tensor survives.
     grad = torch.empty_like(logits) if want_grad else None
     rows = max(8, _CHUNK_ELEMENTS // max(logits.shape[1], 1))
     total = torch.zeros((), dtype=acc, device=logits.device)
     for start in range(0, N, rows):
         end = min(start + rows, N)
-        t = target[start:end, None]
-        logp = torch.log_softmax(logits[start:end], dim=-1, dtype=acc)  # (c, V), fp32 in cache-sized rows
-        total -= logp.gather(1, t).sum()
-        if want_grad:
-            probs = logp.exp_()
-            probs.scatter_add_(1, t, probs.new_full(t.shape, -1.0))  # in fp32, so p - 1 keeps its digits
-            torch.mul(probs, 1.0 / divisor, out=grad[start:end])  # scale and round to the logits' dtype
+        chunk, t = logits[start:end], target[start:end, None]  # (c, V), (c, 1)
+        if not want_grad:
+            total -= torch.log_softmax(chunk, dim=-1, dtype=acc).gather(1, t).sum()
+            continue
+        probs = torch.softmax(chunk, dim=-1, dtype=acc)  # (c, V), fp32 in cache-sized rows
+        # log p_t = (z_t - max z) - log S with S = sum exp(z - max z), and the row's largest probability is
+        # exp(0) / S: so -log S = log max p. That spares the exp pass over (c, V) that recovering p from a
+        # log_softmax would cost (ATen's exp is slower than the softmax kernel's own: 170 vs 112 us here).
+        top = chunk.amax(-1, keepdim=True).to(acc)  # (c, 1)
+        total -= (chunk.gather(1, t).to(acc) - top + probs.amax(-1, keepdim=True).log()).sum()
+        probs.scatter_add_(1, t, probs.new_full(t.shape, -1.0))  # in fp32, so p - 1 keeps its digits
+        grad[start:end].copy_(probs.mul_(1.0 / divisor))  # scale in cache; round to the logits' dtype once
     return total / divisor, grad
 
 
