@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from lmforge.config import ModelConfig
+from lmforge.nn import attention
 
 
 def tiny_config(**overrides) -> ModelConfig:
@@ -12,3 +13,15 @@ def tiny_config(**overrides) -> ModelConfig:
     )
     base.update(overrides)
     return ModelConfig(**base)
+
+
+def count_causal_halves(monkeypatch) -> list:
+    """Record each call of ``Attention._causal_in_halves`` (which still runs): one entry per call."""
+    calls, original = [], attention.Attention._causal_in_halves
+
+    def counted(self, *args):
+        calls.append(1)
+        return original(self, *args)
+
+    monkeypatch.setattr(attention.Attention, "_causal_in_halves", counted)
+    return calls

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import tiny_config
+from helpers import count_causal_halves, tiny_config
 
 from lmforge.models import Transformer
 from lmforge.nn import attention
@@ -97,13 +97,7 @@ def test_causal_halves_equal_one_softmax(name, seq, monkeypatch):
     model = Transformer(cfg).train()
     ids = torch.randint(1, cfg.vocab_size, (2, seq), generator=torch.Generator().manual_seed(2))
     batch = dict(input_ids=ids, labels=ids)  # no padding: the plain causal mask the halves path serves
-    halves, original = [], attention.Attention._causal_in_halves
-
-    def counted(self, *args):
-        halves.append(1)
-        return original(self, *args)
-
-    monkeypatch.setattr(attention.Attention, "_causal_in_halves", counted)
+    halves = count_causal_halves(monkeypatch)
     monkeypatch.setattr(attention, "split_causal_in_halves", lambda q, k: False)
     logits_a, grads_a = _loss_and_grads(model, batch, True, monkeypatch)
     monkeypatch.setattr(attention, "split_causal_in_halves", lambda q, k: True)

@@ -3,17 +3,16 @@
 Compiled, the model takes forms that only pay off under inductor: GPT-2's GELU as ``x * sigmoid(2u)``
 and causal attention in two query halves (``lmforge.nn.attention.split_causal_in_halves``). Eager and
 compiled bf16 steps round differently, so the whole step is compared loosely here; the exact
-equivalences are checked tightly in fp32 (here for the GELU, in ``test_attention_paths`` for the halves).
+equivalences are checked tightly (here, in fp64, for the GELU; in ``test_attention_paths`` for the halves).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from helpers import tiny_config
+from helpers import count_causal_halves, tiny_config
 
 from lmforge.models import Transformer
-from lmforge.nn import attention
 from lmforge.nn.activations import gelu_tanh
 
 
@@ -32,14 +31,7 @@ def test_compiled_bf16_training_step_matches_eager(monkeypatch):
     cfg = tiny_config(arch="decoder", position="learned", activation="gelu-tanh", max_seq_len=64)
     model = Transformer(cfg).train()
     ids = torch.randint(1, cfg.vocab_size, (2, 64), generator=torch.Generator().manual_seed(3))
-    halves = []
-    original = attention.Attention._causal_in_halves
-
-    def counted(self, *args):
-        halves.append(1)
-        return original(self, *args)
-
-    monkeypatch.setattr(attention.Attention, "_causal_in_halves", counted)
+    halves = count_causal_halves(monkeypatch)
 
     def step(run):
         model.zero_grad(set_to_none=True)
