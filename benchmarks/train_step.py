@@ -10,9 +10,15 @@ Usage:
     python benchmarks/train_step.py                # eager and compiled, all three families
     python benchmarks/train_step.py --quick        # fewer repeats, no compile
     python benchmarks/train_step.py --families gpt --compile-hf
+    python benchmarks/train_step.py --families gpt --nanogpt ~/src/nanoGPT   # + nanoGPT as a reference
 
 Output: one line per (family, mode) with tokens/s for both, the ratio, MFU and the minor page faults
-per step of each, then a JSON line.
+per step of each (and with ``--nanogpt``, a line for nanoGPT against the same HF steps), then a JSON line.
+
+``--nanogpt DIR`` times karpathy/nanoGPT's ``GPT`` (``DIR/model.py`` of a checkout, unmodified; nanoGPT is
+not a package, so it is never a dependency) on the GPT shape, interleaved with the same lmforge and HF
+steps and compiled in the same mode. The issue quotes nanoGPT's speed over HF, measured once on this
+machine, as the context of its targets; this measures that reference side by side, on the day.
 
 The allocator matters on a CPU. glibc serves large blocks with mmap and returns them on free, so a
 step that allocates big temporaries page-faults them in again every step (the kernel zeroes each
@@ -25,13 +31,17 @@ measures what a process gets without tuning. Both are worth reading; the README 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
+import importlib.util
+import io
 import json
 import os
 import resource
 import statistics
 import sys
 import time
+import types
 from dataclasses import dataclass
 
 import torch
@@ -149,22 +159,54 @@ def make_step(model: torch.nn.Module, batch: dict, device: str, compile_mode: st
     return step
 
 
-def time_pair(step_a, step_b, device: str, warmup: int, repeats: int) -> tuple[float, float, float, float]:
-    """Median seconds per step of a and b, then their median minor page faults per step."""
+def time_steps(steps: list, device: str, warmup: int, repeats: int) -> list[tuple[float, float]]:
+    """For each step function, its median seconds per step and median minor page faults per step. The
+    steps take turns (a, b, a, b, ...), so the machine's slow drifts hit all of them alike."""
     for _ in range(warmup):
-        step_a()
-        step_b()
-    ta, tb, fa, fb = [], [], [], []
+        for step in steps:
+            step()
+    times, faults = [[] for _ in steps], [[] for _ in steps]
     for _ in range(repeats):
-        for step, times, faults in ((step_a, ta, fa), (step_b, tb, fb)):
+        for step, t, f in zip(steps, times, faults):
             sync(device)
             f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t0 = time.perf_counter()
             step()
             sync(device)
-            times.append(time.perf_counter() - t0)
-            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
-    return statistics.median(ta), statistics.median(tb), statistics.median(fa), statistics.median(fb)
+            t.append(time.perf_counter() - t0)
+            f.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+    return [(statistics.median(t), statistics.median(f)) for t, f in zip(times, faults)]
+
+
+def nanogpt_file(checkout: str) -> str:
+    """``checkout/model.py``, or exit with a message that says what to pass."""
+    path = os.path.join(os.path.expanduser(checkout), "model.py")
+    if not os.path.isfile(path):
+        raise SystemExit(f"--nanogpt: {path} not found (pass the root of a karpathy/nanoGPT checkout)")
+    return path
+
+
+def nanogpt_model(checkout: str, case: Case, seq: int) -> torch.nn.Module:
+    """nanoGPT's GPT from ``checkout/model.py``, the GPT case's shape, wrapped to take this script's batch
+    (input_ids, labels) and return an object with ``.loss``."""
+    spec = importlib.util.spec_from_file_location("nanogpt_model", nanogpt_file(checkout))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # torch.compile looks the module's globals up by name
+    spec.loader.exec_module(module)
+    cfg = case.ours.config
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints its parameter count
+        gpt = module.GPT(module.GPTConfig(block_size=seq, vocab_size=cfg.vocab_size, n_layer=cfg.n_layers,
+                                          n_head=cfg.n_heads, n_embd=cfg.d_model, dropout=0.0, bias=True))
+
+    class NanoGPT(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gpt = gpt
+
+        def forward(self, input_ids, labels):  # nanoGPT's targets are pre-shifted, like lmforge's labels
+            return types.SimpleNamespace(loss=self.gpt(input_ids.contiguous(), labels.contiguous())[1])
+
+    return NanoGPT()
 
 
 def keep_freed_memory() -> None:
@@ -191,11 +233,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--malloc", choices=("default", "heap"), default="default",
                    help="glibc as it comes, or 'heap': freed memory is kept for reuse, not unmapped (both "
                         "implementations; see the module docstring). Default: %(default)s")
+    p.add_argument("--nanogpt", metavar="DIR", help="also time karpathy/nanoGPT's GPT from a checkout at DIR "
+                   "on the GPT shape (see the module docstring)")
     p.add_argument("--quick", action="store_true", help="3 repeats, 1 warm-up, no compile")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
     args = p.parse_args(argv)
     if args.quick:
         args.repeats, args.warmup, args.no_compile = 3, 1, True
+    if args.nanogpt:
+        nanogpt_file(args.nanogpt)  # before minutes of measuring
     device, _ = device_and_dtype()
     if args.malloc == "heap":
         keep_freed_memory()
@@ -214,8 +260,13 @@ def main(argv: list[str] | None = None) -> int:
             ours = make_step(case.ours, case.batch_ours, device, args.compile_mode if compiled else None)
             theirs = make_step(case.theirs, case.batch_theirs, device,
                                args.compile_mode if compiled and args.compile_hf else None)
+            steps = [ours, theirs]
+            if args.nanogpt and family == "gpt":
+                nano = nanogpt_model(args.nanogpt, case, args.seq)
+                steps.append(make_step(nano, case.batch_ours, device, args.compile_mode if compiled else None))
             warmup = args.warmup + (2 if compiled else 0)
-            t_ours, t_theirs, f_ours, f_theirs = time_pair(ours, theirs, device, warmup, args.repeats)
+            timed = time_steps(steps, device, warmup, args.repeats)
+            (t_ours, f_ours), (t_theirs, f_theirs) = timed[:2]
             row = {
                 "family": family, "mode": mode, "hf_mode": "compile" if compiled and args.compile_hf else "eager",
                 "lmforge_tok_s": case.tokens / t_ours, "hf_tok_s": case.tokens / t_theirs,
@@ -224,11 +275,17 @@ def main(argv: list[str] | None = None) -> int:
                 "hf_mfu": case.flops_per_step / t_theirs / (peak * 1e9),
                 "lmforge_faults": f_ours, "hf_faults": f_theirs,
             }
-            results.append(row)
             say(f"{family:<5} {mode:<8} lmforge {row['lmforge_tok_s']:8.0f} tok/s  HF({row['hf_mode']}) "
                 f"{row['hf_tok_s']:8.0f} tok/s  ratio {row['ratio']:.2f}x  "
                 f"MFU lmforge {row['lmforge_mfu']:.1%} HF {row['hf_mfu']:.1%}  "
                 f"faults/step {f_ours:,.0f} / {f_theirs:,.0f}")
+            if len(timed) == 3:
+                t_nano, f_nano = timed[2]
+                row.update(nanogpt_tok_s=case.tokens / t_nano, nanogpt_ratio=t_theirs / t_nano,
+                           lmforge_over_nanogpt=t_nano / t_ours, nanogpt_faults=f_nano)
+                say(f"{'':<5} {'':<8} nanoGPT {row['nanogpt_tok_s']:8.0f} tok/s  ratio to HF {row['nanogpt_ratio']:.2f}x"
+                    f"  lmforge / nanoGPT {row['lmforge_over_nanogpt']:.2f}x  faults/step {f_nano:,.0f}")
+            results.append(row)
             sys.stdout.flush()
     print(json.dumps({"benchmark": "train_step", "device": device, "peak_gflops": peak, "malloc": args.malloc,
                       "results": results}))
