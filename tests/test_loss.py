@@ -72,3 +72,24 @@ def test_confidently_wrong_rows_keep_a_finite_exact_loss(dtype):
         ours = cross_entropy(logits.to(dtype).requires_grad_(), target, fused=fused)
         assert torch.isfinite(ours), fused
         torch.testing.assert_close(ours.double(), ref, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("n", [5, 600])  # one chunk and several
+def test_row_weights_give_the_weighted_sum(fused, n):
+    logits = torch.randn(n, 40, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(0, 40, (n,))
+    weight = torch.rand(n, dtype=torch.float64)
+    ours = cross_entropy(logits, target, fused=fused, weight=weight)
+    ref = (F.cross_entropy(logits, target, reduction="none") * weight).sum()
+    torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12)
+    (g1,) = torch.autograd.grad(ours * 0.5, logits)
+    (g2,) = torch.autograd.grad(ref * 0.5, logits)
+    torch.testing.assert_close(g1, g2, rtol=1e-12, atol=1e-12)
+    with torch.no_grad():  # the loss-only path weighs rows too
+        torch.testing.assert_close(cross_entropy(logits, target, weight=weight), ref.detach(), rtol=1e-12, atol=1e-12)
+
+
+def test_row_weights_need_one_per_row():
+    with pytest.raises(ValueError, match=r"weight has shape \(3,\); it needs one weight per row, \(4,\)"):
+        cross_entropy(torch.randn(4, 6), torch.randint(0, 6, (4,)), weight=torch.ones(3))

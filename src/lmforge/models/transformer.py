@@ -14,6 +14,7 @@ Forward contract (later issues rely on it)::
     out.hidden_states       [N+1 x (B, T, D)] when output_hidden_states=True
     out.past_key_values     KVCache when use_cache=True
     out.loss                mean cross-entropy over labels != -100, when labels are given
+                            (with label_weights (B, T): sum of weight * cross-entropy over them instead)
 
 ``labels`` are aligned with the predictions (the model does not shift them): the loss is
 CE(logits[:, t], labels[:, t]). With labels, logits are computed only at the labelled positions and
@@ -188,9 +189,12 @@ class Transformer(nn.Module):
         decoder_inputs_embeds: torch.Tensor | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
         output_hidden_states: bool = False,
+        label_weights: torch.Tensor | None = None,
     ) -> ModelOutput:
         """See the module docstring. ``encoder_hidden_states`` (B, S, D) skips re-running the encoder
-        (generation); ``inputs_embeds`` (B, T, E) replaces the token lookup (prompt tuning)."""
+        (generation); ``inputs_embeds`` (B, T, E) replaces the token lookup (prompt tuning);
+        ``label_weights`` (B, T) weighs each label's cross-entropy in a summed loss (an example-averaged
+        loss, say), read only where ``labels`` != -100."""
         cfg = self.config
         out = ModelOutput()
         cache = past_key_values if past_key_values is not None else (KVCache() if use_cache else None)
@@ -232,7 +236,11 @@ class Transformer(nn.Module):
         if labels is None:
             out.logits = self._head(h)  # (B, T, V)
             return out
-        out.logits, out.loss, out.n_targets = self._labelled_loss(h, labels, torch.compiler.is_compiling())
+        if label_weights is not None and label_weights.shape != labels.shape:
+            raise ValueError(f"label_weights has shape {tuple(label_weights.shape)}; labels have {tuple(labels.shape)}")
+        out.logits, out.loss, out.n_targets = self._labelled_loss(
+            h, labels, torch.compiler.is_compiling(), label_weights
+        )
         return out
 
     # Selecting the labelled rows has a data-dependent shape, which torch.compile cannot trace
@@ -240,16 +248,19 @@ class Transformer(nn.Module):
     # head's matmul runs just as fast eagerly. A compiled model asks for the fused (compiled) loss.
     @torch.compiler.disable
     def _labelled_loss(
-        self, h: torch.Tensor, labels: torch.Tensor, fused: bool = False
+        self, h: torch.Tensor, labels: torch.Tensor, fused: bool = False, weights: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """h (B, T, D), labels (B, T) -> logits (N, V) at labelled positions, mean CE, N."""
+        """h (B, T, D), labels (B, T), weights (B, T) or None -> logits (N, V) at labelled positions, the
+        mean CE (or the weighted sum), N."""
         selected = labels != -100  # (B, T)
         if bool(selected.all()):  # causal LM: every position; a view, where indexing would copy (and scatter back)
             rows, target = h.reshape(-1, h.shape[-1]), labels.reshape(-1)
+            weights = None if weights is None else weights.reshape(-1)
         else:
             rows, target = h[selected], labels[selected]
+            weights = None if weights is None else weights[selected]
         logits = self._head(rows)  # (N, V): only labelled positions reach the vocabulary
-        return logits, cross_entropy(logits, target, fused=fused), int(target.numel())
+        return logits, cross_entropy(logits, target, fused=fused, weight=weights), int(target.numel())
 
     def generate(self, *args, **kwargs):
         """Greedy / beam / sampled generation; see :func:`lmforge.generation.generate` (same arguments,

@@ -28,9 +28,12 @@ import torch
 _CHUNK_ELEMENTS = 1 << 18
 
 
-def _chunked_loss_and_grad(logits: torch.Tensor, target: torch.Tensor, divisor: float, want_grad: bool):
+def _chunked_loss_and_grad(
+    logits: torch.Tensor, target: torch.Tensor, divisor: float, want_grad: bool, weight: torch.Tensor | None = None
+):
     """Eager: logits (N, V), target (N,) -> (summed loss / divisor, its gradient (N, V) in the logits'
-    dtype, or None), computed one cache-sized chunk of rows at a time."""
+    dtype, or None), computed one cache-sized chunk of rows at a time. With ``weight`` (N,) each row's
+    loss is multiplied by its weight instead (``divisor`` must then be 1)."""
     N = logits.shape[0]
     acc = torch.promote_types(logits.dtype, torch.float32)  # never accumulate in bf16
     # The gradient softmax(z) - onehot(y) falls out of the same softmax pass as the loss, so it is written
@@ -41,29 +44,38 @@ def _chunked_loss_and_grad(logits: torch.Tensor, target: torch.Tensor, divisor: 
     for start in range(0, N, rows):
         end = min(start + rows, N)
         chunk, t = logits[start:end], target[start:end, None]  # (c, V), (c, 1)
+        w = None if weight is None else weight[start:end, None].to(acc)  # (c, 1) the rows' loss weights
         if not want_grad:
-            total -= torch.log_softmax(chunk, dim=-1, dtype=acc).gather(1, t).sum()
+            logp = torch.log_softmax(chunk, dim=-1, dtype=acc).gather(1, t)  # (c, 1)
+            total -= logp.sum() if w is None else (logp * w).sum()
             continue
         probs = torch.softmax(chunk, dim=-1, dtype=acc)  # (c, V), fp32 in cache-sized rows
         # log p_t = (z_t - max z) - log S with S = sum exp(z - max z), and the row's largest probability is
         # exp(0) / S: so -log S = log max p. That spares the exp pass over (c, V) that recovering p from a
         # log_softmax would cost (ATen's exp is slower than the softmax kernel's own: 170 vs 112 us here).
         top = chunk.amax(-1, keepdim=True).to(acc)  # (c, 1)
-        total -= (chunk.gather(1, t).to(acc) - top + probs.amax(-1, keepdim=True).log()).sum()
+        logp = chunk.gather(1, t).to(acc) - top + probs.amax(-1, keepdim=True).log()  # (c, 1)
+        total -= logp.sum() if w is None else (logp * w).sum()
         probs.scatter_add_(1, t, probs.new_full(t.shape, -1.0))  # in fp32, so p - 1 keeps its digits
-        grad[start:end].copy_(probs.mul_(1.0 / divisor))  # scale in cache; round to the logits' dtype once
+        grad[start:end].copy_(probs.mul_(1.0 / divisor if w is None else w))  # scale in cache; round once
     return total / divisor, grad
 
 
-def _loss_and_grad(logits: torch.Tensor, target: torch.Tensor, mean: bool):
+def _loss_and_grad(logits: torch.Tensor, target: torch.Tensor, mean: bool, weight: torch.Tensor | None = None):
     """The same loss and gradient written as whole-tensor ops, for inductor to fuse into one kernel.
-    ``mean`` is a flag, not a divisor, so that every batch size shares one compiled graph."""
+    ``mean`` is a flag, not a divisor, so that every batch size shares one compiled graph; ``weight`` (N,)
+    replaces it with per-row loss weights."""
     z = logits.to(torch.promote_types(logits.dtype, torch.float32))  # (N, V)
     top = z.amax(-1, keepdim=True)  # (N, 1)
     e = (z - top).exp()
     norm = e.sum(-1, keepdim=True)  # (N, 1)
-    scale = 1.0 / z.shape[0] if mean else 1.0
-    loss = (top + norm.log() - z.gather(1, target[:, None])).sum() * scale
+    nll = top + norm.log() - z.gather(1, target[:, None])  # (N, 1)
+    if weight is None:
+        scale = 1.0 / z.shape[0] if mean else 1.0
+        loss = nll.sum() * scale
+    else:
+        scale = weight[:, None].to(z.dtype)  # (N, 1)
+        loss = (nll * scale).sum()
     onehot = torch.arange(z.shape[1], device=z.device) == target[:, None]  # (N, V)
     return loss, ((e / norm - onehot.to(z.dtype)) * scale).to(logits.dtype)
 
@@ -75,12 +87,12 @@ def _compiled_loss_and_grad():
 
 class _CrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, mean: bool, fused: bool) -> torch.Tensor:
+    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, mean: bool, fused: bool, weight) -> torch.Tensor:
         if fused and ctx.needs_input_grad[0]:
-            loss, grad = _compiled_loss_and_grad()(logits, target, mean)
+            loss, grad = _compiled_loss_and_grad()(logits, target, mean, weight)
         else:
-            divisor = float(logits.shape[0]) if mean else 1.0
-            loss, grad = _chunked_loss_and_grad(logits, target, divisor, ctx.needs_input_grad[0])
+            divisor = float(logits.shape[0]) if mean and weight is None else 1.0
+            loss, grad = _chunked_loss_and_grad(logits, target, divisor, ctx.needs_input_grad[0], weight)
         ctx.save_for_backward(grad)
         return loss
 
@@ -90,19 +102,28 @@ class _CrossEntropy(torch.autograd.Function):
         # loss.backward() seeds 1: then the gradient is already final, and skipping the rescale saves a
         # full pass over the (N, V) logits. Reading the scalar is free on the CPU; elsewhere it would sync.
         if grad_out.device.type == "cpu" and grad_out.numel() == 1 and float(grad_out) == 1.0:
-            return grad, None, None, None
-        return grad * grad_out.to(grad.dtype), None, None, None
+            return grad, None, None, None, None
+        return grad * grad_out.to(grad.dtype), None, None, None, None
 
 
 def cross_entropy(
-    logits: torch.Tensor, target: torch.Tensor, reduction: str = "mean", fused: bool = False
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    reduction: str = "mean",
+    fused: bool = False,
+    weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Token cross-entropy. logits (N, V) in any float dtype, target (N,) long; no ignore index
     (select the labelled rows first). ``reduction``: ``mean`` or ``sum`` (a trainer that accumulates
-    gradients sums, then divides by the target-token count of all its micro-batches). ``fused``: compute
-    it with torch.compile (the first call compiles, once per process; needs what torch.compile needs)."""
+    gradients sums, then divides by the target-token count of all its micro-batches). ``weight`` (N,):
+    per-row loss weights, the loss is sum_i weight_i * CE_i and ``reduction`` is not used (an
+    example-averaged loss weighs each token by 1 / (its example's targets x examples)). ``fused``:
+    compute it with torch.compile (the first call compiles, once per process; needs what torch.compile
+    needs)."""
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction={reduction!r} must be 'mean' or 'sum'")
+    if weight is not None and weight.shape != target.shape:
+        raise ValueError(f"weight has shape {tuple(weight.shape)}; it needs one weight per row, {tuple(target.shape)}")
     if logits.shape[0] == 0:
         return logits.sum() * 0.0
-    return _CrossEntropy.apply(logits, target, reduction == "mean", fused)
+    return _CrossEntropy.apply(logits, target, reduction == "mean", fused, weight)

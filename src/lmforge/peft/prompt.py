@@ -139,6 +139,8 @@ def _prepend(base: nn.Module, a: dict, prompt: torch.Tensor, labels: bool) -> No
         a["position_ids"] = torch.cat([torch.arange(P, device=pos.device).expand(B, P), pos + P], dim=1)
     if labels and a.get("labels") is not None:
         a["labels"] = _extend(a["labels"], P, -100)
+        if a.get("label_weights") is not None:
+            a["label_weights"] = _extend(a["label_weights"], P, 0.0)
 
 
 def _extend(t: torch.Tensor, P: int, value) -> torch.Tensor:

@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -106,24 +105,21 @@ def examples_with_targets(labels: torch.Tensor) -> int:
     return int((labels != IGNORE_INDEX).any(-1).sum())
 
 
-def example_mean_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """The mean over examples of each example's mean token cross-entropy (``TaskSpec.loss_average="example"``).
+def example_weights(labels: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Per-label loss weights that make a summed cross-entropy the mean over examples of each example's mean
+    token cross-entropy (``TaskSpec.loss_average="example"``): 1 / (the example's targets x n).
 
     Args:
-        logits: (N, V) at the labelled positions of ``labels``, in row-major order (what the body returns
-            when given labels).
         labels: (B, T) target ids, -100 where there is no target.
 
     Returns:
-        ``(loss, n)``: the scalar loss and n, the number of examples with at least one target (the Trainer
-        weighs micro-batches by it).
+        ``(weights, n)``: weights (B, T) (0 where there is no target) and n, the number of examples with at
+        least one target (the Trainer weighs micro-batches by it).
     """
     selected = labels != IGNORE_INDEX  # (B, T)
-    per_token = F.cross_entropy(logits.float(), labels[selected], reduction="none")  # (N,)
-    counts = selected.sum(1)  # (B,) targets per example
-    row = selected.nonzero()[:, 0]  # (N,) the example each target belongs to
+    counts = selected.sum(1, keepdim=True).clamp_min(1)  # (B, 1) targets per example
     n = examples_with_targets(labels)
-    return (per_token / counts[row]).sum() / max(n, 1), n
+    return selected / (counts * max(n, 1)), n
 
 
 class TaskModel(nn.Module):
@@ -158,12 +154,12 @@ class TaskModel(nn.Module):
                 decoder_input_ids: torch.Tensor | None = None,
                 decoder_attention_mask: torch.Tensor | None = None) -> TaskOutput:
         if self.head is None:
-            out = self.body(input_ids, attention_mask, token_type_ids, decoder_input_ids=decoder_input_ids,
-                            decoder_attention_mask=decoder_attention_mask, labels=labels)
+            weights, n = None, None
             if labels is not None and self.spec.loss_average == "example":
-                loss, n = example_mean_loss(out.logits, labels)
-                return TaskOutput(out.logits, loss, n)
-            return TaskOutput(out.logits, out.loss, out.n_targets)
+                weights, n = example_weights(labels)  # the body's loss becomes the example mean
+            out = self.body(input_ids, attention_mask, token_type_ids, decoder_input_ids=decoder_input_ids,
+                            decoder_attention_mask=decoder_attention_mask, labels=labels, label_weights=weights)
+            return TaskOutput(out.logits, out.loss, out.n_targets if n is None else n)
         h, pooled = self.features(input_ids, attention_mask, token_type_ids)
         logits = self.head(h, attention_mask, pooled)
         if labels is None:
