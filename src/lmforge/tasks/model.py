@@ -117,9 +117,9 @@ def example_weights(labels: torch.Tensor) -> tuple[torch.Tensor, int]:
         least one target (the Trainer weighs micro-batches by it).
     """
     selected = labels != IGNORE_INDEX  # (B, T)
-    counts = selected.sum(1, keepdim=True).clamp_min(1)  # (B, 1) targets per example
-    n = examples_with_targets(labels)
-    return selected / (counts * max(n, 1)), n
+    counts = selected.sum(1, keepdim=True)  # (B, 1) targets per example
+    n = int((counts > 0).sum())  # examples_with_targets(labels), from the counts already at hand
+    return selected / (counts.clamp_min(1) * max(n, 1)), n
 
 
 class TaskModel(nn.Module):

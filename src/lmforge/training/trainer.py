@@ -106,12 +106,6 @@ class TrainResult:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
-def _count_targets(batch: dict[str, Any]) -> int:
-    if "labels" not in batch:
-        raise ValueError("the objective produced a batch without 'labels': the trainer needs labelled batches")
-    return int((batch["labels"] != IGNORE_INDEX).sum())
-
-
 def _check_slice(data, ctx: DistContext, name: str) -> None:
     """Refuse data built for another rank layout: every rank would silently train on the same batches."""
     state = _state_of(data)
@@ -238,7 +232,9 @@ class Trainer:
 
         It must equal the ``n_targets`` the model returns; a model that averages otherwise (per example, say)
         overrides this in a subclass of the Trainer."""
-        return _count_targets(batch)
+        if "labels" not in batch:
+            raise ValueError("the objective produced a batch without 'labels': the trainer needs labelled batches")
+        return int((batch["labels"] != IGNORE_INDEX).sum())
 
     def train_step(self) -> dict[str, Any]:
         """One optimizer step on the next ``grad_accum`` batches; returns the step's metrics record."""
