@@ -13,7 +13,9 @@ Usage:
     python benchmarks/train_step.py --families gpt --nanogpt ~/src/nanoGPT   # + nanoGPT as a reference
 
 Output: one line per (family, mode) with tokens/s for both, the ratio, MFU and the minor page faults
-per step of each (and with ``--nanogpt``, a line for nanoGPT against the same HF steps), then a JSON line.
+per step of each (and with ``--nanogpt``, a line for nanoGPT against the same HF steps), then the matmul
+peak measured again after the steps (with a warning when it moved by more than 15%: a busy host slows the
+matmul-bound steps most, so that run's ratios and MFU are unreliable), then a JSON line.
 
 ``--nanogpt DIR`` times karpathy/nanoGPT's ``GPT`` (``DIR/model.py`` of a checkout, unmodified; nanoGPT is
 not a package, so it is never a dependency) on the GPT shape, interleaved with the same lmforge and HF
@@ -209,6 +211,13 @@ def nanogpt_model(checkout: str, case: Case, seq: int) -> torch.nn.Module:
     return NanoGPT()
 
 
+def steady(peak_start: float, peak_end: float, tolerance: float = 0.15) -> bool:
+    """Whether the matmul peak measured after the run is within ``tolerance`` of the one before it. On a
+    shared host the FMA units' throughput can drop mid-run (a busy neighbour); matmul-bound steps slow
+    more than memory-bound ones, so the ratios of such a run understate lmforge's and MFU is off."""
+    return abs(peak_end / peak_start - 1.0) <= tolerance
+
+
 def keep_freed_memory() -> None:
     """glibc: serve every block from the heap and never trim it, so freed tensors are reused instead of
     unmapped and faulted in again (what jemalloc or tcmalloc would also give)."""
@@ -287,8 +296,13 @@ def main(argv: list[str] | None = None) -> int:
                     f"  lmforge / nanoGPT {row['lmforge_over_nanogpt']:.2f}x  faults/step {f_nano:,.0f}")
             results.append(row)
             sys.stdout.flush()
-    print(json.dumps({"benchmark": "train_step", "device": device, "peak_gflops": peak, "malloc": args.malloc,
-                      "results": results}))
+    peak_end = matmul_peak(device)
+    say(f"bf16 matmul peak after the run={peak_end:.0f} GFLOP/s")
+    if not steady(peak, peak_end):
+        say(f"warning: the machine's matmul speed changed during the run ({peak:.0f} -> {peak_end:.0f} GFLOP/s); "
+            "its ratios and MFU are unreliable: re-run on a quiet machine")
+    print(json.dumps({"benchmark": "train_step", "device": device, "peak_gflops": peak, "peak_gflops_end": peak_end,
+                      "steady": steady(peak, peak_end), "malloc": args.malloc, "results": results}))
     return 0
 
 

@@ -60,6 +60,8 @@ def test_rows_for_each_benchmark_format():
     rows = {name: bench.rows_for(name, data) for name, data in RESULTS.items()}
     assert [r.case for r in rows["train_step"]] == ["gpt eager"] and rows["train_step"][0].ratio == pytest.approx(1.137)
     assert rows["generate"][1].case.endswith("(tokens DIFFER)")
+    unsteady = bench.rows_for("train_step", {**RESULTS["train_step"], "steady": False})
+    assert [r.case for r in unsteady] == ["gpt eager (machine unsteady)"]
     assert [r.ratio for r in rows["data_pipeline"]] == [pytest.approx(0.95), pytest.approx(250.0)]
     assert [(r.ratio, r.better) for r in rows["peft_memory"]] == [(0.56, "lower"), (0.125, "lower")]
     generic = bench.rows_for("new_bench", {"speed_ratio": 2.0, "other": 5, "a_over_b": 0.5})

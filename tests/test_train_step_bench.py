@@ -74,3 +74,8 @@ def test_time_steps_interleaves_the_steps_and_reports_each(bench):
     timed = bench.time_steps(steps, "cpu", warmup=1, repeats=2)
     assert calls == list("abc" * 3)  # warm-up, then each repeat runs every step once, in turn
     assert len(timed) == 3 and all(seconds >= 0 and faults >= 0 for seconds, faults in timed)
+
+
+def test_a_run_is_steady_only_when_the_matmul_peak_held(bench):
+    assert bench.steady(400.0, 380.0) and bench.steady(400.0, 440.0)
+    assert not bench.steady(400.0, 300.0) and not bench.steady(300.0, 400.0)
