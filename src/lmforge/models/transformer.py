@@ -253,12 +253,14 @@ class Transformer(nn.Module):
         """h (B, T, D), labels (B, T), weights (B, T) or None -> logits (N, V) at labelled positions, the
         mean CE (or the weighted sum), N."""
         selected = labels != -100  # (B, T)
-        if bool(selected.all()):  # causal LM: every position; a view, where indexing would copy (and scatter back)
-            rows, target = h.reshape(-1, h.shape[-1]), labels.reshape(-1)
-            weights = None if weights is None else weights.reshape(-1)
-        else:
-            rows, target = h[selected], labels[selected]
-            weights = None if weights is None else weights[selected]
+        # Causal LM labels every position: then a view, where indexing would copy (and scatter back).
+        every = bool(selected.all())
+
+        def at_labels(t: torch.Tensor) -> torch.Tensor:  # (B, T, ...) -> (N, ...)
+            return t.flatten(0, 1) if every else t[selected]
+
+        rows, target = at_labels(h), at_labels(labels)
+        weights = None if weights is None else at_labels(weights)
         logits = self._head(rows)  # (N, V): only labelled positions reach the vocabulary
         return logits, cross_entropy(logits, target, fused=fused, weight=weights), int(target.numel())
 

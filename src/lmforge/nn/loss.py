@@ -8,8 +8,8 @@ stay in cache), and writes the gradient ``(softmax(z) - onehot(y)) / N`` during 
 directly in the logits' dtype, so backward is a single rescale (none for a plain ``loss.backward()``).
 With ``fused=True`` (what a model running under torch.compile asks for) the same loss and gradient come
 from one inductor kernel instead of the chunk loop's small ops per chunk: about 0.65x its time for the
-tiny GPT's 2048 x 8192 bf16 logits (26 vs 42 ms, one run). The result equals ``F.cross_entropy`` up to floating-point rounding
-(checked in tests).
+tiny GPT's 2048 x 8192 bf16 logits (26 vs 42 ms, one run). The result equals ``F.cross_entropy`` up to
+floating-point rounding (checked in tests).
 
 Example:
     >>> import torch
