@@ -27,6 +27,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from lmforge.config import ModelConfig
+from lmforge.errors import LmforgeError
 from lmforge.utils.io import atomic_dir
 
 CONFIG_FILE = "config.json"
@@ -34,7 +35,7 @@ WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(LmforgeError, ValueError):
     """A checkpoint folder is missing, truncated or does not match its config."""
 
 

@@ -31,6 +31,8 @@ from typing import Any
 
 import yaml
 
+from lmforge.errors import LmforgeError
+
 ARCHS = ("encoder", "decoder", "encoder-decoder")
 POSITIONS = ("sinusoidal", "learned", "relative", "t5-bias", "rope", "alibi", "none")
 NORMS = ("layernorm", "rmsnorm")
@@ -43,7 +45,7 @@ HEADS = ("lm", "mlm", "none")
 PRESET_DIR = Path(__file__).parent / "presets"
 
 
-class ConfigError(ValueError):
+class ConfigError(LmforgeError, ValueError):
     """A config field has a bad value; the message names the field and what is allowed."""
 
 

@@ -52,9 +52,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import (
+    Regex,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
 from tokenizers import Tokenizer as _Backend
 
+from lmforge.errors import LmforgeError
 from lmforge.utils.io import atomic_write_text
 
 KINDS = ("bpe", "byte-bpe", "wordpiece", "unigram")
@@ -110,7 +119,7 @@ FAMILIES: dict[str, Family] = {
 DEFAULT_FAMILY = {"byte-bpe": "gpt", "bpe": "roberta", "wordpiece": "bert", "unigram": "t5"}
 
 
-class TokenizerError(ValueError):
+class TokenizerError(LmforgeError, ValueError):
     """A tokenizer cannot be built or loaded; the message says which file or option is wrong."""
 
 

@@ -35,6 +35,8 @@ import sys
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Iterator
 
+from lmforge.errors import LmforgeError
+
 FORMATS = {".txt": "txt", ".text": "txt", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".tsv": "tsv",
            ".parquet": "parquet"}
 COMPRESSIONS = (".gz", ".zst")
@@ -46,7 +48,7 @@ _BOUNDARY = re.compile(r"\n(?:[^\S\n]*\n)+")
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
 
 
-class DataError(ValueError):
+class DataError(LmforgeError, ValueError):
     """Bad or unreadable input; the message names the file and the line or byte offset."""
 
 

@@ -42,6 +42,7 @@ from typing import Any, Callable
 import torch
 
 from lmforge.config import ConfigError, ModelConfig
+from lmforge.errors import LmforgeError
 from lmforge.utils.io import atomic_dir
 
 HF_CONFIG = "config.json"
@@ -63,7 +64,7 @@ HF_ACTIVATION = {"gelu": "gelu", "gelu-tanh": "gelu_new", "relu": "relu", "silu"
 GATED = {"gelu": "geglu", "gelu-tanh": "geglu-tanh", "relu": "reglu", "silu": "swiglu"}
 
 
-class HFConversionError(ValueError):
+class HFConversionError(LmforgeError, ValueError):
     """A Hugging Face folder or model cannot be converted; the message names the file, field or tensor."""
 
 

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from lmforge.errors import LmforgeError
 from lmforge.utils.io import atomic_dir
 
 HF_ADAPTER_CONFIG, HF_ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
@@ -43,7 +44,7 @@ TASK_TYPES = {"lm": {"decoder": "CAUSAL_LM", "encoder-decoder": "SEQ_2_SEQ_LM"},
               "none": {"encoder": "FEATURE_EXTRACTION"}}
 
 
-class HFExportError(ValueError):
+class HFExportError(LmforgeError, ValueError):
     """An adapter that HF peft cannot express; the message says why."""
 
 

@@ -39,6 +39,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from lmforge.config import ConfigError
+from lmforge.errors import LmforgeError
 from lmforge.peft.config import PeftConfig
 from lmforge.utils.io import atomic_dir
 
@@ -49,7 +50,7 @@ FORMAT, VERSION = "lmforge-peft", 1
 _NOT_IDENTITY = ("name", "extra", "dropout", "attn_dropout", "ffn_dropout", "initializer_range")
 
 
-class AdapterMismatchError(ValueError):
+class AdapterMismatchError(LmforgeError, ValueError):
     """An adapter does not belong to this base model; the message names the difference."""
 
 

@@ -31,6 +31,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
+from lmforge.errors import LmforgeError
 from lmforge.utils.io import atomic_write_text
 
 SETTINGS = "settings.json"
@@ -39,7 +40,7 @@ STAGES = "stages"
 COMPARED = ("minutes", "device")
 
 
-class SettingsMismatch(ValueError):
+class SettingsMismatch(LmforgeError, ValueError):
     """A re-run into an existing folder asked for different settings than the run there was started with."""
 
 

@@ -39,10 +39,12 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from lmforge.errors import LmforgeError
+
 FORMATS = ("tsv", "csv", "jsonl", "conll")
 
 
-class TaskDataError(ValueError):
+class TaskDataError(LmforgeError, ValueError):
     """Task data cannot be used; the message names the file, and the row when one is at fault."""
 
 

@@ -51,6 +51,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from lmforge import checkpoint as model_checkpoint
+from lmforge.errors import LmforgeError
 from lmforge.utils.io import atomic_dir, atomic_write_text
 
 FORMAT = "lmforge-train-checkpoint"
@@ -66,7 +67,7 @@ SHARDS_DIR = "dcp"  # the sharded layout's DCP folder: one safetensors shard per
 REQUIRED_SHARDED = (f"{MODEL_DIR}/{model_checkpoint.CONFIG_FILE}", STATE_FILE)
 
 
-class CorruptCheckpoint(ValueError):
+class CorruptCheckpoint(LmforgeError, ValueError):
     """A checkpoint folder is incomplete or fails its checksums; the message says which file."""
 
 

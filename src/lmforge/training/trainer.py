@@ -67,6 +67,7 @@ import torch
 
 import lmforge
 from lmforge import checkpoint as model_checkpoint
+from lmforge.errors import LmforgeError
 from lmforge.objectives.base import IGNORE_INDEX
 from lmforge.training import dist_checkpoint, distributed
 from lmforge.training.activation_checkpointing import enable_activation_checkpointing
@@ -76,14 +77,21 @@ from lmforge.training.logging import RunLogger
 from lmforge.training.optim import build_optimizer
 from lmforge.training.precision import autocast, resolve_precision
 from lmforge.training.schedules import Schedule
-from lmforge.training.state import (STATE_FILE, CheckpointManager, CorruptCheckpoint, capture_rng, restore_rng,
-                                    seed_all, to_json)
+from lmforge.training.state import (
+    STATE_FILE,
+    CheckpointManager,
+    CorruptCheckpoint,
+    capture_rng,
+    restore_rng,
+    seed_all,
+    to_json,
+)
 
 MODEL_DIR = "model"
 SIGNAL_ECHO_S = 1.0  # with several ranks, a repeated SIGINT this soon after the first is torchrun passing it on
 
 
-class RunExistsError(ValueError):
+class RunExistsError(LmforgeError, ValueError):
     """The run folder already holds checkpoints, and resuming was not asked for."""
 
 
