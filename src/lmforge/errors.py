@@ -28,3 +28,7 @@ class LmforgeError(Exception):
 
 class UserInputError(LmforgeError, ValueError):
     """Bad input that no more specific class describes: a flag, an argument or a value in a file."""
+
+
+class InputFileNotFound(LmforgeError, FileNotFoundError):
+    """A file or folder the user named does not exist (still a FileNotFoundError for callers that catch one)."""

@@ -63,7 +63,7 @@ from tokenizers import (
 )
 from tokenizers import Tokenizer as _Backend
 
-from lmforge.errors import LmforgeError
+from lmforge.errors import InputFileNotFound, LmforgeError
 from lmforge.utils.io import atomic_write_text
 
 KINDS = ("bpe", "byte-bpe", "wordpiece", "unigram")
@@ -573,7 +573,7 @@ class Tokenizer:
         """
         path = Path(path)
         if not path.exists():
-            raise FileNotFoundError(f"tokenizer not found: {path}")
+            raise InputFileNotFound(f"tokenizer not found: {path}")
         folder = path if path.is_dir() else path.parent
         name = None if path.is_dir() else path.name
         if name in (None, "tokenizer.json") and (folder / "tokenizer.json").is_file():

@@ -21,10 +21,16 @@ import sys
 import warnings
 
 import lmforge
+from lmforge.errors import LmforgeError, UserInputError
 
+EXIT_CODES = """exit codes:
+  0    success
+  1    a bug in lmforge (the traceback is printed)
+  2    a problem with the input: a flag, a file, a folder (one line: lmforge COMMAND: error: ...)
+  130  interrupted (Ctrl-C)"""
 
-class UserError(Exception):
-    """A problem with the user's input: printed as one line, exit code 2, no traceback."""
+# The CLI's name for a bad-input error; any LmforgeError is printed the same way.
+UserError = UserInputError
 
 
 @contextlib.contextmanager
@@ -48,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lmforge",
         description="Transformer language models: build, pre-train, fine-tune, prompt, embed.",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"lmforge {lmforge.__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -69,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if args.command is None else 2
     try:
         return int(args.func(args) or 0)
-    except (UserError, FileNotFoundError, ValueError) as exc:
-        # Validation errors are written to name the file/field; a traceback would bury that.
+    except LmforgeError as exc:
+        # A user's error names the file/field to fix; a traceback would bury that. Anything else is a bug
+        # and keeps its traceback (exit code 1).
         print(f"lmforge {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -47,6 +47,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from lmforge.data.prepare import read_manifest
 from lmforge.data.sources import DataError
+from lmforge.errors import UserInputError
 
 
 def _default_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -203,7 +204,7 @@ class _ShardDataset(IterableDataset, abc.ABC):
         mine = self.state_dict()
         for key, value in mine.items():
             if key not in ("epoch", "batch") and state.get(key) != value:
-                raise ValueError(f"cannot resume: saved {key}={state.get(key)!r} but this dataset has {value!r}")
+                raise UserInputError(f"cannot resume: saved {key}={state.get(key)!r} but this dataset has {value!r}")
         self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
 
 

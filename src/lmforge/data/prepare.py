@@ -51,6 +51,7 @@ import numpy as np
 from lmforge.data.sources import DataError, iter_documents, resolve_inputs
 from lmforge.tokenization import Tokenizer
 from lmforge.utils.io import atomic_write_bytes, atomic_write_text
+from lmforge.errors import InputFileNotFound
 
 SPLITS = ("train", "val")
 MANIFEST = "manifest.json"
@@ -358,7 +359,7 @@ def read_manifest(folder: str | Path) -> dict[str, Any]:
     """
     path = Path(folder) / MANIFEST
     if not path.is_file():
-        raise FileNotFoundError(f"{folder}: no {MANIFEST}; create it with `lmforge data prepare`")
+        raise InputFileNotFound(f"{folder}: no {MANIFEST}; create it with `lmforge data prepare`")
     manifest = json.loads(path.read_text(encoding="utf-8"))
     if manifest.get("format") != FORMAT:
         raise DataError(f"{path}: not an lmforge shard manifest")

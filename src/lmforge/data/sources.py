@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Iterator
 
-from lmforge.errors import LmforgeError
+from lmforge.errors import InputFileNotFound, LmforgeError
 
 FORMATS = {".txt": "txt", ".text": "txt", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".tsv": "tsv",
            ".parquet": "parquet"}
@@ -91,10 +91,10 @@ def resolve_inputs(inputs: str | Path | Iterable[str | Path]) -> list[Path]:
             found = sorted(Path(p) for p in glob.glob(str(item), recursive=True)
                            if Path(p).is_file() and split_format(p)[0])
             if not found:
-                raise FileNotFoundError(f"no input files match {str(item)!r}")
+                raise InputFileNotFound(f"no input files match {str(item)!r}")
             out.extend(found)
         else:
-            raise FileNotFoundError(f"input not found: {item}")
+            raise InputFileNotFound(f"input not found: {item}")
     if not out:
         raise DataError("no input files given")
     return list(dict.fromkeys(out))

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.data.sources import DataError, iter_documents
+from lmforge.errors import InputFileNotFound
 
 FILES = Path(__file__).parent / "files"
 SPLIT_ALIASES = {"validation": "dev", "valid": "dev", "val": "dev"}
@@ -120,7 +121,7 @@ def path(name: str, split: str = "train", data_dir: str | Path | None = None) ->
     if not file.is_file() and (Path(data_dir) / entry.files[split].removesuffix(".gz")).is_file():
         file = Path(data_dir) / entry.files[split].removesuffix(".gz")  # an uncompressed copy will do
     if not file.is_file():
-        raise FileNotFoundError(f"{file}: not found (data set {name!r}, split {split!r})")
+        raise InputFileNotFound(f"{file}: not found (data set {name!r}, split {split!r})")
     return file
 
 

@@ -57,6 +57,7 @@ import torch
 
 from lmforge.generation.stepper import Stepper
 from lmforge.nn.static_kv_cache import StaticKVCache
+from lmforge.errors import UserInputError
 
 CAPACITY_BLOCK = 64  # capacities round up to this: at most one compile per 64 positions of prompt + output
 MAX_STEPS_PER_MODEL = 4  # compiled (batch, capacity, ...) variants kept per model (each holds packed weights)
@@ -80,9 +81,9 @@ def check_supported(model) -> None:
     """Raise ValueError unless ``model`` can decode through the compiled step."""
     mc = model.config
     if mc.arch != "decoder":
-        raise ValueError(f"compile=True supports decoder models only; {mc.name!r} is {mc.arch} (use compile=False)")
+        raise UserInputError(f"compile=True supports decoder models only; {mc.name!r} is {mc.arch} (use compile=False)")
     if mc.position not in SUPPORTED_POSITIONS:
-        raise ValueError(
+        raise UserInputError(
             f"compile=True supports position schemes {', '.join(SUPPORTED_POSITIONS)}; {mc.name!r} uses "
             f"{mc.position!r}, whose bias needs the query's position in the cache (use compile=False)"
         )

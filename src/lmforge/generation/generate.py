@@ -41,6 +41,7 @@ from lmforge.generation.search import GenerationOutput, beam_search, greedy_or_s
 from lmforge.generation.stepper import Stepper, pack
 from lmforge.generation.stopping import EosCriterion, StopStrings, cut_at_stop
 from lmforge.nn.linear import decoding_weights
+from lmforge.errors import UserInputError
 
 # Absolute position tables end at max_seq_len; relative schemes and RoPE run past it (if less well).
 _ABSOLUTE_POSITIONS = ("learned", "sinusoidal")
@@ -82,7 +83,7 @@ class _Run:
     def __init__(self, model, input_ids, attention_mask, config: GenerationConfig, tokenizer):
         mc = model.config
         if mc.arch == "encoder" or mc.head != "lm":
-            raise ValueError(
+            raise UserInputError(
                 f"model {mc.name!r} (arch={mc.arch}, head={mc.head}) cannot generate: generation needs a "
                 "decoder or encoder-decoder with an LM head"
             )
@@ -106,12 +107,12 @@ class _Run:
         if mc.arch == "decoder":
             real = mask.sum(-1) if mask is not None else torch.full((ids.shape[0],), ids.shape[1])
             if ids.shape[1] == 0 or bool((real == 0).any()):
-                raise ValueError("a decoder prompt is empty: give at least one token (e.g. BOS) per prompt")
+                raise UserInputError("a decoder prompt is empty: give at least one token (e.g. BOS) per prompt")
             longest = int(real.max()) + config.max_new_tokens - 1  # the last new token is never fed back
         else:
             longest = max(config.max_new_tokens, ids.shape[-1])
         if mc.position in _ABSOLUTE_POSITIONS and longest > mc.max_seq_len:
-            raise ValueError(
+            raise UserInputError(
                 f"prompt + max_new_tokens needs {longest} positions but model {mc.name!r} has "
                 f"max_seq_len={mc.max_seq_len} ({mc.position} positions); shorten the prompt or max_new_tokens"
             )

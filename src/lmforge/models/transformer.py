@@ -44,6 +44,7 @@ from lmforge.models.heads import LMHead, MLMHead, Pooler
 from lmforge.models.stack import TransformerStack
 from lmforge.nn.kv_cache import KVCache
 from lmforge.nn.loss import cross_entropy
+from lmforge.errors import UserInputError
 
 
 @dataclass
@@ -156,7 +157,7 @@ class Transformer(nn.Module):
             return self.mlm_head(h, self.embed_tokens.weight)
         if self.lm_head is not None:
             return self.lm_head(h, self.output_embedding)
-        raise ValueError(f"model {self.config.name!r} has head='none': it produces hidden states, not logits")
+        raise UserInputError(f"model {self.config.name!r} has head='none': it produces hidden states, not logits")
 
     def encode(
         self,
@@ -169,7 +170,7 @@ class Transformer(nn.Module):
     ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
         """Run the encoder stack: (B, S) ids -> (B, S, D) states (and all layers when asked)."""
         if self.encoder is None:
-            raise ValueError(f"model {self.config.name!r} (arch={self.config.arch}) has no encoder")
+            raise UserInputError(f"model {self.config.name!r} (arch={self.config.arch}) has no encoder")
         tokens = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         return self.encoder(tokens, attention_mask, token_type_ids, position_ids, output_hidden_states=output_hidden_states)
 

@@ -38,6 +38,7 @@ from lmforge.objectives.mlm import MaskedLM
 from lmforge.objectives.nsp import NextSentencePrediction
 from lmforge.objectives.prefix_lm import PrefixLM
 from lmforge.objectives.span_corruption import SpanCorruption, compute_input_and_target_lengths
+from lmforge.errors import UserInputError
 
 # The values of ModelConfig.arch, plus "bilstm": ELMo's biLM (lmforge.models.bilstm_lm), which is no Transformer.
 ARCHITECTURES = ("encoder", "decoder", "encoder-decoder", "bilstm")
@@ -73,7 +74,7 @@ FITS = {
 def _canonical(name: str) -> str:
     key = name.strip().lower().replace("_", "-")
     if key not in OBJECTIVES:
-        raise ValueError(f"unknown objective {name!r}; choose one of {sorted(OBJECTIVES)}")
+        raise UserInputError(f"unknown objective {name!r}; choose one of {sorted(OBJECTIVES)}")
     return key
 
 
@@ -93,11 +94,11 @@ def architectures_for(name: str) -> tuple[str, ...]:
 def check_architecture(name: str, architecture: str) -> None:
     """Raise ValueError, with the reason, when objective ``name`` cannot train an ``architecture`` model."""
     if architecture not in ARCHITECTURES:
-        raise ValueError(f"unknown architecture {architecture!r}; choose one of {list(ARCHITECTURES)}")
+        raise UserInputError(f"unknown architecture {architecture!r}; choose one of {list(ARCHITECTURES)}")
     key = _canonical(name)
     fits, why = FITS[key]
     if architecture not in fits:
-        raise ValueError(
+        raise UserInputError(
             f"objective {key!r} does not fit arch={architecture!r}: {why}; it needs arch="
             + " or ".join(repr(a) for a in fits)
         )

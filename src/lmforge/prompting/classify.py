@@ -25,6 +25,7 @@ from lmforge.prompting.calibration import CONTENT_FREE, calibrate as apply_calib
 from lmforge.prompting.icl import FewShot, row_texts
 from lmforge.prompting.template import Template
 from lmforge.prompting.verbalizer import Verbalizer
+from lmforge.errors import UserInputError
 
 
 @dataclass
@@ -41,7 +42,7 @@ def classify(model, tokenizer, template: Template, verbalizer: Verbalizer, rows:
              use_cache: bool = True) -> ClassifyResult:
     """Classify ``rows`` (dicts with ``text`` [, ``text2``]) by prompting; see the module docstring."""
     if shots and not pool:
-        raise ValueError(f"{shots}-shot prompting needs a pool of demonstrations")
+        raise UserInputError(f"{shots}-shot prompting needs a pool of demonstrations")
     fs = FewShot(template, verbalizer, k=shots, selection=selection, order=order, separator=separator, seed=seed)
     chosen = fs.select(pool or [], rows, model, tokenizer)
     contexts = [fs.context(pool or [], idx) for idx in chosen]

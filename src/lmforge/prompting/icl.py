@@ -45,6 +45,7 @@ import torch.nn.functional as F
 
 from lmforge.prompting.template import Prompt, Template
 from lmforge.prompting.verbalizer import Verbalizer
+from lmforge.errors import UserInputError
 
 SELECTIONS = ("random", "balanced", "knn")
 ORDERS = ("given", "random", "nearest-last")
@@ -53,14 +54,14 @@ ORDERS = ("given", "random", "nearest-last")
 def row_texts(row: dict[str, Any]) -> tuple[str, ...]:
     """The input texts of a data row: ``text`` (and ``text2`` for sentence pairs)."""
     if "text" not in row:
-        raise ValueError(f"a data row needs a 'text' column, got {sorted(row)}")
+        raise UserInputError(f"a data row needs a 'text' column, got {sorted(row)}")
     return (row["text"],) + ((row["text2"],) if row.get("text2") not in (None, "") else ())
 
 
 def select_random(n_pool: int, k: int, rng: random.Random) -> list[int]:
     """k distinct pool indices, uniformly."""
     if k > n_pool:
-        raise ValueError(f"cannot choose {k} demonstrations from a pool of {n_pool}")
+        raise UserInputError(f"cannot choose {k} demonstrations from a pool of {n_pool}")
     return rng.sample(range(n_pool), k)
 
 
@@ -75,7 +76,7 @@ def select_balanced(labels: Sequence[str], k: int, rng: random.Random) -> list[i
         counts[c] += 1
     short = [c for c in classes if counts[c] > len(by_class[c])]
     if short:
-        raise ValueError(f"the pool has too few examples of classes {short} for {k} balanced demonstrations")
+        raise UserInputError(f"the pool has too few examples of classes {short} for {k} balanced demonstrations")
     chosen = [i for c in classes for i in rng.sample(by_class[c], counts[c])]
     rng.shuffle(chosen)  # grouped by class, the last class would dominate by recency (Zhao et al. 2021)
     return chosen
@@ -84,7 +85,7 @@ def select_balanced(labels: Sequence[str], k: int, rng: random.Random) -> list[i
 def select_knn(query: torch.Tensor, pool: torch.Tensor, k: int) -> list[int]:
     """query (D,), pool (N, D) embeddings -> the k most cosine-similar pool indices, most similar first."""
     if k > pool.shape[0]:
-        raise ValueError(f"cannot choose {k} demonstrations from a pool of {pool.shape[0]}")
+        raise UserInputError(f"cannot choose {k} demonstrations from a pool of {pool.shape[0]}")
     sims = F.cosine_similarity(pool, query[None], dim=-1)  # (N,)
     return sims.topk(k).indices.tolist()
 

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+from lmforge.errors import UserInputError
 
 CHAT_TEMPLATE_FILE = "chat_template.json"
 ROLES = ("system", "user", "assistant")
@@ -57,7 +58,7 @@ class ChatTemplate:
     def __post_init__(self) -> None:
         for f in fields(self):
             if "{content}" not in getattr(self, f.name):
-                raise ValueError(f"chat template field {f.name!r} needs a {{content}} placeholder")
+                raise UserInputError(f"chat template field {f.name!r} needs a {{content}} placeholder")
 
     def render(self, messages: Sequence[dict[str, str]], eos: str = "", add_generation_prompt: bool = False
                ) -> list[tuple[str, bool]]:
@@ -105,7 +106,7 @@ class ChatTemplate:
         data = json.loads(path.read_text(encoding="utf-8"))
         unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
-            raise ValueError(f"{path}: unknown chat template fields {sorted(unknown)}")
+            raise UserInputError(f"{path}: unknown chat template fields {sorted(unknown)}")
         return cls(**data)
 
 
@@ -118,19 +119,19 @@ def _bos(tokenizer) -> list[int]:
 
 def validate_messages(messages: Sequence[dict[str, str]], need_response: bool = True) -> list[dict[str, str]]:
     if not isinstance(messages, (list, tuple)) or not messages:
-        raise ValueError("'messages' must be a non-empty list")
+        raise UserInputError("'messages' must be a non-empty list")
     for m in messages:
         if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-            raise ValueError(f"each message needs a role in {ROLES} and a string content, got {m!r}")
+            raise UserInputError(f"each message needs a role in {ROLES} and a string content, got {m!r}")
     if need_response and not any(m["role"] == "assistant" for m in messages):
-        raise ValueError("a training conversation needs at least one assistant message")
+        raise UserInputError("a training conversation needs at least one assistant message")
     return list(messages)
 
 
 def alpaca_to_messages(row: dict[str, Any]) -> list[dict[str, str]]:
     """``{"instruction", "input", "output"}`` -> a user turn and an assistant turn."""
     if "instruction" not in row or "output" not in row:
-        raise ValueError(f"an instruction row needs 'instruction' and 'output' (and optional 'input'), "
+        raise UserInputError(f"an instruction row needs 'instruction' and 'output' (and optional 'input'), "
                          f"got {sorted(row)}")
     prompt = row["instruction"] + (f"\n\n{row['input']}" if row.get("input") else "")
     return [{"role": "user", "content": prompt}, {"role": "assistant", "content": row["output"]}]
@@ -148,9 +149,9 @@ def read_instruct_jsonl(path: str | Path) -> list[list[dict[str, str]]]:
                 conversations.append(validate_messages(row["messages"]) if "messages" in row
                                      else alpaca_to_messages(row))
             except (ValueError, KeyError, TypeError) as exc:
-                raise ValueError(f"{path}:{n}: {exc}") from None
+                raise UserInputError(f"{path}:{n}: {exc}") from None
     if not conversations:
-        raise ValueError(f"{path}: no examples")
+        raise UserInputError(f"{path}: no examples")
     return conversations
 
 
@@ -170,7 +171,7 @@ def build_instruct_dataset(conversations: Sequence[Sequence[dict[str, str]]] | s
         if any(response[1:]):  # a response token after the first position can be predicted
             examples.append({"input_ids": ids, "response_mask": response})
     if not examples:
-        raise ValueError(f"no example keeps a response token within max_length={max_length}")
+        raise UserInputError(f"no example keeps a response token within max_length={max_length}")
     return examples
 
 
@@ -263,7 +264,7 @@ def finetune_instruct(model, tokenizer, train: Sequence | str | Path, config, *,
     from lmforge.training import Trainer
 
     if model.config.arch != "decoder":
-        raise ValueError(f"instruction tuning here trains decoders; got arch={model.config.arch!r}")
+        raise UserInputError(f"instruction tuning here trains decoders; got arch={model.config.arch!r}")
     template = template or ChatTemplate()
     max_length = max_length or model.config.max_seq_len
     examples = build_instruct_dataset(train, tokenizer, template, max_length)
@@ -292,7 +293,7 @@ def finetune_instruct_from_settings(settings: dict[str, Any], *, pack: bool = Fa
     source = settings["model"]
     tok_dir = settings.get("tokenizer") or source
     if not (Path(tok_dir) / "tokenizer.json").is_file():
-        raise ValueError(f"{tok_dir}: no tokenizer.json (pass --tokenizer DIR)")
+        raise UserInputError(f"{tok_dir}: no tokenizer.json (pass --tokenizer DIR)")
     model = lmforge.load(source).train()
     if settings.get("random_init"):
         model.reset_parameters()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import string
 from dataclasses import dataclass
 from typing import NamedTuple
+from lmforge.errors import UserInputError
 
 
 class Prompt(NamedTuple):
@@ -48,11 +49,11 @@ class Template:
     def __post_init__(self) -> None:
         names = [f for _, f, _, _ in string.Formatter().parse(self.text) if f is not None]
         if any(not n.isidentifier() for n in names):
-            raise ValueError(f"template {self.text!r}: slots are plain names like {{x}}, got {names}")
+            raise UserInputError(f"template {self.text!r}: slots are plain names like {{x}}, got {names}")
         if names.count("z") > 1:
-            raise ValueError(f"template {self.text!r} has more than one answer slot {{z}}")
+            raise UserInputError(f"template {self.text!r} has more than one answer slot {{z}}")
         if not [n for n in names if n != "z"]:
-            raise ValueError(f"template {self.text!r} has no input slot such as {{x}}")
+            raise UserInputError(f"template {self.text!r} has no input slot such as {{x}}")
 
     @property
     def slots(self) -> list[str]:
@@ -69,7 +70,7 @@ class Template:
         values.update(named)
         missing = [s for s in self.slots if s not in values]
         if len(texts) > len(self.slots) or missing:
-            raise ValueError(f"template {self.text!r} has slots {self.slots}; got {len(texts)} texts, "
+            raise UserInputError(f"template {self.text!r} has slots {self.slots}; got {len(texts)} texts, "
                              f"missing {missing}")
         return values
 

@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from lmforge.prompting.template import Prompt
+from lmforge.errors import UserInputError
 
 
 class Verbalizer:
@@ -56,11 +57,11 @@ class Verbalizer:
 
     def __init__(self, mapping: dict[str, str | Sequence[str]]):
         if not mapping:
-            raise ValueError("a verbalizer needs at least one label")
+            raise UserInputError("a verbalizer needs at least one label")
         self.mapping = {str(k): [v] if isinstance(v, str) else list(v) for k, v in mapping.items()}
         empty = [k for k, v in self.mapping.items() if not v or not all(isinstance(a, str) and a for a in v)]
         if empty:
-            raise ValueError(f"verbalizer labels {empty} need non-empty answer strings")
+            raise UserInputError(f"verbalizer labels {empty} need non-empty answer strings")
 
     @classmethod
     def from_json(cls, source: str | Path) -> "Verbalizer":
@@ -70,7 +71,7 @@ class Verbalizer:
             text = Path(source).read_text(encoding="utf-8")
         mapping = json.loads(text)
         if not isinstance(mapping, dict):
-            raise ValueError('a verbalizer is a JSON object such as {"positive": ["great"], "negative": ["bad"]}')
+            raise UserInputError('a verbalizer is a JSON object such as {"positive": ["great"], "negative": ["bad"]}')
         return cls(mapping)
 
     @property
@@ -240,7 +241,7 @@ def score_cloze(model, tokenizer, prompt: Prompt, answers: Sequence[Sequence[int
     """
     mask_token = tokenizer.special_token("mask")
     if mask_token is None:
-        raise ValueError("cloze prompts need a tokenizer with a mask token ([MASK] / <mask>)")
+        raise UserInputError("cloze prompts need a tokenizer with a mask token ([MASK] / <mask>)")
     mask_id = tokenizer.token_to_id(mask_token)
     device = next(model.parameters()).device
     lengths = sorted({len(a) for a in answers})
@@ -248,7 +249,7 @@ def score_cloze(model, tokenizer, prompt: Prompt, answers: Sequence[Sequence[int
     for n in lengths:
         ids = tokenizer.encode(prompt.prefix + prompt.space + " ".join([mask_token] * n) + prompt.suffix)
         if ids.count(mask_id) != n:
-            raise ValueError(f"the prompt {prompt.prefix!r}...{prompt.suffix!r} must not contain the mask token")
+            raise UserInputError(f"the prompt {prompt.prefix!r}...{prompt.suffix!r} must not contain the mask token")
         rows.append(_fit_masks(ids, mask_id, model.config.max_seq_len))
     width = max(len(r) for r in rows)
     ids = _pad(rows, width, tokenizer.pad_id).to(device)
@@ -269,5 +270,5 @@ def _fit_masks(ids: list[int], mask_id: int, limit: int) -> list[int]:
         return ids
     first_mask = ids.index(mask_id)
     if extra > first_mask - 1:
-        raise ValueError(f"cloze prompt of {len(ids)} tokens does not fit max_seq_len={limit} around its masks")
+        raise UserInputError(f"cloze prompt of {len(ids)} tokens does not fit max_seq_len={limit} around its masks")
     return ids[:1] + ids[1 + extra:]

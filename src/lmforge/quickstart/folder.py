@@ -31,7 +31,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-from lmforge.errors import LmforgeError
+from lmforge.errors import LmforgeError, UserInputError
 from lmforge.utils.io import atomic_write_text
 
 SETTINGS = "settings.json"
@@ -149,5 +149,5 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as exc:  # written atomically, so only a hand edit gets here
-        raise ValueError(f"{path}: not valid JSON ({exc}); delete it to redo that stage") from exc
+        raise UserInputError(f"{path}: not valid JSON ({exc}); delete it to redo that stage") from exc
     return data if isinstance(data, dict) else None

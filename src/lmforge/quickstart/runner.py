@@ -27,6 +27,7 @@ from lmforge.quickstart.context import Context
 from lmforge.quickstart.folder import RunFolder
 from lmforge.quickstart.runs import drop_checkpoints
 from lmforge.quickstart.stages import STAGES, Stage
+from lmforge.errors import UserInputError
 
 
 def resolve_device(device: str) -> str:
@@ -36,9 +37,9 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is visible to torch (use --device cpu)")
+        raise UserInputError("--device cuda: no CUDA device is visible to torch (use --device cpu)")
     if device not in ("cpu", "cuda"):
-        raise ValueError(f"--device {device!r}: choose cpu, cuda or auto")
+        raise UserInputError(f"--device {device!r}: choose cpu, cuda or auto")
     return device
 
 
@@ -104,7 +105,7 @@ def run_quickstart(out: str | Path, minutes: float, device: str = "auto", *, res
         KeyboardInterrupt: Ctrl-C; finished stages stay recorded, the interrupted one is resumed next time.
     """
     if not minutes > 0:
-        raise ValueError(f"--minutes {minutes}: must be > 0")
+        raise UserInputError(f"--minutes {minutes}: must be > 0")
     import torch
 
     stages = STAGES if stages is None else stages

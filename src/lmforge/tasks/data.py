@@ -39,7 +39,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from lmforge.errors import LmforgeError
+from lmforge.errors import InputFileNotFound, LmforgeError, UserInputError
 
 FORMATS = ("tsv", "csv", "jsonl", "conll")
 
@@ -210,7 +210,7 @@ def read_table(source: str | Path, format: str | None = None) -> Table:
         name, _, split = text.partition(":")
         table = _read_dataset(name, split or "train")
     elif not path.is_file():
-        raise FileNotFoundError(f"{path}: no such data file")
+        raise InputFileNotFound(f"{path}: no such data file")
     else:
         kind = format or detect_format(path)
         if kind not in FORMATS:
@@ -256,7 +256,7 @@ class ExampleBatches:
         total = sum(rates) if rates is not None else 1.0
         self.rates = [r / total for r in rates] if rates is not None else [1.0]
         if not any(self.sources):
-            raise ValueError("no examples to batch")
+            raise UserInputError("no examples to batch")
         self.batch_size, self.seed, self.shuffle, self.bucket = batch_size, seed, shuffle, bucket
         self.length = length or (lambda e: len(e["input_ids"]))
         self.epoch, self.batch = 0, 0
@@ -313,6 +313,6 @@ class ExampleBatches:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if (state.get("seed"), state.get("batch_size")) != (self.seed, self.batch_size):
-            raise ValueError(f"the checkpoint's data order used seed {state.get('seed')} and batch size "
+            raise UserInputError(f"the checkpoint's data order used seed {state.get('seed')} and batch size "
                              f"{state.get('batch_size')}, not {self.seed} and {self.batch_size}")
         self.epoch, self.batch = int(state["epoch"]), int(state["batch"])

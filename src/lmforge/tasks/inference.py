@@ -28,6 +28,7 @@ from lmforge.tasks.data import Table, TaskDataError, read_table
 from lmforge.tasks.model import hf_head, load_task_model, read_task_meta
 from lmforge.tasks.spec import GENERATIVE_TASKS, TaskSpec
 from lmforge.utils.io import atomic_write_text
+from lmforge.errors import InputFileNotFound, UserInputError
 
 OVERRIDABLE = ("text_column", "text_pair_column", "label_column", "target_column", "task_prefix", "pair_prefix",
                "max_length", "max_target_length", "label_separator")
@@ -43,28 +44,28 @@ def load(model_dir: str | Path, task: str | None = None, overrides: dict[str, An
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     bad = sorted(set(overrides) - set(OVERRIDABLE))
     if bad:
-        raise ValueError(f"cannot override {', '.join(bad)} at evaluation (only {', '.join(OVERRIDABLE)})")
+        raise UserInputError(f"cannot override {', '.join(bad)} at evaluation (only {', '.join(OVERRIDABLE)})")
     meta = read_task_meta(model_dir) if model_dir.is_dir() else None
     converted = hf_head(model_dir) if meta is None and model_dir.is_dir() else None
     if meta is not None or converted is not None:
         spec = TaskSpec.from_dict(meta["spec"], source=str(model_dir / "task.json")) if meta else converted[0]
         if task is not None and task != spec.task:
-            raise ValueError(f"{model_dir} was fine-tuned for task {spec.task!r}, not {task!r}")
+            raise UserInputError(f"{model_dir} was fine-tuned for task {spec.task!r}, not {task!r}")
     elif task in GENERATIVE_TASKS:
         spec = TaskSpec(task=task)
     elif not model_dir.is_dir():
-        raise FileNotFoundError(f"{model_dir}: no such model folder")
+        raise InputFileNotFound(f"{model_dir}: no such model folder")
     else:
-        raise ValueError(f"{model_dir}: not a fine-tuned task folder (no task.json); a plain model can only be "
+        raise UserInputError(f"{model_dir}: not a fine-tuned task folder (no task.json); a plain model can only be "
                          f"evaluated on a generative task: --task {' or --task '.join(GENERATIVE_TASKS)}")
     if overrides:
         if spec.mixture and any(k.endswith("_column") or k == "task_prefix" for k in overrides):
-            raise ValueError("this model was trained on a mixture: choose the task with --subtask; its columns "
+            raise UserInputError("this model was trained on a mixture: choose the task with --subtask; its columns "
                              "and prefix come from the mixture entry")
         spec = spec.replace(**overrides)
     model = load_task_model(model_dir, spec, device)
     if not (model_dir / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"{model_dir}: no tokenizer.json beside the model")
+        raise InputFileNotFound(f"{model_dir}: no tokenizer.json beside the model")
     tokenizer = Tokenizer.load(model_dir)
     return model, build_task(spec, tokenizer, model.body.config), spec
 
@@ -74,11 +75,11 @@ def _examples(task, table: Table, labelled: bool, subtask: str | None) -> list[d
         names = list(task.subs)
         name = subtask if subtask is not None else (names[0] if len(names) == 1 else None)
         if name is None:
-            raise ValueError(f"this model was trained on a mixture; choose a task with --subtask "
+            raise UserInputError(f"this model was trained on a mixture; choose a task with --subtask "
                              f"({', '.join(names)})")
         return task.encode(table, labelled, name)
     if subtask:
-        raise ValueError("--subtask only applies to text2text mixtures")
+        raise UserInputError("--subtask only applies to text2text mixtures")
     return task.encode(table, labelled)
 
 

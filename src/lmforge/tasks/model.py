@@ -50,6 +50,7 @@ from lmforge.objectives.base import IGNORE_INDEX
 from lmforge.tasks.heads import SequenceHead, SpanHead, TokenHead
 from lmforge.tasks.spec import TaskSpec
 from lmforge.utils.io import atomic_dir
+from lmforge.errors import UserInputError
 
 TASK_FILE = "task.json"
 HEAD_FILE = "task_head.safetensors"
@@ -174,10 +175,10 @@ def build_task_model(body: Transformer, spec: TaskSpec) -> TaskModel:
     This is the one place a task model is assembled, so a PEFT wrapper can take its result (or its body).
     """
     if spec.generative and body.config.head != "lm":
-        raise ValueError(f"task {spec.task!r} generates text and needs a model with an LM head "
+        raise UserInputError(f"task {spec.task!r} generates text and needs a model with an LM head "
                          f"(this one has head={body.config.head!r}); use a decoder or encoder-decoder LM")
     if spec.generative and body.config.arch == "encoder":
-        raise ValueError(f"task {spec.task!r} generates text; an encoder-only model cannot (use a decoder or "
+        raise UserInputError(f"task {spec.task!r} generates text; an encoder-only model cannot (use a decoder or "
                          "an encoder-decoder model)")
     if spec.task in ("tag", "qa", "classify", "regress", "multilabel"):
         strip_lm_head(body)

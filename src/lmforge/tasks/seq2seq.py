@@ -32,6 +32,7 @@ from lmforge.objectives.base import IGNORE_INDEX, shift_right
 from lmforge.tasks import metrics
 from lmforge.tasks.base import Task, pad_batch, pad_labels, report_truncation, text_of
 from lmforge.tasks.data import Table
+from lmforge.errors import UserInputError
 
 
 @torch.no_grad()
@@ -126,7 +127,7 @@ class Seq2SeqTask(Task):
             x = tok.encode_batch(sources, add_special_tokens=False)["input_ids"]
             room = self.max_length - self.target_limit - (bos is not None) - (delim is not None)
             if room < 1:
-                raise ValueError(f"max_length {self.max_length} leaves no room for the source after "
+                raise UserInputError(f"max_length {self.max_length} leaves no room for the source after "
                                  f"{self.target_limit} target tokens; lower --max-target-length")
             report_truncation(table, [i for i, s in enumerate(x) if len(s) > room], room, "source tokens")
             prompts = [([bos] if bos is not None else []) + s[:room] + ([delim] if delim is not None else [])

@@ -38,6 +38,7 @@ from lmforge.tasks.classification import label_text
 from lmforge.tasks.data import Table, TaskDataError
 from lmforge.tasks.seq2seq import Seq2SeqTask, target_logprobs
 from lmforge.tasks.spec import TaskSpec
+from lmforge.errors import UserInputError
 
 
 def mixing_rates(sizes: list[int], cap: int | None = None, temperature: float = 1.0) -> list[float]:
@@ -69,7 +70,7 @@ class Text2TextTask(Seq2SeqTask):
     def encode(self, table: Table, labelled: bool = True, name: str = "") -> list[dict[str, Any]]:
         """Examples of sub-task ``name`` (``""`` without a mixture), tagged with ``task: name``."""
         if name not in self.subs:
-            raise ValueError(f"no task {name!r} in the mixture (tasks: {', '.join(self.subs)})")
+            raise UserInputError(f"no task {name!r} in the mixture (tasks: {', '.join(self.subs)})")
         sub = self.subs[name]
         cols = sub.columns()
         table.require(cols.get("text"), cols.get("text_pair"))

@@ -31,6 +31,7 @@ import yaml
 
 from lmforge.config import ConfigError
 from lmforge.utils.io import atomic_write_text
+from lmforge.errors import InputFileNotFound
 
 SCHEDULES = ("linear", "cosine", "inverse-sqrt", "constant", "slanted-triangular")
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -206,7 +207,7 @@ def read_settings(path: str | Path) -> dict[str, Any]:
     """The raw mapping in a YAML/JSON settings file (empty file: ``{}``); errors name the file."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such config file")
+        raise InputFileNotFound(f"{path}: no such config file")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:

@@ -54,6 +54,7 @@ from lmforge.training.state import (FORMAT, MANIFEST_FILE, MODEL_DIR, OPTIMIZER_
                                     CheckpointManager, CorruptCheckpoint, from_json, load_checkpoint, to_json,
                                     verify_checkpoint, write_manifest)
 from lmforge.utils.io import atomic_dir, atomic_write_text
+from lmforge.errors import InputFileNotFound
 
 LAYOUT = "sharded"
 RUN_CHECKPOINTS = "checkpoints"
@@ -260,7 +261,7 @@ def find_checkpoint(src: str | Path) -> Path:
     if latest in names:
         names.insert(0, names.pop(names.index(latest)))
     if not names:
-        raise FileNotFoundError(f"{src}: no training checkpoint (expected a step-NNNNNNNN folder, a checkpoints "
+        raise InputFileNotFound(f"{src}: no training checkpoint (expected a step-NNNNNNNN folder, a checkpoints "
                                 "folder or a run folder)")
     problems = []
     for name in names:

@@ -67,6 +67,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from lmforge.training.config import STRATEGIES
 from lmforge.training.precision import resolve_device
+from lmforge.errors import UserInputError
 
 # How long a rank that lost a peer waits for torchrun to stop it before it leaves by itself (other launchers).
 PEER_FAILURE_GRACE_S = 10.0
@@ -162,11 +163,11 @@ def launcher_env() -> tuple[int, int, int]:
 def resolve_strategy(strategy: str, world_size: int) -> str:
     """``auto`` -> ``ddp`` with several processes, else ``single``; refuses ``single`` with several."""
     if strategy not in STRATEGIES:
-        raise ValueError(f"strategy={strategy!r} is not one of {', '.join(STRATEGIES)}")
+        raise UserInputError(f"strategy={strategy!r} is not one of {', '.join(STRATEGIES)}")
     if strategy == "auto":
         return "ddp" if world_size > 1 else "single"
     if strategy == "single" and world_size > 1:
-        raise ValueError(f"strategy=single under a launcher with WORLD_SIZE={world_size}: every rank would train "
+        raise UserInputError(f"strategy=single under a launcher with WORLD_SIZE={world_size}: every rank would train "
                          "its own copy on its own data; use --strategy ddp, fsdp or auto")
     return strategy
 
@@ -176,10 +177,10 @@ def rank_device(device: str, local_rank: int) -> torch.device:
     if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise ValueError("device='cuda' but torch sees no CUDA GPU; use device=auto or cpu")
+        raise UserInputError("device='cuda' but torch sees no CUDA GPU; use device=auto or cpu")
     count = torch.cuda.device_count()
     if local_rank >= count:
-        raise ValueError(f"LOCAL_RANK={local_rank} but this node has {count} GPU(s): start at most {count} "
+        raise UserInputError(f"LOCAL_RANK={local_rank} but this node has {count} GPU(s): start at most {count} "
                          "processes per node (torchrun --nproc-per-node)")
     torch.cuda.set_device(local_rank)
     return torch.device("cuda", local_rank)
@@ -207,7 +208,7 @@ def setup(strategy: str = "auto", device: str = "auto") -> DistContext:
     if strategy == "single":
         return DistContext("single", device=resolve_device(device))
     if not dist.is_available():
-        raise ValueError(f"strategy={strategy} needs torch.distributed, which this torch build lacks")
+        raise UserInputError(f"strategy={strategy} needs torch.distributed, which this torch build lacks")
     dev = rank_device(device, local_rank)
     if not initialised:
         backend = "nccl" if dev.type == "cuda" else "gloo"

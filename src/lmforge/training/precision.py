@@ -26,6 +26,7 @@ import warnings
 import torch
 
 from lmforge.training.config import PRECISIONS
+from lmforge.errors import UserInputError
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -34,7 +35,7 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' but torch sees no CUDA GPU; use device=auto or cpu")
+        raise UserInputError("device='cuda' but torch sees no CUDA GPU; use device=auto or cpu")
     return device
 
 
@@ -53,7 +54,7 @@ def native_bf16(device: torch.device) -> bool:
 def resolve_precision(precision: str, device: torch.device) -> torch.dtype | None:
     """The autocast dtype for ``precision`` (``auto|bf16|fp32``) on ``device``; None means plain fp32."""
     if precision not in PRECISIONS:
-        raise ValueError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
+        raise UserInputError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
     if precision == "fp32":
         return None
     native = native_bf16(device)

@@ -67,7 +67,7 @@ import torch
 
 import lmforge
 from lmforge import checkpoint as model_checkpoint
-from lmforge.errors import LmforgeError
+from lmforge.errors import LmforgeError, UserInputError
 from lmforge.objectives.base import IGNORE_INDEX
 from lmforge.training import dist_checkpoint, distributed
 from lmforge.training.activation_checkpointing import enable_activation_checkpointing
@@ -119,7 +119,7 @@ def _check_slice(data, ctx: DistContext, name: str) -> None:
     state = _state_of(data)
     if isinstance(state, dict) and "rank" in state and "world_size" in state:
         if (state["rank"], state["world_size"]) != (ctx.rank, ctx.world_size):
-            raise ValueError(f"{name} serves rank {state['rank']} of {state['world_size']}, but this process is rank "
+            raise UserInputError(f"{name} serves rank {state['rank']} of {state['world_size']}, but this process is rank "
                              f"{ctx.rank} of {ctx.world_size}: build the datasets after distributed.setup() (they "
                              "read the rank from the process group), or pass rank= and world_size=")
 
@@ -205,7 +205,7 @@ class Trainer:
                     return next(self._batches)
             except StopIteration:
                 self._batches = None
-        raise ValueError("the training data yielded no batches")
+        raise UserInputError("the training data yielded no batches")
 
     def accumulate(self, batches: list[dict[str, Any]]) -> dict[str, Any]:
         """Forward and backward over collated micro-batches, leaving the gradient of the token-mean loss

@@ -19,6 +19,7 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Iterator
+from lmforge.errors import InputFileNotFound, UserInputError
 
 
 def _fsync_dir(path: Path) -> None:
@@ -63,13 +64,13 @@ def read_mapping_file(path: str | Path, what: str = "config") -> object:
 
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such {what} file")
+        raise InputFileNotFound(f"{path}: no such {what} file")
     text = path.read_text(encoding="utf-8")
     is_yaml = path.suffix in (".yaml", ".yml")
     try:
         return yaml.safe_load(text) if is_yaml else json.loads(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ValueError(f"{path}: not valid {'YAML' if is_yaml else 'JSON'}: {exc}") from exc
+        raise UserInputError(f"{path}: not valid {'YAML' if is_yaml else 'JSON'}: {exc}") from exc
 
 
 @contextlib.contextmanager
