@@ -24,14 +24,16 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import yaml
 
 from lmforge.errors import LmforgeError
+from lmforge.utils.io import atomic_write_text, read_mapping_file
 
 ARCHS = ("encoder", "decoder", "encoder-decoder")
 POSITIONS = ("sinusoidal", "learned", "relative", "t5-bias", "rope", "alibi", "none")
@@ -49,8 +51,91 @@ class ConfigError(LmforgeError, ValueError):
     """A config field has a bad value; the message names the field and what is allowed."""
 
 
+C = TypeVar("C", bound="ConfigBase")
+
+
+class ConfigBase:
+    """What every lmforge config dataclass shares: ``from_dict`` (unknown keys are an error that names them),
+    ``load`` (.json/.yaml), ``replace``, ``to_dict`` and ``save``. Each class keeps its own validation (in
+    ``__post_init__`` or ``from_dict``) and says how its keys are called in messages (``config_noun``).
+
+    Example:
+        >>> from dataclasses import dataclass
+        >>> @dataclass
+        ... class Point(ConfigBase):
+        ...     config_noun = "Point field(s)"
+        ...     x: int = 0
+        ...     y: int = 0
+        >>> Point.from_dict({"x": 1}).replace(y=2)
+        Point(x=1, y=2)
+        >>> Point.from_dict({"z": 1}, source="p.yaml")
+        Traceback (most recent call last):
+        ...
+        lmforge.config.ConfigError: p.yaml: unknown Point field(s) z; known: x, y
+    """
+
+    config_noun: ClassVar[str] = "field(s)"  # "unknown <config_noun> a, b"
+    quote_keys: ClassVar[bool] = False  # unknown keys shown as 'a' rather than a
+    config_file_kind: ClassVar[str] = "config"  # "PATH: no such <config_file_kind> file"
+
+    @classmethod
+    def config_keys(cls) -> list[str]:
+        """The field names, in declaration order."""
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def check_keys(cls, data: Any, source: str = "config") -> None:
+        """Raise ConfigError unless ``data`` is a mapping whose keys are all fields: the message names the unknown
+        keys and suggests the closest field (one unknown key) or lists the known ones."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: expected a mapping of {cls.__name__} fields, got {type(data).__name__}")
+        known = cls.config_keys()
+        unknown = [str(k) for k in data if k not in known]
+        if not unknown:
+            return
+        keys = ", ".join(repr(k) if cls.quote_keys else k for k in sorted(unknown))
+        close = difflib.get_close_matches(unknown[0], known, n=1) if len(unknown) == 1 else []
+        hint = f" (did you mean {close[0]!r}?)" if close else f"; known: {', '.join(known)}"
+        raise ConfigError(f"{source}: unknown {cls.config_noun} {keys}{hint}")
+
+    @classmethod
+    def from_dict(cls: type[C], data: dict[str, Any], source: str = "config") -> C:
+        """Build from plain data; unknown keys and bad values raise ConfigError naming ``source``."""
+        cls.check_keys(data, source)
+        try:
+            return cls(**data)
+        except (TypeError, ValueError) as exc:  # TypeError: a value dataclass init cannot take
+            raise ConfigError(f"{source}: {exc}") from exc
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self: C, **changes: Any) -> C:
+        """A validated copy with some fields changed."""
+        return type(self).from_dict({**self.to_dict(), **changes})
+
+    def save(self, path: str | Path) -> None:
+        """Write atomically: YAML for .yaml/.yml, else JSON."""
+        path = Path(path)
+        text = yaml.safe_dump(self.to_dict(), sort_keys=False) if path.suffix in (".yaml", ".yml") else (
+            json.dumps(self.to_dict(), indent=2) + "\n"
+        )
+        atomic_write_text(path, text)
+
+    @classmethod
+    def load(cls: type[C], path: str | Path) -> C:
+        """Read a .json or .yaml file of fields; errors name the file."""
+        try:
+            data = read_mapping_file(path, cls.config_file_kind)
+        except FileNotFoundError:
+            raise
+        except ValueError as exc:  # the file does not parse
+            raise ConfigError(str(exc)) from exc
+        return cls.from_dict({} if data is None else data, source=str(path))
+
+
 @dataclass
-class ModelConfig:
+class ModelConfig(ConfigBase):
     """Every knob of an lmforge Transformer. See the module docstring for how families map onto it.
 
     Field groups:
@@ -239,49 +324,7 @@ class ModelConfig:
                 raise ConfigError(f"ModelConfig.{f.name}={value!r} must be {annotation.replace(' | None', ' or null')}")
 
     # ------------------------------------------------------------------ serialisation
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "config") -> "ModelConfig":
-        """Build from a plain dict; unknown keys are an error that names them (typos must not pass)."""
-        if not isinstance(data, dict):
-            raise ConfigError(f"{source}: expected a mapping of ModelConfig fields, got {type(data).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"{source}: unknown ModelConfig field(s) {', '.join(unknown)}")
-        try:
-            return cls(**data)
-        except TypeError as exc:  # e.g. a wrong type that dataclass init cannot take
-            raise ConfigError(f"{source}: {exc}") from exc
-        except ConfigError as exc:
-            raise ConfigError(f"{source}: {exc}") from exc
-
-    def replace(self, **changes: Any) -> "ModelConfig":
-        """A validated copy with some fields changed."""
-        return ModelConfig.from_dict({**self.to_dict(), **changes})
-
-    def save(self, path: str | Path) -> None:
-        from lmforge.utils.io import atomic_write_text
-
-        path = Path(path)
-        text = yaml.safe_dump(self.to_dict(), sort_keys=False) if path.suffix in (".yaml", ".yml") else (
-            json.dumps(self.to_dict(), indent=2) + "\n"
-        )
-        atomic_write_text(path, text)
-
-    @classmethod
-    def load(cls, path: str | Path) -> "ModelConfig":
-        from lmforge.utils.io import read_mapping_file
-
-        try:
-            data = read_mapping_file(path, "config")
-        except FileNotFoundError:
-            raise
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from exc
-        return cls.from_dict(data, source=str(path))
+    config_noun = "ModelConfig field(s)"
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> "ModelConfig":

@@ -16,7 +16,7 @@ Example:
     >>> GenerationConfig(top_p=1.5)
     Traceback (most recent call last):
     ...
-    ValueError: GenerationConfig.top_p=1.5 must be in (0, 1]
+    lmforge.config.ConfigError: GenerationConfig.top_p=1.5 must be in (0, 1]
 """
 
 from __future__ import annotations
@@ -25,11 +25,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from lmforge.config import ConfigBase, ConfigError
+
 STRATEGIES = ("greedy", "beam", "sample")
 
 
 @dataclass
-class GenerationConfig:
+class GenerationConfig(ConfigBase):
     """Decoding settings (see the module docstring).
 
     Attributes:
@@ -95,10 +97,10 @@ class GenerationConfig:
         return "greedy" if strategy == "beam" and self.num_beams == 1 else strategy
 
     def validate(self) -> "GenerationConfig":
-        """Check every field; raise ValueError naming the first bad one."""
+        """Check every field; raise ConfigError (a ValueError) naming the first bad one."""
 
         def fail(name: str, rule: str) -> None:
-            raise ValueError(f"GenerationConfig.{name}={getattr(self, name)!r} {rule}")
+            raise ConfigError(f"GenerationConfig.{name}={getattr(self, name)!r} {rule}")
 
         def integer(name: str, low: int) -> None:
             value = getattr(self, name)
@@ -145,5 +147,4 @@ class GenerationConfig:
             raise TypeError(f"unknown generation setting(s) {', '.join(unknown)}")
         return dataclasses.replace(self, **changes)
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    config_noun = "generation setting(s)"

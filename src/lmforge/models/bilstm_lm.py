@@ -39,7 +39,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmforge.config import ConfigError
+from lmforge.config import ConfigBase, ConfigError
 from lmforge.embeddings.pooling import ScalarMix
 from lmforge.objectives.bilm import IGNORE_INDEX, BiLMObjective, bilm_labels  # re-exported: older imports
 
@@ -63,7 +63,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 @dataclass
-class BiLMConfig:
+class BiLMConfig(ConfigBase):
     """Plain data (round-trips through ``asdict``/JSON).
 
     Args:
@@ -104,21 +104,7 @@ class BiLMConfig:
         """Size of every layer representation, 2H (what sentence encoders and probes see)."""
         return 2 * self.d_hidden
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "config") -> "BiLMConfig":
-        """Build from plain data; unknown keys and bad values raise ConfigError naming ``source``."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"{source}: unknown BiLM setting(s) {', '.join(unknown)}; "
-                              f"known: {', '.join(sorted(known))}")
-        try:
-            return cls(**data)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{source}: {exc}") from exc
+    config_noun = "BiLM setting(s)"
 
     def replace(self, **changes: Any) -> "BiLMConfig":
         return type(self).from_dict({**self.to_dict(), **changes}, source="overrides")

@@ -33,11 +33,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any
 
 
-from lmforge.config import ConfigError
+from lmforge.config import ConfigBase, ConfigError
 
 METHODS = ("lora", "qlora", "adapter", "prefix", "prompt", "ia3", "bitfit", "mam")
 MERGEABLE = ("lora", "qlora", "ia3", "bitfit")
@@ -77,7 +76,7 @@ DEFAULT_TARGETS = {
 
 
 @dataclass
-class PeftConfig:
+class PeftConfig(ConfigBase):
     """A PEFT method and its options; see the module docstring for which options each method takes.
 
     Field groups:
@@ -183,8 +182,8 @@ class PeftConfig:
         return self
 
     # ------------------------------------------------------------------ serialisation
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    config_noun = "PeftConfig field(s)"
+    config_file_kind = "PEFT config"
 
     def options(self) -> dict[str, Any]:
         """Only the fields that differ from their defaults (plus ``method``): a compact description."""
@@ -195,32 +194,4 @@ class PeftConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "PeftConfig") -> "PeftConfig":
         """Build from a plain dict; unknown keys are an error that names them."""
-        if not isinstance(data, dict):
-            raise ConfigError(f"{source}: expected a mapping of PeftConfig fields, got {type(data).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"{source}: unknown PeftConfig field(s) {', '.join(unknown)} "
-                              f"(known: {', '.join(sorted(known))})")
-        try:
-            return cls(**data)
-        except TypeError as exc:
-            raise ConfigError(f"{source}: {exc}") from exc
-        except ConfigError as exc:
-            raise ConfigError(f"{source}: {exc}") from exc
-
-    def replace(self, **changes: Any) -> "PeftConfig":
-        return PeftConfig.from_dict({**self.to_dict(), **changes})
-
-    @classmethod
-    def load(cls, path: str | Path) -> "PeftConfig":
-        """Read a .json or .yaml file holding PeftConfig fields."""
-        from lmforge.utils.io import read_mapping_file
-
-        try:
-            data = read_mapping_file(path, "PEFT config")
-        except FileNotFoundError:
-            raise
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from exc
-        return cls.from_dict(data, source=str(path))
+        return super().from_dict(data, source)

@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+
+from lmforge.config import ConfigBase
 from lmforge.errors import UserInputError
 
 CHAT_TEMPLATE_FILE = "chat_template.json"
@@ -46,7 +48,7 @@ ROLES = ("system", "user", "assistant")
 
 
 @dataclass
-class ChatTemplate:
+class ChatTemplate(ConfigBase):
     """How messages become text. ``{content}`` is the message; in ``assistant``, what precedes ``{content}`` is
     the header (a prompt) and ``{content}`` plus what follows it is the trained response; ``{eos}`` is the
     tokenizer's end-of-sequence token."""
@@ -92,6 +94,8 @@ class ChatTemplate:
             response += [trained] * len(piece)
         return ids, response
 
+    config_noun = "chat template field(s)"
+
     def save(self, folder: str | Path) -> Path:
         path = Path(folder) / CHAT_TEMPLATE_FILE
         path.write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
@@ -103,11 +107,7 @@ class ChatTemplate:
         path = Path(folder) / CHAT_TEMPLATE_FILE
         if not path.exists():
             return cls()
-        data = json.loads(path.read_text(encoding="utf-8"))
-        unknown = set(data) - {f.name for f in fields(cls)}
-        if unknown:
-            raise UserInputError(f"{path}: unknown chat template fields {sorted(unknown)}")
-        return cls(**data)
+        return cls.from_dict(json.loads(path.read_text(encoding="utf-8")), source=str(path))
 
 
 def _bos(tokenizer) -> list[int]:

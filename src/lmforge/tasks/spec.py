@@ -27,12 +27,10 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
-from lmforge.config import ConfigError
+from lmforge.config import ConfigBase, ConfigError
 
 TASKS = ("classify", "regress", "multilabel", "tag", "qa", "seq2seq", "text2text")
 HEAD_TASKS = ("classify", "regress", "multilabel", "tag", "qa")
@@ -55,7 +53,7 @@ MIXTURE_KEYS = ("name", "train", "eval", "text_column", "text_pair_column", "lab
 
 
 @dataclass
-class TaskSpec:
+class TaskSpec(ConfigBase):
     """Every setting of a task: see the module docstring.
 
     Field groups:
@@ -169,23 +167,9 @@ class TaskSpec:
         return {e["name"]: TaskSpec(**shared, **{k: v for k, v in e.items() if k not in ("name", "train", "eval")})
                 for e in self.mixture}
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def replace(self, **changes: Any) -> "TaskSpec":
-        return TaskSpec.from_dict({**self.to_dict(), **changes})
+    config_noun = "task setting"
+    quote_keys = True
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "task spec") -> "TaskSpec":
-        if not isinstance(data, dict):
-            raise ConfigError(f"{source}: expected a mapping of TaskSpec fields, got {type(data).__name__}")
-        known = [f.name for f in fields(cls)]
-        for key in data:
-            if key not in known:
-                close = difflib.get_close_matches(key, known, n=1)
-                raise ConfigError(f"{source}: unknown task setting {key!r}"
-                                  + (f" (did you mean {close[0]!r}?)" if close else ""))
-        try:
-            return cls(**data)
-        except ConfigError as exc:
-            raise ConfigError(f"{source}: {exc}") from exc
+        return super().from_dict(data, source)

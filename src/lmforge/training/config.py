@@ -20,8 +20,6 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -29,8 +27,7 @@ from typing import Any
 
 import yaml
 
-from lmforge.config import ConfigError
-from lmforge.utils.io import atomic_write_text
+from lmforge.config import ConfigBase, ConfigError
 from lmforge.errors import InputFileNotFound
 
 SCHEDULES = ("linear", "cosine", "inverse-sqrt", "constant", "slanted-triangular")
@@ -44,7 +41,7 @@ FSDP_REDUCE_DTYPES = ("fp32", "bf16")
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(ConfigBase):
     """Settings of a pre-training run; see the module docstring for how they are given.
 
     Field groups:
@@ -130,16 +127,13 @@ class TrainConfig:
         values = self.to_dict()
         for raw_key, value in data.items():
             key = str(raw_key).replace("-", "_")
-            if key not in hints:
-                close = difflib.get_close_matches(key, list(hints), n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else f"; known settings: {', '.join(hints)}"
-                raise ConfigError(f"{source}: unknown setting {raw_key!r}{hint}")
+            self.check_keys({key: value}, source)
             value = _coerce(key, value, hints[key], source)
             values[key] = {**values[key], **value} if isinstance(value, dict) else value
         return TrainConfig(**values).validate(source)
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    config_noun = "setting"
+    quote_keys = True
 
     # ------------------------------------------------------------------ validation
     def validate(self, source: str = "config") -> "TrainConfig":
@@ -193,10 +187,6 @@ class TrainConfig:
                 raise ConfigError(f"missing required setting {key!r}: pass {flag} or set `{key}:` in {source}")
 
     # ------------------------------------------------------------------ files
-    def save(self, path: str | Path) -> None:
-        """Write as YAML, atomically."""
-        atomic_write_text(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
-
     @classmethod
     def load(cls, path: str | Path) -> "TrainConfig":
         """Read a YAML (or JSON) file of settings; errors name the file."""
