@@ -18,15 +18,19 @@ Under torchrun every rank runs this command; only rank 0 prints and writes. See 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
-import typing
 from pathlib import Path
 
-import yaml
+from lmforge.cli.main import plain_warnings
+from lmforge.training import config as tc
+from lmforge.training import distributed
+from lmforge.training.config import TrainConfig, read_settings, setting_names
+from lmforge.training.pretrain import build_pretraining
+from lmforge.utils.flags import add_dataclass_flags, key_values
 
-from lmforge.cli.main import UserError, plain_warnings
-
-# (setting, help). Types, defaults and choices come from TrainConfig, so the two cannot drift apart.
+# (setting, help). Types, defaults and choices come from TrainConfig, so the two cannot drift apart. A setting
+# on by default is turned off by its --no- flag, and its help says what that flag does.
 OPTIONS = [
     ("model", "preset name (e.g. gpt-tiny, bert-tiny, elmo-tiny for --objective bilm), config file or model "
               "folder (a folder's weights are loaded)"),
@@ -59,35 +63,19 @@ OPTIONS = [
     ("num_workers", "DataLoader worker processes"),
     ("seed", "seed of initial weights, data order, masking and dropout"),
     ("resume", "continue the run in --out from its newest intact checkpoint"),
-    ("progress", "show the progress bar"),
-    ("tensorboard", "write TensorBoard events"),
+    ("progress", "hide the progress bar (it is shown by default)"),
+    ("tensorboard", "do not write TensorBoard events (they are written to OUT/tensorboard/ by default)"),
 ]
 CHOICES = {"objective": "PRETRAIN_OBJECTIVES", "schedule": "SCHEDULES", "precision": "PRECISIONS",
            "device": "DEVICES", "strategy": "STRATEGIES", "fsdp_param_dtype": "FSDP_PARAM_DTYPES",
            "fsdp_reduce_dtype": "FSDP_REDUCE_DTYPES"}
 
 
-def _key_values(pairs: list[str] | None, flag: str) -> dict:
-    """``["n_layers=2", "bias=false"]`` -> ``{"n_layers": 2, "bias": False}`` (values read as YAML scalars)."""
-    out = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise UserError(f"{flag} {pair!r}: expected KEY=VALUE, e.g. {flag} n_layers=2")
-        try:
-            out[key.strip()] = yaml.safe_load(value) if value.strip() else None
-        except yaml.YAMLError as exc:
-            raise UserError(f"{flag} {pair!r}: cannot read the value ({exc})") from exc
-    return out
-
-
 def _settings(args):
     """The run's TrainConfig: defaults, then --config FILE (or OUT/config.yaml when resuming), then the flags."""
-    from lmforge.training.config import TrainConfig, read_settings, setting_names
-
     given = {k: v for k, v in vars(args).items() if k in setting_names()}
-    given["overrides"] = _key_values(args.override, "--override")
-    given["objective_options"] = _key_values(args.objective_option, "--objective-option")
+    given["overrides"] = key_values(args.override, "--override")
+    given["objective_options"] = key_values(args.objective_option, "--objective-option", "mlm_probability=0.2")
     if args.config:
         config = TrainConfig.from_dict(read_settings(args.config), source=args.config)
     elif given.get("resume") and given.get("out") and (Path(given["out"]) / "config.yaml").is_file():
@@ -101,17 +89,10 @@ def _settings(args):
 
 
 def run(args) -> int:
-    from lmforge.training.distributed import recorded
-
-    return recorded(_run)(args)  # under torchrun, a failing rank's traceback reaches the launcher's summary
+    return distributed.recorded(_run)(args)  # under torchrun, a failing rank's traceback reaches the launcher's summary
 
 
 def _run(args) -> int:
-    import signal
-
-    from lmforge.training import distributed
-    from lmforge.training.pretrain import build_pretraining
-
     with plain_warnings("pretrain"):
         config = _settings(args)
         with distributed.session(config.strategy, config.device) as ctx:
@@ -138,10 +119,6 @@ def _run(args) -> int:
 
 
 def register(subparsers) -> None:
-    from lmforge.training import config as tc
-
-    defaults = tc.TrainConfig()
-    hints = typing.get_type_hints(tc.TrainConfig)
     parser = subparsers.add_parser(
         "pretrain", help="pre-train a model (MLM, causal LM, prefix LM, span corruption, denoising, ELMo biLM)",
         description="Pre-train a model on shards from `lmforge data prepare`. Every option can also be a key "
@@ -150,20 +127,7 @@ def register(subparsers) -> None:
                     "OUT/loss.png and finally OUT/model/ (loadable by lmforge.load).",
         argument_default=argparse.SUPPRESS)
     parser.add_argument("--config", metavar="FILE.yaml", default=None, help="settings file (same keys as the options)")
-    for key, text in OPTIONS:
-        flag = "--" + key.replace("_", "-")
-        default = getattr(defaults, key)
-        kind = typing.get_args(hints[key])[0] if typing.get_args(hints[key]) else hints[key]
-        if kind is bool and default:
-            parser.add_argument(f"--no-{key.replace('_', '-')}", dest=key, action="store_false",
-                                help=text + " (on by default)")
-        elif kind is bool:
-            parser.add_argument(flag, dest=key, action="store_true", help=text)
-        else:
-            choices = getattr(tc, CHOICES[key]) if key in CHOICES else None
-            shown = "" if default is None else f" (default: {default})"
-            parser.add_argument(flag, dest=key, type=kind, choices=choices, help=text + shown,
-                                metavar=None if choices else key.upper().replace("_", "-"))
+    add_dataclass_flags(parser, TrainConfig, OPTIONS, choices={k: getattr(tc, v) for k, v in CHOICES.items()})
     parser.add_argument("--override", action="append", default=None, metavar="KEY=VALUE",
                         help="set a ModelConfig field, e.g. --override n_layers=2 --override d_model=64 (repeatable)")
     parser.add_argument("--objective-option", action="append", default=None, metavar="KEY=VALUE",

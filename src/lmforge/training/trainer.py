@@ -95,6 +95,15 @@ class RunExistsError(LmforgeError, ValueError):
     """The run folder already holds checkpoints, and resuming was not asked for."""
 
 
+def check_fresh_run(out: str | Path, resume: bool = False) -> None:
+    """Raise RunExistsError if ``out`` holds checkpoints and ``resume`` is false (a fresh run would clobber
+    them); every command that starts a run in a folder asks this one question."""
+    steps = CheckpointManager(Path(out) / "checkpoints").steps()
+    if steps and not resume:
+        raise RunExistsError(f"{out} already holds a run (checkpoints up to step {steps[-1]}): resume it with "
+                             "--resume (resume=True) or choose another output folder")
+
+
 @dataclass
 class TrainResult:
     """What :meth:`Trainer.fit` did.
@@ -432,10 +441,7 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
     def check_fresh(self) -> None:
         """Raise RunExistsError if ``OUT`` already holds checkpoints (a fresh run would clobber them)."""
-        if self.checkpoints.steps():
-            raise RunExistsError(
-                f"{self.out} already holds a run (checkpoints up to step {self.checkpoints.steps()[-1]}): "
-                "resume it with --resume (resume=True) or choose another output folder")
+        check_fresh_run(self.out)
 
     def _begin(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)

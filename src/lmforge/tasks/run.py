@@ -1,0 +1,87 @@
+"""One fine-tuning run from its settings (see :mod:`lmforge.tasks.settings`): the pipeline it needs, then --merge.
+
+:func:`run_finetune` routes a run to supervised fine-tuning of a decoder on instructions (``task: instruct``,
+:mod:`lmforge.prompting.instruct`) or to task fine-tuning (:func:`lmforge.tasks.finetune.finetune`), with or
+without a PEFT adapter. A task run writes ``OUT/finetune.yaml`` first, so ``--resume`` finds its settings, and
+refuses a folder that already holds another run. With ``merge`` it then folds the adapter into ``OUT/merged``.
+
+Example (a sketch: it trains)::
+
+    settings = finetune_settings({"model": "minilm", "task": "classify", "train": "rt-sentiment:train",
+                                  "out": "runs/rt", "peft": "lora", "merge": True})
+    run = run_finetune(settings)
+    run.merged  # runs/rt/merged
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from lmforge.errors import UserInputError
+from lmforge.peft.config import PeftConfig
+from lmforge.peft.task import merge_task_folder
+from lmforge.prompting.instruct import finetune_instruct_from_settings
+from lmforge.tasks.finetune import Recipe, finetune
+from lmforge.tasks.settings import SETTINGS_FILE, save_settings
+from lmforge.tasks.spec import TaskSpec
+from lmforge.training.config import TrainConfig
+from lmforge.training.trainer import check_fresh_run
+
+MERGED_DIR = "merged"  # merge: a plain task folder with the PEFT adapter folded in
+
+
+@dataclass
+class FinetuneRun:
+    """What :func:`run_finetune` did: the last step, the final model folder, the best evaluation (task runs
+    with an evaluation set), the signal that stopped it early (``SIGINT``/``SIGTERM``) and the merged folder."""
+
+    out: Path
+    step: int
+    model_dir: Path | None  # None when a signal stopped the run before the end
+    best: dict[str, Any] | None = None
+    stopped_by: str | None = None
+    merged: Path | None = None
+    merged_from: Path | None = None
+
+
+def _log_stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def run_finetune(settings: dict[str, Any], *, pack: bool = False,
+                 log: Callable[[str], None] = _log_stderr) -> FinetuneRun:
+    """Run the fine-tuning ``settings`` describe (``pack``: instruct runs pack short examples); ``log`` gets
+    progress lines."""
+    task_name = settings["task"].get("task")
+    if task_name == "instruct":
+        if settings["peft"]:
+            raise UserInputError("--peft is not supported with --task instruct (it has its own recipe)")
+        result = finetune_instruct_from_settings(settings, pack=pack)
+        # An instruct run keeps no finetune.yaml to resume from, so it reports no stopping signal either.
+        return FinetuneRun(Path(settings["out"]), result.step, Path(result.model_dir))
+    recipe_settings = dict(settings["recipe"])
+    epochs, warmup_ratio = recipe_settings.pop("epochs", None), recipe_settings.pop("warmup_ratio", None)
+    spec = TaskSpec.from_dict(settings["task"], source="command line")
+    recipe = Recipe(**recipe_settings)
+    config = TrainConfig.from_dict({**settings["trainer"], "model": str(settings["model"]), "out": settings["out"]},
+                                   source="command line")
+    out = Path(settings["out"])
+    check_fresh_run(out, config.resume)
+    out.mkdir(parents=True, exist_ok=True)
+    save_settings(settings)
+    peft = PeftConfig.from_dict(settings["peft"], source=f"{out / SETTINGS_FILE}: peft") if settings["peft"] else None
+    if peft is not None and recipe.freeze_body:
+        raise UserInputError("--freeze-body trains the head only; it cannot be combined with --peft")
+    result = finetune(settings["model"], spec, settings["train"], settings["eval"], config=config, recipe=recipe,
+                      out=out, tokenizer=settings["tokenizer"], random_init=settings["random_init"],
+                      epochs=epochs, warmup_ratio=warmup_ratio, peft=peft, log=log)
+    train = result.train
+    run = FinetuneRun(out, train.step, Path(train.model_dir) if train.model_dir else None, best=result.best,
+                      stopped_by=train.stopped_by)
+    if settings["merge"] and train.stopped_by not in ("SIGINT", "SIGTERM"):
+        run.merged_from = out / "best" if result.best else Path(train.model_dir)
+        run.merged = Path(merge_task_folder(run.merged_from, out / MERGED_DIR))
+    return run
