@@ -19,6 +19,10 @@ import json
 import math
 import sys
 
+from lmforge.cli.main import model_argument, plain_warnings
+from lmforge.tasks.inference import evaluate, table_lines
+from lmforge.tasks.spec import TASKS
+
 OVERRIDE_FLAGS = {
     "text_column": "column of the input text, if it differs from training",
     "text_pair_column": "column of the second text of a pair",
@@ -32,9 +36,8 @@ OVERRIDE_FLAGS = {
 
 def add_common(parser, output: bool) -> None:
     """The flags evaluate and predict share."""
-    from lmforge.tasks.spec import TASKS
-
-    parser.add_argument("--model", required=True, metavar="DIR", help="task folder (OUT/best or OUT/model of a run)")
+    parser.add_argument("--model", required=True, metavar="DIR",
+                        help="task folder, or a run folder (then its best/, else its model/)")
     parser.add_argument("--data", required=True, metavar="FILE", help=".tsv .csv .jsonl .conll file, or NAME:SPLIT")
     if output:
         parser.add_argument("--output", required=True, metavar="FILE", help="predictions file: .jsonl, .tsv or .csv")
@@ -53,11 +56,9 @@ def overrides(args) -> dict:
 
 
 def run(args) -> int:
-    from lmforge.cli.main import plain_warnings
-    from lmforge.tasks.inference import evaluate, table_lines
-
+    model = model_argument("evaluate", args.model)
     with plain_warnings("evaluate"):
-        scores = evaluate(args.model, args.data, task=args.task, overrides=overrides(args), subtask=args.subtask,
+        scores = evaluate(model, args.data, task=args.task, overrides=overrides(args), subtask=args.subtask,
                           batch_size=args.batch_size, device=args.device, limit=args.limit)
     for line in table_lines(scores):
         print(line)

@@ -18,7 +18,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from lmforge.cli.main import UserError
+import lmforge
+from lmforge.cli.main import UserError, model_argument
+from lmforge.generation import GenerationConfig, generate_text, stream
+from lmforge.tokenization import Tokenizer
 
 
 def register(subparsers) -> None:
@@ -28,7 +31,8 @@ def register(subparsers) -> None:
         "tokenizer.json). Decoder prompts are continued; encoder-decoder models (T5, BART) read the prompt as "
         "their source. Generation uses a KV cache; several prompts run as one left-padded batch.",
     )
-    parser.add_argument("--model", required=True, metavar="DIR", help="model folder holding tokenizer.json")
+    parser.add_argument("--model", required=True, metavar="DIR",
+                        help="model folder holding tokenizer.json, or a run folder (then its best/, else its model/)")
     parser.add_argument("--prompt", action="append", default=[], metavar="TEXT", help="a prompt (repeatable)")
     parser.add_argument("--prompt-file", action="append", default=[], metavar="FILE",
                         help="a file whose whole text is one prompt; '-' reads stdin (repeatable)")
@@ -79,8 +83,6 @@ def _prompts(args) -> list[str]:
 
 
 def _config(args):
-    from lmforge.generation import GenerationConfig
-
     num_beams = args.num_beams if args.num_beams is not None else (4 if args.strategy == "beam" else 1)
     early = {"true": True, "false": False, "never": "never"}[args.early_stopping]
     return GenerationConfig(
@@ -95,15 +97,11 @@ def _config(args):
 def run(args) -> int:
     config = _config(args)  # bad settings fail before the model is loaded
     prompts = _prompts(args)
-    folder = Path(args.model)
+    folder = model_argument("generate", args.model)
     if not folder.is_dir():
         raise UserError(f"--model {folder}: not a model folder")
     if not (folder / "tokenizer.json").is_file():
         raise UserError(f"--model {folder}: no tokenizer.json (save the model with its tokenizer)")
-
-    import lmforge
-    from lmforge.generation import generate_text, stream
-    from lmforge.tokenization import Tokenizer
 
     model = lmforge.load(folder, device=args.device)
     tokenizer = Tokenizer.load(folder)

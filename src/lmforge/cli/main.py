@@ -19,9 +19,11 @@ import os
 import pkgutil
 import sys
 import warnings
+from pathlib import Path
 
 import lmforge
 from lmforge.errors import LmforgeError, UserInputError
+from lmforge.utils.runs import model_folder
 
 EXIT_CODES = """exit codes:
   0    success
@@ -48,6 +50,16 @@ def plain_warnings(verb: str):
         yield
     finally:
         warnings.showwarning = previous
+
+
+def model_argument(verb: str, path: str | Path) -> Path:
+    """``--model PATH`` as a model folder: a run folder means its ``best/``, else its ``model/``, and the
+    choice is said on stderr."""
+    folder, picked = model_folder(path)
+    if picked:
+        what = "its best evaluation" if folder.name == "best" else "its final model"
+        print(f"lmforge {verb}: using {folder} ({what})", file=sys.stderr, flush=True)
+    return folder
 
 
 def build_parser() -> argparse.ArgumentParser:

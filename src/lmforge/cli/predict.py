@@ -9,22 +9,21 @@ columns, the prediction and one ``prob_<label>`` column per class. Labels are no
 
 from __future__ import annotations
 
+from lmforge.cli.evaluate import add_common, overrides
+from lmforge.cli.main import model_argument, plain_warnings
+from lmforge.tasks.inference import predict
+
 
 def run(args) -> int:
-    from lmforge.cli.evaluate import overrides
-    from lmforge.cli.main import plain_warnings
-    from lmforge.tasks.inference import predict
-
+    model = model_argument("predict", args.model)
     with plain_warnings("predict"):
-        rows = predict(args.model, args.data, args.output, task=args.task, overrides=overrides(args),
+        rows = predict(model, args.data, args.output, task=args.task, overrides=overrides(args),
                        subtask=args.subtask, batch_size=args.batch_size, device=args.device)
     print(f"wrote {len(rows)} predictions to {args.output}")
     return 0
 
 
 def register(subparsers) -> None:
-    from lmforge.cli.evaluate import add_common
-
     parser = subparsers.add_parser(
         "predict", help="write a fine-tuned model's predictions (with probabilities) for a data file",
         description="Predict every row of a data file with a task folder written by `lmforge finetune`; labels "
