@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import subprocess
 import sys
 import threading
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from lmforge.cli.main import UserError
+from lmforge.utils.machine import machine_info
 
 BENCHMARKS = ("train_step", "generate", "data_pipeline", "peft_memory")
 QUICK_FLAGS = {name: ["--quick"] for name in BENCHMARKS}  # every speed benchmark has its own --quick
@@ -217,17 +217,7 @@ def run(args) -> int:
 
 
 def _machine() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    info = {"cpu": cpu, "cpu_count": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version()}
-    if hasattr(os, "getloadavg"):
-        info["load_average"] = round(os.getloadavg()[0], 2)
-    return info
+    return machine_info()
 
 
 def _machine_line() -> str:

@@ -14,7 +14,6 @@ The report is assembled from the stage records in ``OUT/stages/`` only, so it ca
 from __future__ import annotations
 
 import json
-import os
 import platform
 import sys
 from datetime import datetime, timezone
@@ -24,6 +23,7 @@ from typing import Any
 import lmforge
 from lmforge.quickstart.folder import RunFolder
 from lmforge.utils.io import atomic_write_text
+from lmforge.utils.machine import machine_info
 
 REPORT_JSON = "report.json"
 
@@ -41,26 +41,11 @@ def _versions() -> dict[str, str]:
     return found
 
 
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine() -> dict[str, Any]:
-    import torch
-
-    info = {"platform": platform.platform(), "cpu": _cpu_name(), "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads()}
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
-    if hasattr(os, "getloadavg"):
-        info["load_average_at_end"] = round(os.getloadavg()[0], 2)
+    info = machine_info(torch_details=True)
+    info.pop("python")  # the report lists it among the versions
+    if "load_average" in info:
+        info["load_average_at_end"] = info.pop("load_average")
     return info
 
 

@@ -1,0 +1,44 @@
+"""What machine a measurement ran on: CPU, cores, platform, Python, load and, when asked, torch's view.
+
+Benchmarks and the quickstart report record this beside their figures, so that a number can be traced to the
+machine (and to how busy it was) that produced it.
+
+Example:
+    >>> info = machine_info()
+    >>> sorted(k for k in info if k != "load_average")
+    ['cpu', 'cpu_count', 'platform', 'python']
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from typing import Any
+
+
+def cpu_name() -> str:
+    """The CPU's model name (from /proc/cpuinfo on Linux), else what the platform module knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info(torch_details: bool = False) -> dict[str, Any]:
+    """``cpu, cpu_count, platform, python`` and the 1-minute ``load_average`` (where the OS has one); with
+    ``torch_details`` also ``torch_threads`` and the ``gpu`` name (when CUDA is available)."""
+    info: dict[str, Any] = {"cpu": cpu_name(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
+                            "python": platform.python_version()}
+    if torch_details:
+        import torch  # only here: callers without torch_details need not pay for importing it
+
+        info["torch_threads"] = torch.get_num_threads()
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+    if hasattr(os, "getloadavg"):
+        info["load_average"] = round(os.getloadavg()[0], 2)
+    return info
