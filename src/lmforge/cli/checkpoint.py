@@ -14,14 +14,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from lmforge.checkpoint import CheckpointError
 from lmforge.cli.main import UserError
+from lmforge.training.dist_checkpoint import (
+    find_checkpoint,
+    is_sharded,
+    write_model_folder,
+)
+from lmforge.training.state import CorruptCheckpoint
 
 
 def run_consolidate(args) -> int:
-    from lmforge.checkpoint import CheckpointError
-    from lmforge.training.dist_checkpoint import find_checkpoint, is_sharded, write_model_folder
-    from lmforge.training.state import CorruptCheckpoint
-
     src, dst = Path(args.src), Path(args.dst)
     if not src.exists():
         raise UserError(f"{src}: no such checkpoint, checkpoints folder or run folder")

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import sys
 
+from lmforge.interop.hf import convert_from_hf, convert_to_hf
+
 DTYPES = ("float32", "float16", "bfloat16")
 
 
@@ -61,8 +63,6 @@ def _dtype(name: str | None):
 
 
 def run_from_hf(args) -> int:
-    from lmforge.interop.hf import convert_from_hf
-
     conv = convert_from_hf(args.src, args.dst, architecture=args.architecture, dtype=_dtype(args.dtype),
                            overwrite=args.overwrite)
     for note in conv.notes:
@@ -80,8 +80,6 @@ def run_from_hf(args) -> int:
 
 def run_to_hf(args) -> int:
     from pathlib import Path
-
-    from lmforge.interop.hf import convert_to_hf
 
     path = convert_to_hf(args.src, args.dst, dtype=_dtype(args.dtype), overwrite=args.overwrite)
     hf = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))

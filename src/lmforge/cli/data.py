@@ -8,19 +8,16 @@ Example::
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import warnings
 
 from lmforge.cli.main import UserError
 from lmforge.cli.tokenizer import HELP
-
+from lmforge.data.prepare import prepare, read_manifest, verify
 
 
 def _prepare(args) -> int:
-    from lmforge.data.prepare import prepare
-
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         manifest = prepare(args.inputs, args.tokenizer, args.out, val_fraction=args.val_fraction, seed=args.seed,
@@ -41,8 +38,6 @@ def _summary(folder, manifest) -> None:
 
 
 def _info(args) -> int:
-    from lmforge.data.prepare import read_manifest, verify
-
     manifest = read_manifest(args.folder)
     if args.json:
         print(json.dumps(manifest, indent=1))

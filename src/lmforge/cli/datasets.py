@@ -9,11 +9,10 @@ Example::
 
 from __future__ import annotations
 
-import argparse
 import json
 
+from lmforge import datasets
 from lmforge.cli.tokenizer import HELP
-
 
 
 def _mb(n: int) -> str:
@@ -21,8 +20,6 @@ def _mb(n: int) -> str:
 
 
 def _list(args) -> int:
-    from lmforge import datasets
-
     header = f"{'name':17s} {'rows (per split)':36s} {'size (gz / raw)':18s} licence"
     print(header)
     print("-" * len(header))
@@ -36,15 +33,11 @@ def _list(args) -> int:
 
 
 def _path(args) -> int:
-    from lmforge import datasets
-
     print(datasets.path(args.name, args.split, args.data_dir))
     return 0
 
 
 def _show(args) -> int:
-    from lmforge import datasets
-
     for row in datasets.load(args.name, args.split, args.data_dir)[: args.n]:
         print(json.dumps(row, ensure_ascii=False))
     return 0

@@ -17,12 +17,11 @@ from pathlib import Path
 
 from lmforge.cli._embedding_args import add_model_flags, load_encoder, parse_layer
 from lmforge.cli.main import UserError
+from lmforge.embeddings.index import read_docs
 
 
 def run(args) -> int:
     import numpy as np
-
-    from lmforge.embeddings.index import read_docs
 
     if not str(args.output).endswith(".npy"):
         raise UserError(f"--output {args.output}: use a .npy file name")

@@ -18,11 +18,17 @@ from pathlib import Path
 
 from lmforge.cli._embedding_args import add_model_flags, load_encoder, parse_layer
 from lmforge.cli.main import UserError
+from lmforge.embeddings import SentenceEncoder
+from lmforge.embeddings.index import (
+    BACKENDS,
+    VectorIndex,
+    build_index,
+    faiss_available,
+    read_docs,
+)
 
 
 def _build(args) -> int:
-    from lmforge.embeddings.index import build_index, faiss_available, read_docs
-
     if args.backend == "faiss" and not faiss_available():
         raise UserError("--backend faiss needs faiss (pip install faiss-cpu); or use --backend exact")
     docs = read_docs(args.docs)
@@ -38,9 +44,6 @@ def _build(args) -> int:
 
 
 def _search(args) -> int:
-    from lmforge.embeddings import SentenceEncoder
-    from lmforge.embeddings.index import VectorIndex
-
     index = VectorIndex.load(args.index)
     model = args.model or index.meta.get("model")
     if not model or not Path(model).is_dir():
@@ -60,8 +63,6 @@ def _search(args) -> int:
 
 
 def register(subparsers) -> None:
-    from lmforge.embeddings.index import BACKENDS
-
     parser = subparsers.add_parser("index", help="build and search a dense retrieval index", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from lmforge.config import list_presets, resolve_config
+from lmforge.models import Transformer
 
 
 def register(subparsers) -> None:
@@ -28,8 +29,6 @@ def register(subparsers) -> None:
 
 def describe(name_or_path: str, seq_len: int | None = None) -> dict:
     import torch
-
-    from lmforge.models import Transformer
 
     cfg = resolve_config(name_or_path)
     with torch.device("meta"):

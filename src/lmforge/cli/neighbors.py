@@ -14,11 +14,15 @@ import argparse
 
 from lmforge.cli._embedding_args import load_encoder, parse_layer
 from lmforge.cli.main import UserError
+from lmforge.embeddings.neighbors import (
+    contextual_neighbors,
+    highlight,
+    read_sentences,
+    static_neighbors,
+)
 
 
 def run(args) -> int:
-    from lmforge.embeddings.neighbors import contextual_neighbors, highlight, read_sentences, static_neighbors
-
     sentences = read_sentences(args.corpus, args.max_sentences)
     if not sentences:
         raise UserError(f"--corpus {args.corpus}: no sentences")

@@ -17,6 +17,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from lmforge.checkpoint import load, save
+from lmforge.cli.main import UserError
+from lmforge.peft import AdapterMismatchError, load_adapter, read_adapter_config
+from lmforge.peft.hf_export import HFExportError, export_hf
+from lmforge.tokenization import Tokenizer
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -65,10 +71,6 @@ def _common(parser, out_help: str) -> None:
 
 
 def _load(args):
-    from lmforge.checkpoint import load
-    from lmforge.cli.main import UserError
-    from lmforge.peft import AdapterMismatchError, load_adapter
-
     out = Path(args.out)
     if out.exists() and not args.overwrite:
         raise UserError(f"{out}: already exists (use --overwrite to replace it)")
@@ -82,8 +84,6 @@ def _load(args):
 
 
 def run_info(args) -> int:
-    from lmforge.peft import read_adapter_config
-
     meta, cfg = read_adapter_config(args.adapter)
     if args.json:
         print(json.dumps(meta))
@@ -106,9 +106,6 @@ def run_info(args) -> int:
 
 
 def run_merge(args) -> int:
-    from lmforge.checkpoint import save
-    from lmforge.cli.main import UserError
-
     model = _load(args)
     name = model.active_adapter
     try:
@@ -117,8 +114,6 @@ def run_merge(args) -> int:
         raise UserError(str(exc)) from exc
     tokenizer = None
     if (Path(args.base) / "tokenizer.json").is_file():
-        from lmforge.tokenization import Tokenizer
-
         tokenizer = Tokenizer.load(args.base)
     save(merged.eval(), args.out, tokenizer=tokenizer)
     print(f"wrote {args.out}: {merged.config.name} with adapter {name!r} ({model.peft_configs[name].method}) merged; "
@@ -127,9 +122,6 @@ def run_merge(args) -> int:
 
 
 def run_export_hf(args) -> int:
-    from lmforge.cli.main import UserError
-    from lmforge.peft.hf_export import HFExportError, export_hf
-
     model = _load(args)
     try:
         path = export_hf(model, args.out, base_model_name_or_path=args.base_name or str(args.base))

@@ -19,12 +19,11 @@ from pathlib import Path
 
 from lmforge.cli._embedding_args import load_encoder
 from lmforge.cli.main import UserError
+from lmforge.datasets import read_conll
+from lmforge.embeddings.probe import format_table, plot, probe_layers
 
 
 def run(args) -> int:
-    from lmforge.datasets import read_conll
-    from lmforge.embeddings.probe import format_table, plot, probe_layers
-
     train, evaluation = read_conll(args.train), read_conll(args.eval)
     if args.limit:
         train, evaluation = train[:args.limit], evaluation[:args.limit]

@@ -21,7 +21,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import lmforge
+from lmforge import datasets
 from lmforge.cli.main import UserError
+from lmforge.prompting import Template, Verbalizer, classify
+from lmforge.tokenization import Tokenizer
 
 
 def register(subparsers) -> None:
@@ -64,8 +68,6 @@ def _unescape(text: str) -> str:
 
 def read_rows(source: str) -> list[dict]:
     """Rows of a TSV/JSONL file, or of a shipped data set given as ``NAME:SPLIT``."""
-    from lmforge import datasets
-
     path = Path(source)
     if not path.exists():
         name, _, split = source.partition(":")
@@ -112,10 +114,6 @@ def classification_metrics(gold: list[str], pred: list[str], labels: list[str]) 
 
 def run_classify(args) -> int:
     import torch
-
-    import lmforge
-    from lmforge.prompting import Template, Verbalizer, classify
-    from lmforge.tokenization import Tokenizer
 
     if args.shots < 0:
         raise UserError("--shots must be >= 0")

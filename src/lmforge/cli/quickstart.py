@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 
 from lmforge.cli.main import UserError, plain_warnings
+from lmforge.quickstart import run_quickstart
+from lmforge.quickstart.folder import SettingsMismatch
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
@@ -28,9 +30,6 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def run(args) -> int:
-    from lmforge.quickstart import run_quickstart
-    from lmforge.quickstart.folder import SettingsMismatch
-
     if not args.minutes > 0:
         raise UserError(f"--minutes {args.minutes:g}: must be > 0")
     if args.threads is not None and args.threads < 1:

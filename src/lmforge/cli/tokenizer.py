@@ -14,7 +14,7 @@ import json
 import sys
 
 from lmforge.cli.main import UserError
-
+from lmforge.tokenization import FAMILIES, KINDS, Tokenizer, train_tokenizer
 
 
 class HELP(argparse.ArgumentDefaultsHelpFormatter):
@@ -27,14 +27,10 @@ class HELP(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def _load(path):
-    from lmforge.tokenization import Tokenizer
-
     return Tokenizer.load(path)
 
 
 def _train(args) -> int:
-    from lmforge.tokenization import train_tokenizer
-
     tok = train_tokenizer(args.files, kind=args.kind, vocab_size=args.vocab_size, family=args.family,
                           min_frequency=args.min_frequency, lowercase=args.lowercase, text_field=args.text_field,
                           errors=args.errors, show_progress=not args.no_progress)
@@ -93,8 +89,6 @@ def _info(args) -> int:
 
 
 def register(subparsers) -> None:
-    from lmforge.tokenization import FAMILIES, KINDS
-
     parser = subparsers.add_parser("tokenizer", help="train a tokenizer, encode/decode text",
                                    description="Train vocabularies (HF tokenizers) and inspect encodings.")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
