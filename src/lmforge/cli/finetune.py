@@ -151,7 +151,8 @@ def register(subparsers) -> None:
                       help="text2text: train several tasks at once (a list of {name, train, eval, text_column, "
                            "target_column | label_column + label_map, task_prefix})")
     recipe = parser.add_argument_group("fine-tuning recipe")
-    recipe.add_argument("--epochs", type=float, default=None, help="passes over the training data, fractions allowed: 0.5 trains on half of it (sets --max-steps)")
+    recipe.add_argument("--epochs", type=float, default=None,
+                        help="passes over the training data; 0.5 trains on half of it (sets --max-steps)")
     recipe.add_argument("--warmup-ratio", type=float, default=None,
                         help="warmup as a share of the steps (sets --warmup; embedding: default 0.1)")
     recipe.add_argument("--layer-decay", type=float, default=None,

@@ -132,7 +132,7 @@ def alpaca_to_messages(row: dict[str, Any]) -> list[dict[str, str]]:
     """``{"instruction", "input", "output"}`` -> a user turn and an assistant turn."""
     if "instruction" not in row or "output" not in row:
         raise UserInputError(f"an instruction row needs 'instruction' and 'output' (and optional 'input'), "
-                         f"got {sorted(row)}")
+                             f"got {sorted(row)}")
     prompt = row["instruction"] + (f"\n\n{row['input']}" if row.get("input") else "")
     return [{"role": "user", "content": prompt}, {"role": "assistant", "content": row["output"]}]
 

@@ -71,7 +71,7 @@ class Template:
         missing = [s for s in self.slots if s not in values]
         if len(texts) > len(self.slots) or missing:
             raise UserInputError(f"template {self.text!r} has slots {self.slots}; got {len(texts)} texts, "
-                             f"missing {missing}")
+                                 f"missing {missing}")
         return values
 
     def fill(self, *texts: str, z: str | None = None, **named: str) -> str:

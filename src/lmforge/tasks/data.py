@@ -314,5 +314,5 @@ class ExampleBatches:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if (state.get("seed"), state.get("batch_size")) != (self.seed, self.batch_size):
             raise UserInputError(f"the checkpoint's data order used seed {state.get('seed')} and batch size "
-                             f"{state.get('batch_size')}, not {self.seed} and {self.batch_size}")
+                                 f"{state.get('batch_size')}, not {self.seed} and {self.batch_size}")
         self.epoch, self.batch = int(state["epoch"]), int(state["batch"])

@@ -57,11 +57,11 @@ def load(model_dir: str | Path, task: str | None = None, overrides: dict[str, An
         raise InputFileNotFound(f"{model_dir}: no such model folder")
     else:
         raise UserInputError(f"{model_dir}: not a fine-tuned task folder (no task.json); a plain model can only be "
-                         f"evaluated on a generative task: --task {' or --task '.join(GENERATIVE_TASKS)}")
+                             f"evaluated on a generative task: --task {' or --task '.join(GENERATIVE_TASKS)}")
     if overrides:
         if spec.mixture and any(k.endswith("_column") or k == "task_prefix" for k in overrides):
             raise UserInputError("this model was trained on a mixture: choose the task with --subtask; its columns "
-                             "and prefix come from the mixture entry")
+                                 "and prefix come from the mixture entry")
         spec = spec.replace(**overrides)
     model = load_task_model(model_dir, spec, device)
     if not (model_dir / "tokenizer.json").is_file():
@@ -76,7 +76,7 @@ def _examples(task, table: Table, labelled: bool, subtask: str | None) -> list[d
         name = subtask if subtask is not None else (names[0] if len(names) == 1 else None)
         if name is None:
             raise UserInputError(f"this model was trained on a mixture; choose a task with --subtask "
-                             f"({', '.join(names)})")
+                                 f"({', '.join(names)})")
         return task.encode(table, labelled, name)
     if subtask:
         raise UserInputError("--subtask only applies to text2text mixtures")

@@ -176,10 +176,10 @@ def build_task_model(body: Transformer, spec: TaskSpec) -> TaskModel:
     """
     if spec.generative and body.config.head != "lm":
         raise UserInputError(f"task {spec.task!r} generates text and needs a model with an LM head "
-                         f"(this one has head={body.config.head!r}); use a decoder or encoder-decoder LM")
+                             f"(this one has head={body.config.head!r}); use a decoder or encoder-decoder LM")
     if spec.generative and body.config.arch == "encoder":
         raise UserInputError(f"task {spec.task!r} generates text; an encoder-only model cannot (use a decoder or "
-                         "an encoder-decoder model)")
+                             "an encoder-decoder model)")
     if spec.task in ("tag", "qa", "classify", "regress", "multilabel"):
         strip_lm_head(body)
     return TaskModel(body, build_head(spec, body), spec)

@@ -128,7 +128,7 @@ class Seq2SeqTask(Task):
             room = self.max_length - self.target_limit - (bos is not None) - (delim is not None)
             if room < 1:
                 raise UserInputError(f"max_length {self.max_length} leaves no room for the source after "
-                                 f"{self.target_limit} target tokens; lower --max-target-length")
+                                     f"{self.target_limit} target tokens; lower --max-target-length")
             report_truncation(table, [i for i, s in enumerate(x) if len(s) > room], room, "source tokens")
             prompts = [([bos] if bos is not None else []) + s[:room] + ([delim] if delim is not None else [])
                        for s in x]

@@ -168,7 +168,7 @@ def resolve_strategy(strategy: str, world_size: int) -> str:
         return "ddp" if world_size > 1 else "single"
     if strategy == "single" and world_size > 1:
         raise UserInputError(f"strategy=single under a launcher with WORLD_SIZE={world_size}: every rank would train "
-                         "its own copy on its own data; use --strategy ddp, fsdp or auto")
+                             "its own copy on its own data; use --strategy ddp, fsdp or auto")
     return strategy
 
 
@@ -181,7 +181,7 @@ def rank_device(device: str, local_rank: int) -> torch.device:
     count = torch.cuda.device_count()
     if local_rank >= count:
         raise UserInputError(f"LOCAL_RANK={local_rank} but this node has {count} GPU(s): start at most {count} "
-                         "processes per node (torchrun --nproc-per-node)")
+                             "processes per node (torchrun --nproc-per-node)")
     torch.cuda.set_device(local_rank)
     return torch.device("cuda", local_rank)
 

@@ -128,7 +128,7 @@ def _check_slice(data, ctx: DistContext, name: str) -> None:
     state = _state_of(data)
     if isinstance(state, dict) and "rank" in state and "world_size" in state:
         if (state["rank"], state["world_size"]) != (ctx.rank, ctx.world_size):
-            raise UserInputError(f"{name} serves rank {state['rank']} of {state['world_size']}, but this process is rank "
+            raise ValueError(f"{name} serves rank {state['rank']} of {state['world_size']}, but this process is rank "
                              f"{ctx.rank} of {ctx.world_size}: build the datasets after distributed.setup() (they "
                              "read the rank from the process group), or pass rank= and world_size=")
 
