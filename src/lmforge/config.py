@@ -107,6 +107,21 @@ class ConfigBase:
         except (TypeError, ValueError) as exc:  # TypeError: a value dataclass init cannot take
             raise ConfigError(f"{source}: {exc}") from exc
 
+    def check_kinds(self) -> None:
+        """Raise ConfigError unless each field holds its annotated kind (int, float, bool, str, dict, or one of
+        them ``| None``; other annotations are not checked). A YAML typo such as ``dropout: /tmp/x`` must not
+        reach range checks, whose comparison would fail with an unrelated TypeError."""
+        kinds = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,), "dict[str, Any]": (dict,)}
+        for f in fields(self):
+            value, annotation = getattr(self, f.name), str(f.type)
+            optional = annotation.endswith(" | None")
+            allowed = kinds.get(annotation.removesuffix(" | None"))
+            if allowed is None or (optional and value is None):
+                continue
+            if not isinstance(value, allowed) or (bool not in allowed and isinstance(value, bool)):
+                raise ConfigError(f"{type(self).__name__}.{f.name}={value!r} must be "
+                                  f"{annotation.replace(' | None', ' or null')}")
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -248,12 +263,12 @@ class ModelConfig(ConfigBase):
             if value not in allowed:
                 raise ConfigError(f"ModelConfig.{name}={value!r} is not one of {', '.join(allowed)}")
 
-        def positive(name: str) -> None:  # the kind (int) is already checked by _check_types
+        def positive(name: str) -> None:  # the kind (int) is already checked by check_kinds
             value = getattr(self, name)
             if value <= 0:
                 raise ConfigError(f"ModelConfig.{name}={value!r} must be a positive integer")
 
-        self._check_types()
+        self.check_kinds()
         choice("arch", ARCHS)
         choice("position", POSITIONS)
         choice("norm", NORMS)
@@ -308,20 +323,6 @@ class ModelConfig(ConfigBase):
             if tid is not None and not 0 <= tid < self.vocab_size:
                 raise ConfigError(f"ModelConfig.{name}={tid} is outside the vocabulary [0, {self.vocab_size})")
         return self
-
-    def _check_types(self) -> None:
-        """Each field holds its annotated kind (a YAML typo such as ``dropout: /tmp/x`` must not reach the
-        range checks, whose comparison would fail with an unrelated TypeError)."""
-        kinds = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,), "dict[str, Any]": (dict,)}
-        for f in fields(self):
-            value, annotation = getattr(self, f.name), str(f.type)
-            optional = annotation.endswith(" | None")
-            allowed = kinds.get(annotation.removesuffix(" | None"))
-            if allowed is None or (optional and value is None):
-                continue
-            wrong = not isinstance(value, allowed) or (bool not in allowed and isinstance(value, bool))
-            if wrong:
-                raise ConfigError(f"ModelConfig.{f.name}={value!r} must be {annotation.replace(' | None', ' or null')}")
 
     # ------------------------------------------------------------------ serialisation
     config_noun = "ModelConfig field(s)"

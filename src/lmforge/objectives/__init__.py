@@ -26,7 +26,7 @@ Example::
     >>> check_architecture("span-corruption", "decoder")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: objective 'span-corruption' does not fit arch='decoder': ...; it needs arch='encoder-decoder'
+    lmforge.errors.UserInputError: objective 'span-corruption' does not fit arch='decoder': ...; it needs arch='encoder-decoder'
 """
 
 from __future__ import annotations
