@@ -16,7 +16,7 @@ import argparse
 from pathlib import Path
 
 from lmforge.cli._embedding_args import add_model_flags, load_encoder, parse_layer
-from lmforge.cli.main import UserError
+from lmforge.cli.main import UserError, require_path
 from lmforge.embeddings.index import read_docs
 
 
@@ -25,7 +25,7 @@ def run(args) -> int:
 
     if not str(args.output).endswith(".npy"):
         raise UserError(f"--output {args.output}: use a .npy file name")
-    texts = read_docs(args.input)
+    texts = read_docs(require_path(args.input, "--input"))
     if not texts:
         raise UserError(f"--input {args.input}: no texts")
     encoder = load_encoder(args)

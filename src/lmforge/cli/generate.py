@@ -20,6 +20,7 @@ from pathlib import Path
 
 import lmforge
 from lmforge.cli.main import UserError, model_argument
+from lmforge.errors import InputFileNotFound
 from lmforge.generation import GenerationConfig, generate_text, stream
 from lmforge.tokenization import Tokenizer
 
@@ -76,6 +77,8 @@ def register(subparsers) -> None:
 def _prompts(args) -> list[str]:
     prompts = list(args.prompt)
     for name in args.prompt_file:
+        if name != "-" and not Path(name).is_file():
+            raise InputFileNotFound(f"--prompt-file {name}: no such file")
         prompts.append(sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8"))
     if not prompts:
         raise UserError("give a prompt with --prompt TEXT or --prompt-file FILE")

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from lmforge.cli._embedding_args import add_model_flags, load_encoder, parse_layer
-from lmforge.cli.main import UserError
+from lmforge.cli.main import UserError, require_path
 from lmforge.embeddings import SentenceEncoder
 from lmforge.embeddings.index import (
     BACKENDS,
@@ -31,7 +31,7 @@ from lmforge.embeddings.index import (
 def _build(args) -> int:
     if args.backend == "faiss" and not faiss_available():
         raise UserError("--backend faiss needs faiss (pip install faiss-cpu); or use --backend exact")
-    docs = read_docs(args.docs)
+    docs = read_docs(require_path(args.docs, "--docs"))
     if not docs:
         raise UserError(f"--docs {args.docs}: no documents")
     encoder = load_encoder(args)
@@ -44,7 +44,7 @@ def _build(args) -> int:
 
 
 def _search(args) -> int:
-    index = VectorIndex.load(args.index)
+    index = VectorIndex.load(require_path(args.index, "--index", folder=True))
     model = args.model or index.meta.get("model")
     if not model or not Path(model).is_dir():
         raise UserError(f"the index's model folder {model!r} is gone; pass --model DIR (the same model)")

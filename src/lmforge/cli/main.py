@@ -22,7 +22,7 @@ import warnings
 from pathlib import Path
 
 import lmforge
-from lmforge.errors import LmforgeError, UserInputError
+from lmforge.errors import InputFileNotFound, LmforgeError, UserInputError
 from lmforge.utils.runs import model_folder
 
 EXIT_CODES = """exit codes:
@@ -60,6 +60,15 @@ def model_argument(verb: str, path: str | Path) -> Path:
         what = "its best evaluation" if folder.name == "best" else "its final model"
         print(f"lmforge {verb}: using {folder} ({what})", file=sys.stderr, flush=True)
     return folder
+
+
+def require_path(path: str | Path, flag: str, folder: bool = False) -> Path:
+    """``path`` if it exists (as a folder when ``folder``), else InputFileNotFound naming ``flag``: checked
+    before a library call whose own error would not be a one-line user error."""
+    path = Path(path)
+    if not (path.is_dir() if folder else path.is_file()):
+        raise InputFileNotFound(f"{flag} {path}: no such {'folder' if folder else 'file'}")
+    return path
 
 
 def build_parser() -> argparse.ArgumentParser:

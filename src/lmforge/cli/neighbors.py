@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 from lmforge.cli._embedding_args import load_encoder, parse_layer
-from lmforge.cli.main import UserError
+from lmforge.cli.main import UserError, require_path
 from lmforge.embeddings.neighbors import (
     contextual_neighbors,
     highlight,
@@ -23,7 +23,7 @@ from lmforge.embeddings.neighbors import (
 
 
 def run(args) -> int:
-    sentences = read_sentences(args.corpus, args.max_sentences)
+    sentences = read_sentences(require_path(args.corpus, "--corpus"), args.max_sentences)
     if not sentences:
         raise UserError(f"--corpus {args.corpus}: no sentences")
     static = static_neighbors(sentences, args.word, k=args.static_k, method=args.static)

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from lmforge.checkpoint import load, save
-from lmforge.cli.main import UserError
+from lmforge.cli.main import UserError, require_path
 from lmforge.peft import AdapterMismatchError, load_adapter, read_adapter_config
 from lmforge.peft.hf_export import HFExportError, export_hf
 from lmforge.tokenization import Tokenizer
@@ -78,13 +78,14 @@ def _load(args):
     if not (base / "config.json").is_file():
         raise UserError(f"{base}: not an lmforge model folder (no config.json)")
     try:
-        return load_adapter(load(base), args.adapter, check_base=not args.no_check_base)
+        return load_adapter(load(base), require_path(args.adapter, "--adapter", folder=True),
+                            check_base=not args.no_check_base)
     except AdapterMismatchError as exc:
         raise UserError(str(exc)) from exc
 
 
 def run_info(args) -> int:
-    meta, cfg = read_adapter_config(args.adapter)
+    meta, cfg = read_adapter_config(require_path(args.adapter, "ADAPTER", folder=True))
     if args.json:
         print(json.dumps(meta))
         return 0

@@ -77,7 +77,10 @@ def read_rows(source: str) -> list[dict]:
         rows = datasets.load(name, split or "test")
     elif path.suffix in (".jsonl", ".json"):
         with open(path, encoding="utf-8") as f:
-            rows = [json.loads(line) for line in f if line.strip()]
+            try:
+                rows = [json.loads(line) for line in f if line.strip()]
+            except json.JSONDecodeError as exc:
+                raise UserError(f"{source}: not valid JSON lines ({exc})") from None
     else:
         rows = datasets.read_tsv(path)
     if not rows:
