@@ -26,6 +26,8 @@ def run(args) -> int:
     sentences = read_sentences(require_path(args.corpus, "--corpus"), args.max_sentences)
     if not sentences:
         raise UserError(f"--corpus {args.corpus}: no sentences")
+    if args.word.lower() not in {w.lower() for sentence in sentences for w in sentence}:
+        raise UserError(f"--word {args.word!r} does not occur in the corpus")
     static = static_neighbors(sentences, args.word, k=args.static_k, method=args.static)
     method = args.static if args.static != "auto" else ("word2vec" if _has_gensim() else "ppmi")
     print(f"static ({method}) neighbours of {args.word!r}: " + ", ".join(f"{w} {c:.2f}" for w, c in static))
