@@ -4,6 +4,9 @@ Every module in this package that defines ``register(subparsers)`` adds one verb
 new file: nothing here needs editing. Each verb sets ``func`` on its parser; that function receives the
 parsed arguments and returns an exit code.
 
+Errors: a :class:`lmforge.errors.LmforgeError` (bad input: a flag, a file, a field) is printed as one line,
+``lmforge VERB: error: ...``, with exit code 2. Any other exception is a bug and keeps its traceback.
+
 Example::
 
     $ lmforge --help
@@ -27,9 +30,9 @@ from lmforge.utils.runs import model_folder
 
 EXIT_CODES = """exit codes:
   0    success
-  1    a bug in lmforge (the traceback is printed)
+  1    a bug in lmforge (its traceback is printed); bench and quickstart also return 1 when a part failed
   2    a problem with the input: a flag, a file, a folder (one line: lmforge COMMAND: error: ...)
-  130  interrupted (Ctrl-C)"""
+  130  interrupted (Ctrl-C); pretrain and finetune first save a checkpoint (143: the same for SIGTERM)"""
 
 # The CLI's name for a bad-input error; any LmforgeError is printed the same way.
 UserError = UserInputError
