@@ -14,14 +14,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from lmforge.checkpoint import CheckpointError
 from lmforge.cli.main import UserError
 from lmforge.training.dist_checkpoint import (
     find_checkpoint,
     is_sharded,
     write_model_folder,
 )
-from lmforge.training.state import CorruptCheckpoint
 
 
 def run_consolidate(args) -> int:
@@ -32,11 +30,8 @@ def run_consolidate(args) -> int:
         raise UserError(f"{dst}: the output must lie outside the checkpoint it is made from")
     if args.tokenizer is not None and not Path(args.tokenizer).exists():
         raise UserError(f"--tokenizer {args.tokenizer}: no such tokenizer folder or file")
-    try:
-        folder = find_checkpoint(src)
-        out = write_model_folder(folder, dst, tokenizer=args.tokenizer)
-    except (CorruptCheckpoint, CheckpointError) as exc:
-        raise UserError(str(exc)) from exc
+    folder = find_checkpoint(src)
+    out = write_model_folder(folder, dst, tokenizer=args.tokenizer)
     layout = "sharded" if is_sharded(folder) else "plain"
     print(f"{folder} ({layout}) -> {out}", file=sys.stderr)
     return 0

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from lmforge.checkpoint import load, save
 from lmforge.cli.main import UserError, require_path
-from lmforge.peft import AdapterMismatchError, load_adapter, read_adapter_config
-from lmforge.peft.hf_export import HFExportError, export_hf
+from lmforge.peft import load_adapter, read_adapter_config
+from lmforge.peft.hf_export import export_hf
 from lmforge.tokenization import Tokenizer
 
 
@@ -77,11 +77,8 @@ def _load(args):
     base = Path(args.base)
     if not (base / "config.json").is_file():
         raise UserError(f"{base}: not an lmforge model folder (no config.json)")
-    try:
-        return load_adapter(load(base), require_path(args.adapter, "--adapter", folder=True),
-                            check_base=not args.no_check_base)
-    except AdapterMismatchError as exc:
-        raise UserError(str(exc)) from exc
+    return load_adapter(load(base), require_path(args.adapter, "--adapter", folder=True),
+                        check_base=not args.no_check_base)
 
 
 def run_info(args) -> int:
@@ -124,10 +121,7 @@ def run_merge(args) -> int:
 
 def run_export_hf(args) -> int:
     model = _load(args)
-    try:
-        path = export_hf(model, args.out, base_model_name_or_path=args.base_name or str(args.base))
-    except HFExportError as exc:
-        raise UserError(str(exc)) from exc
+    path = export_hf(model, args.out, base_model_name_or_path=args.base_name or str(args.base))
     hf = json.loads((Path(path) / "adapter_config.json").read_text(encoding="utf-8"))
     print(f"wrote {path}: {hf['peft_type']} for {hf.get('task_type') or 'the base model'}; load it with "
           f"peft.PeftModel.from_pretrained(<`lmforge convert to-hf {args.base}` model>, {str(path)!r})")

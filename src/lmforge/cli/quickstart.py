@@ -17,7 +17,6 @@ import argparse
 
 from lmforge.cli.main import UserError, plain_warnings
 from lmforge.quickstart import run_quickstart
-from lmforge.quickstart.folder import SettingsMismatch
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
@@ -35,11 +34,8 @@ def run(args) -> int:
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads {args.threads}: must be >= 1")
     with plain_warnings("quickstart"):
-        try:
-            report = run_quickstart(args.out, args.minutes, args.device, restart=args.restart,
-                                    progress=not args.no_progress, threads=args.threads)
-        except SettingsMismatch as exc:
-            raise UserError(str(exc)) from None
+        report = run_quickstart(args.out, args.minutes, args.device, restart=args.restart,
+                                progress=not args.no_progress, threads=args.threads)
     return 0 if report["complete"] else 1
 
 
