@@ -54,7 +54,8 @@ TASK_FLAGS = {
     "pooling": ("MODE", "cls | mean | last | max (default: cls for encoders, last for decoders/encoder-decoders; "
                         "embedding: mean)"),
     "classifier_dropout": ("P", "dropout before the classifier (default 0.1)"),
-    "max_length": ("N", "input tokens; longer inputs are cut with a warning (default 256)"),
+    "max_length": ("N", "input tokens; longer inputs are cut with a warning (default 256; embedding: the model's "
+                        "max_seq_len)"),
     "max_target_length": ("N", "target tokens for seq2seq/text2text, also the generation limit (default 128)"),
     "max_answer_length": ("N", "qa: longest answer span in tokens (default 30)"),
     "mixing_cap": ("K", "text2text mixture: examples-proportional mixing cap"),
@@ -152,7 +153,8 @@ def register(subparsers) -> None:
                            "target_column | label_column + label_map, task_prefix})")
     recipe = parser.add_argument_group("fine-tuning recipe")
     recipe.add_argument("--epochs", type=float, default=None,
-                        help="passes over the training data; 0.5 trains on half of it (sets --max-steps)")
+                        help="passes over the training data; 0.5 trains on half of it (sets --max-steps; "
+                             "embedding: whole passes, at least one)")
     recipe.add_argument("--warmup-ratio", type=float, default=None,
                         help="warmup as a share of the steps (sets --warmup; embedding: default 0.1)")
     recipe.add_argument("--layer-decay", type=float, default=None,
