@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmforge.models.bilstm_lm import (BiLM, BiLMConfig, BiLMObjective, bilm_labels, pretrain_bilm,
-                                      reverse_within_length)
+from lmforge.models.bilstm_lm import BiLM, BiLMConfig, bilm_labels, pretrain_bilm, reverse_within_length
+from lmforge.objectives.bilm import BiLMObjective
 
 
 @pytest.fixture

@@ -39,7 +39,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from lmforge.embeddings.pooling import POOLINGS, ScalarMix, pool
+from lmforge.embeddings.pooling import POOLINGS, pool
+from lmforge.nn.scalar_mix import ScalarMix
 
 Layer = int | str
 

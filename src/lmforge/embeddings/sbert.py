@@ -250,7 +250,7 @@ def finetune_embedding(model, train, *, out: str | Path, eval: str | Path | Sequ
     Returns:
         ``{"before": eval metrics, "after": train_embedding's result}``.
     """
-    from lmforge.tasks.finetune import load_body
+    from lmforge.checkpoint import load_body
     from lmforge.utils.io import atomic_write_text
 
     body, tok = load_body(model, tokenizer=tokenizer, random_init=random_init)

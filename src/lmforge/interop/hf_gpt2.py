@@ -22,7 +22,7 @@ Example:
 from __future__ import annotations
 
 from lmforge.config import ModelConfig
-from lmforge.interop.hf import Arch, Family, HFConfig, Rule, hf_activation
+from lmforge.interop.hf_family import Arch, Family, HFConfig, Rule, hf_activation
 
 
 def _from_hf(c: HFConfig, arch: Arch) -> dict:

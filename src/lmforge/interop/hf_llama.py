@@ -23,7 +23,7 @@ Example:
 from __future__ import annotations
 
 from lmforge.config import ModelConfig
-from lmforge.interop.hf import Arch, Family, HFConfig, Rule, attention_rules, hf_activation
+from lmforge.interop.hf_family import Arch, Family, HFConfig, Rule, attention_rules, hf_activation
 
 
 def _rope_theta(c: HFConfig) -> float:

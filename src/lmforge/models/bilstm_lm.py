@@ -15,7 +15,7 @@ sizes match for any E). The LM loss never reaches that projection (nor the model
 pre-training it is still its random initialisation, a full-rank linear map of the embedding that a linear probe
 sees through, and a downstream task may train it. (For the same reason a DDP run would need
 ``find_unused_parameters``; the biLM has been trained single-process only.) :meth:`BiLM.elmo` mixes the L+1
-layers with a learned :class:`~lmforge.embeddings.pooling.ScalarMix` (softmax-normalised weights x gamma).
+layers with a learned :class:`~lmforge.nn.scalar_mix.ScalarMix` (softmax-normalised weights x gamma).
 
 Pre-training: ``lmforge pretrain --model elmo-tiny --objective bilm --data DATA --out RUN``. The objective
 (:class:`lmforge.objectives.bilm.BiLMObjective`) makes aligned (B, 2, T) labels, and the model returns
@@ -48,11 +48,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.config import ConfigError
-from lmforge.embeddings.pooling import ScalarMix
-from lmforge.objectives.bilm import IGNORE_INDEX, BiLMObjective, bilm_labels  # re-exported: older imports
+from lmforge.nn.scalar_mix import ScalarMix
+from lmforge.nn.labels import IGNORE_INDEX
 
-__all__ = ["ARCH", "PRESETS", "BiLM", "BiLMConfig", "BiLMObjective", "BiLMOutput", "bilm_config", "bilm_labels",
-           "is_bilm", "load_bilm", "pretrain_bilm", "reverse_within_length"]
+__all__ = ["ARCH", "PRESETS", "BiLM", "BiLMConfig", "BiLMOutput", "bilm_labels", "pretrain_bilm",
+           "reverse_within_length"]
 
 ARCH = "bilstm"  # the ``arch`` a BiLM config.json records; lmforge.load dispatches on it
 # ELMo's own biLM has 2 layers of 4096 cells projected to 512; these are CPU-sized.
@@ -131,6 +131,23 @@ class BiLMOutput:
     logits: torch.Tensor | None = None  # (N, V) at the labelled targets: forward ones first, then backward
     forward_logits: torch.Tensor | None = None  # (B, T, V): position t predicts token t+1
     backward_logits: torch.Tensor | None = None  # (B, T, V): position t predicts token t-1
+
+
+def bilm_labels(input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Aligned targets of both LMs, (B, T) -> (B, 2, T): row 0 holds token t+1 at t, row 1 token t-1 at t.
+
+    A target is kept only when both the predicting position and the predicted token are real (not padding).
+
+    Example:
+        >>> bilm_labels(torch.tensor([[5, 6, 7, 0]]), torch.tensor([[1, 1, 1, 0]])).tolist()
+        [[[6, 7, -100, -100], [-100, 5, 6, -100]]]
+    """
+    B, T = input_ids.shape
+    real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    labels = torch.full((B, 2, T), IGNORE_INDEX, dtype=torch.long, device=input_ids.device)
+    labels[:, 0, :-1] = torch.where(real[:, :-1] & real[:, 1:], input_ids[:, 1:], IGNORE_INDEX)
+    labels[:, 1, 1:] = torch.where(real[:, 1:] & real[:, :-1], input_ids[:, :-1], IGNORE_INDEX)
+    return labels
 
 
 def reverse_within_length(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -254,59 +271,3 @@ def pretrain_bilm(model: BiLM, batches, *, steps: int, lr: float = 1e-3, grad_cl
         losses.append(out.loss.item())
     model.eval()
     return losses
-
-
-# ---------------------------------------------------------------------- presets, folders, loading
-def _raw_config(spec: str | Path) -> tuple[dict[str, Any], str] | None:
-    """(mapping, where it came from) for a BiLM preset, model folder or .json/.yaml file; None if not a BiLM."""
-    from lmforge.checkpoint import CONFIG_FILE
-    from lmforge.utils.io import read_mapping_file
-
-    if str(spec) in PRESETS:
-        return dict(PRESETS[str(spec)]), f"preset {spec}"
-    path = Path(spec)
-    file = path / CONFIG_FILE if path.is_dir() else path
-    if not file.is_file() or file.suffix not in (".json", ".yaml", ".yml"):
-        return None
-    try:
-        data = read_mapping_file(file, "config")
-    except ValueError:
-        return None  # not ours to complain about: the Transformer loader reports a broken file
-    return (data, str(file)) if isinstance(data, dict) and data.get("arch") == ARCH else None
-
-
-def is_bilm(spec: str | Path) -> bool:
-    """True for a BiLM preset name (``elmo-tiny``), a BiLM model folder or a config file with ``arch: bilstm``."""
-    return _raw_config(spec) is not None
-
-
-def bilm_config(spec: str | Path, **overrides: Any) -> BiLMConfig:
-    """The :class:`BiLMConfig` of a preset, model folder or config file, with ``overrides`` applied.
-
-    Example:
-        >>> bilm_config("elmo-tiny", vocab_size=1000).d_model
-        512
-    """
-    found = _raw_config(spec)
-    if found is None:
-        raise ConfigError(f"{spec!r} is not a BiLM: give a preset ({', '.join(PRESETS)}), a folder or a config "
-                          f"file with arch: {ARCH}")
-    data, source = found
-    if overrides:
-        BiLMConfig.from_dict(data, source=source)  # a fault of the file is named as the file's
-    return BiLMConfig.from_dict({**data, **overrides}, source=source if not overrides else "model overrides")
-
-
-def load_bilm(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> BiLM:
-    """A BiLM from a model folder (``config.json`` + ``model.safetensors``), in eval mode. ``lmforge.load``
-    calls this for folders whose config says ``arch: bilstm``; a preset name gives fresh weights."""
-    from lmforge.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_weights
-
-    path = Path(path)
-    model = BiLM(bilm_config(path))
-    if path.is_dir():
-        load_weights(model, path / WEIGHTS_FILE)
-    elif str(path) not in PRESETS:
-        raise ConfigError(f"{path}: a BiLM model folder needs {CONFIG_FILE} and {WEIGHTS_FILE}")
-    model = model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
-    return model.eval()

@@ -22,9 +22,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from lmforge.models.transformer import shift_right  # one definition, re-exported for objectives
-
-IGNORE_INDEX = -100  # label value that the cross-entropy loss skips
+from lmforge.nn.labels import IGNORE_INDEX, shift_right
 
 
 def as_ids(sequence: Sequence[int] | torch.Tensor) -> torch.Tensor:

@@ -86,7 +86,8 @@ def export_hf(model, path: str | Path, name: str | None = None, base_model_name_
     Raises:
         HFExportError: the method (or this base) has no HF peft equivalent.
     """
-    from lmforge.interop.hf import _Mapper, hf_config_for
+    from lmforge.interop.hf import hf_config_for
+    from lmforge.interop.hf_family import Mapper
 
     name = model._name(name)
     cfg = model.peft_configs[name]
@@ -96,7 +97,7 @@ def export_hf(model, path: str | Path, name: str | None = None, base_model_name_
                             f"{', '.join(EXPORTABLE)}")
     family, arch_name, _ = hf_config_for(base_cfg)
     arch = family.architectures[arch_name]
-    mapper = _Mapper(family.rules(base_cfg))
+    mapper = Mapper(family.rules(base_cfg))
     prefix = "base_model.model." + (family.prefix if arch.prefixed else "")
     hf_cfg: dict[str, Any] = {
         "task_type": TASK_TYPES.get(base_cfg.head, {}).get(base_cfg.arch),

@@ -61,9 +61,9 @@ def _arch_fields(config) -> dict[str, Any]:
 
 def weights_sha256(model: torch.nn.Module) -> str:
     """SHA-256 over every tensor of ``model`` (name, dtype, shape, bytes; tied weights once)."""
-    from lmforge.checkpoint import _canonical_state
+    from lmforge.model_folder import canonical_state
 
-    tensors, _ = _canonical_state(model)
+    tensors, _ = canonical_state(model)
     h = hashlib.sha256()
     for name in sorted(tensors):
         t = tensors[name]

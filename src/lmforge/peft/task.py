@@ -174,8 +174,7 @@ def load_peft_task_model(path: str | Path, meta: dict, spec, device: str = "cpu"
         lmforge.checkpoint.CheckpointError: the base folder is gone.
         lmforge.peft.AdapterMismatchError: the base there is not the one the adapter was trained on.
     """
-    from lmforge.checkpoint import CheckpointError
-    from lmforge.tasks.finetune import read_model_folder
+    from lmforge.checkpoint import CheckpointError, read_model_folder
     from lmforge.tasks.model import TASK_FILE, build_task_model, load_head
 
     path = Path(path)

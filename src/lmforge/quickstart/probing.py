@@ -71,7 +71,7 @@ def probing(ctx: Context, seconds: float) -> dict[str, Any]:
     from lmforge import datasets
     from lmforge.embeddings import SentenceEncoder
     from lmforge.quickstart.retrieval import encoders
-    from lmforge.tasks.finetune import load_body
+    from lmforge.checkpoint import load_body
 
     start = time.perf_counter()
     train, test = datasets.load("rt-sentiment", "train"), datasets.load("rt-sentiment", "test")

@@ -30,7 +30,7 @@ def encoders(ctx: Context) -> dict[str, tuple[Any, str]]:
     """name -> (SentenceEncoder, its model folder): bert-tiny pre-trained here, and MiniLM when installed."""
     from lmforge.embeddings import SentenceEncoder
     from lmforge.quickstart.finetuning import minilm_path
-    from lmforge.tasks.finetune import load_body
+    from lmforge.checkpoint import load_body
 
     found = {}
     sources = {"bert-tiny (pre-trained here)": ctx.path(ctx.result("pretrain-bert")["model_dir"])}

@@ -44,7 +44,6 @@ _LAZY = {
     "FinetuneTrainer": "finetune",
     "FinetuneResult": "finetune",
     "finetune": "finetune",
-    "load_body": "finetune",
     "layer_groups": "finetune",
     "build_finetune_optimizer": "finetune",
     "ScaledAdamW": "finetune",

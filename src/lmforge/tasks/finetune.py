@@ -46,6 +46,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from lmforge.checkpoint import load_body
 from lmforge.config import ConfigError
 from lmforge.peft.config import PeftConfig
 from lmforge.tasks import metrics as task_metrics
@@ -319,57 +320,6 @@ class FinetuneResult:
     @property
     def best_value(self) -> float | None:
         return self.best["value"] if self.best else None
-
-
-def read_model_folder(path: str | Path, with_tokenizer: bool = True):
-    """(Transformer, Tokenizer or None) from an lmforge model/task folder or a Hugging Face model folder."""
-    from lmforge import checkpoint
-    from lmforge.tokenization import Tokenizer
-
-    path = Path(path)
-    if (path / "config.json").is_file() and '"model_type"' in (path / "config.json").read_text():
-        from lmforge.interop.hf import load_hf
-
-        conv = load_hf(path)
-        for note in conv.notes:
-            warn(note)
-        return conv.model, conv.tokenizer if with_tokenizer else None
-    tok = Tokenizer.load(path) if with_tokenizer and (path / "tokenizer.json").is_file() else None
-    return checkpoint.load(path), tok
-
-
-def load_body(source, tokenizer=None, random_init: bool = False):
-    """(Transformer, Tokenizer) from an lmforge model/task folder, a Hugging Face folder or a preset.
-
-    Args:
-        source: a folder (lmforge ``config.json`` + weights, or an HF model folder) or a preset name.
-        tokenizer: a Tokenizer or a path to one (required for presets, which have none).
-        random_init: keep the architecture and tokenizer, re-initialise every weight (a from-scratch baseline).
-    """
-    from lmforge.tokenization import Tokenizer
-
-    if isinstance(source, nn.Module):
-        body, tok = source, None
-    else:
-        path = Path(str(source))
-        if path.is_dir():
-            body, tok = read_model_folder(path, with_tokenizer=tokenizer is None)
-        elif path.exists() or "/" in str(source):
-            raise FileNotFoundError(f"{source}: not a model folder")
-        else:
-            from lmforge.models import build_model
-
-            body, tok = build_model(str(source)), None
-    if tok is None and tokenizer is not None:
-        tok = tokenizer if not isinstance(tokenizer, (str, Path)) else Tokenizer.load(tokenizer)
-    if tok is None:
-        raise ConfigError(f"{source}: no tokenizer found beside the model; pass one (--tokenizer DIR)")
-    if tok.vocab_size > body.config.vocab_size:
-        raise ConfigError(f"the tokenizer has {tok.vocab_size} ids but the model's vocabulary only "
-                          f"{body.config.vocab_size}")
-    if random_init:
-        body.reset_parameters()
-    return body.train(), tok
 
 
 def _as_table(source) -> Table:
