@@ -84,7 +84,7 @@ def probe_finetuning(body: torch.nn.Module, tokenizer, spec, table, config, scra
                           recipe=None, peft=None, seconds: float = 1.0) -> Probe:
     """Seconds per step of fine-tuning ``body`` (left untouched: a copy is trained) on ``table`` as ``spec``
     says, with ``config``'s batch size and precision (and a PEFT adapter when ``peft`` is given)."""
-    from lmforge.tasks import build_task
+    from lmforge.tasks.registry import build_task
     from lmforge.tasks.data import ExampleBatches
     from lmforge.tasks.finetune import FinetuneTrainer, Recipe
     from lmforge.tasks.model import build_task_model

@@ -12,6 +12,7 @@
     model.py           TaskModel (body + head) and task folders (model folder + task.json + head weights)
     finetune.py        the recipe: layer-wise LR decay, gradual unfreezing, frozen body, best checkpoint
     inference.py       evaluate / predict a task folder on a data file
+    registry.py        build_task: the Task class for each task name
     metrics.py         scikit-learn, scipy, seqeval, sacrebleu, rouge-score; SQuAD EM/F1; perplexity
 
 Example:
@@ -49,22 +50,10 @@ _LAZY = {
     "ScaledAdamW": "finetune",
     "evaluate": "inference",
     "predict": "inference",
+    "build_task": "registry",
 }
 
-__all__ = sorted(_LAZY) + ["build_task"]
-
-
-def build_task(spec, tokenizer, config):
-    """The :class:`~lmforge.tasks.base.Task` for ``spec.task`` (encoding, collation, prediction, metrics)."""
-    from lmforge.tasks.classification import ClassifyTask, MultilabelTask, RegressTask
-    from lmforge.tasks.qa import QATask
-    from lmforge.tasks.seq2seq import Seq2SeqTask
-    from lmforge.tasks.tagging import TagTask
-    from lmforge.tasks.text2text import Text2TextTask
-
-    classes = {"classify": ClassifyTask, "regress": RegressTask, "multilabel": MultilabelTask, "tag": TagTask,
-               "qa": QATask, "seq2seq": Seq2SeqTask, "text2text": Text2TextTask}
-    return classes[spec.task](spec, tokenizer, config)
+__all__ = sorted(_LAZY)
 
 
 def __getattr__(name: str):

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from lmforge.tasks import metrics
+import lmforge.tasks.metrics as metrics
 from lmforge.tasks.base import Task, softmax_rows, text_of
 from lmforge.tasks.data import Table, TaskDataError
 

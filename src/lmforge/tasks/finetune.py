@@ -350,7 +350,7 @@ def finetune(model, spec: TaskSpec, train, eval=None, *, config: TrainConfig, re
         wrap: a function applied to the assembled TaskModel before training (after ``peft``).
         log: called with one-line progress notes (what is trained on what), e.g. ``print``.
     """
-    from lmforge.tasks import build_task
+    from lmforge.tasks.registry import build_task
 
     # Everything initialised here (a from-scratch body, the new head, PEFT weights) draws from the global
     # generators: seed them, or the same command gives a different model in every process.

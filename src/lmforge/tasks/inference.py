@@ -36,7 +36,7 @@ OVERRIDABLE = ("text_column", "text_pair_column", "label_column", "target_column
 def load(model_dir: str | Path, task: str | None = None, overrides: dict[str, Any] | None = None,
          device: str = "cpu"):
     """(model, Task, spec) for a task folder, or for a plain LM folder with a generative ``task``."""
-    from lmforge.tasks import build_task
+    from lmforge.tasks.registry import build_task
     from lmforge.tokenization import Tokenizer
 
     model_dir = Path(model_dir)
