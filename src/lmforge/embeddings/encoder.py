@@ -39,8 +39,10 @@ import numpy as np
 import torch
 from torch import nn
 
+import lmforge
 from lmforge.embeddings.pooling import POOLINGS, pool
 from lmforge.nn.scalar_mix import ScalarMix
+from lmforge.tokenization import Tokenizer
 
 Layer = int | str
 
@@ -80,9 +82,6 @@ class SentenceEncoder(nn.Module):
     @classmethod
     def load(cls, path: str | Path, device: str = "cpu", **kwargs) -> "SentenceEncoder":
         """Model and tokenizer from one folder written by ``lmforge.save`` / ``lmforge convert``."""
-        import lmforge
-        from lmforge.tokenization import Tokenizer
-
         folder = Path(path)
         if not (folder / "tokenizer.json").is_file() and not (folder / "vocab.txt").is_file():
             raise FileNotFoundError(f"{folder}: no tokenizer.json; embeddings need a model folder with its tokenizer")

@@ -40,7 +40,6 @@ Example:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -48,8 +47,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.config import ConfigError
-from lmforge.nn.scalar_mix import ScalarMix
 from lmforge.nn.labels import IGNORE_INDEX
+from lmforge.nn.scalar_mix import ScalarMix
 
 __all__ = ["ARCH", "PRESETS", "BiLM", "BiLMConfig", "BiLMOutput", "bilm_labels", "pretrain_bilm",
            "reverse_within_length"]

@@ -23,8 +23,7 @@ them. For an encoder-decoder model without ``decoder_input_ids``, they are ``lab
 
 Example:
     >>> import torch
-    >>> from lmforge import generation, model_folder
-from lmforge.config import ModelConfig
+    >>> from lmforge.config import ModelConfig
     >>> model = Transformer(ModelConfig.from_preset("gpt-tiny"))
     >>> ids = torch.randint(0, 8192, (2, 16))
     >>> model(ids).logits.shape
@@ -40,6 +39,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from lmforge import generation, model_folder
 from lmforge.config import ModelConfig
 from lmforge.models.heads import LMHead, MLMHead, Pooler
 from lmforge.models.stack import TransformerStack

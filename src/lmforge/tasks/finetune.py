@@ -50,7 +50,7 @@ from lmforge.checkpoint import load_body
 from lmforge.config import ConfigError
 from lmforge.peft.config import PeftConfig
 from lmforge.tasks import metrics as task_metrics
-from lmforge.tasks.data import ExampleBatches, Table, read_table, warn
+from lmforge.tasks.data import ExampleBatches, Table, read_table
 from lmforge.tasks.model import build_task_model, examples_with_targets, read_task_meta, save_task_model
 from lmforge.tasks.spec import TaskSpec
 from lmforge.training.config import TrainConfig

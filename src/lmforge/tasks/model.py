@@ -45,6 +45,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from lmforge import checkpoint
+from lmforge.interop.hf import TaskHead
 from lmforge.models.transformer import Transformer, shift_right
 from lmforge.objectives.base import IGNORE_INDEX
 from lmforge.tasks.heads import SequenceHead, SpanHead, TokenHead
@@ -227,8 +228,6 @@ def hf_head(path: str | Path) -> tuple[TaskSpec, dict[str, torch.Tensor]] | None
     :class:`SequenceHead`; ``problem_type`` and ``id2label`` give the task and the labels. None when the
     folder holds no HF head.
     """
-    from lmforge.interop.hf import TaskHead
-
     head = TaskHead.load(path)
     if head is None:
         return None
