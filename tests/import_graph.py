@@ -2,7 +2,9 @@
 
 Every ``import`` statement counts, wherever it stands (a function body, a ``try``, ``if TYPE_CHECKING``): an
 import hidden in a function still makes the two modules depend on each other. ``from pkg import x`` is an edge
-to ``pkg`` (its ``__init__`` runs) and, when ``pkg.x`` is a module, to ``pkg.x`` as well.
+to ``pkg`` (its ``__init__`` runs) and, when ``pkg.x`` is a module, to ``pkg.x`` as well. Importing
+``pkg.sub.mod`` from outside ``pkg.sub`` runs ``pkg/sub/__init__.py`` first, so that is an edge to ``pkg.sub``
+too; a module inside the package does not get it (its package is already being imported).
 
 Example:
     >>> graph = {"p.a": {"p.b"}, "p.b": {"p.a"}, "p.c": {"p.a"}}
@@ -53,8 +55,13 @@ def import_graph(root: str | Path, package: str) -> dict[str, set[str]]:
             for target in _targets(node, name, file.name == "__init__.py"):
                 while target and target not in modules:  # ``pkg.mod.attr`` -> ``pkg.mod``
                     target = target.rpartition(".")[0]
-                if target and target != name and (target + ".").startswith(package + "."):
-                    graph[name].add(target)
+                if not target or target == name or not (target + ".").startswith(package + "."):
+                    continue
+                graph[name].add(target)
+                parent = target.rpartition(".")[0]
+                while parent and not (name + ".").startswith(parent + "."):  # packages the importer is outside of
+                    graph[name].add(parent)
+                    parent = parent.rpartition(".")[0]
     return graph
 
 
