@@ -60,6 +60,26 @@ def pad_labels(sequences: Sequence) -> torch.Tensor:
     return pad(sequences, IGNORE_INDEX)[0]
 
 
+def next_token_batch(examples: Sequence, pad_id: int, min_tokens: int,
+                     too_short: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inputs and next-token targets of decoder-only objectives: ``(input_ids, real, labels)``, each (B, T).
+
+    ``input_ids`` are each sequence without its last token, ``labels`` without its first (aligned: labels[t] =
+    x[t+1]); ``real`` marks the non-padding inputs. A sequence shorter than ``min_tokens`` raises
+    ``ValueError(too_short)``.
+
+    Example:
+        >>> ids, real, labels = next_token_batch([[5, 6, 7], [8, 9]], pad_id=0, min_tokens=2, too_short="too short")
+        >>> ids.tolist(), labels.tolist()
+        ([[5, 6], [8, 0]], [[6, 7], [9, -100]])
+    """
+    seqs = [as_ids(x) for x in examples]
+    if any(len(s) < min_tokens for s in seqs):
+        raise ValueError(too_short)
+    input_ids, real = pad([s[:-1] for s in seqs], pad_id)  # (B, T) each
+    return input_ids, real, pad_labels([s[1:] for s in seqs])
+
+
 def seq2seq_batch(sources: Sequence, targets: Sequence, pad_id: int, start_id: int) -> dict[str, torch.Tensor]:
     """Encoder-decoder inputs from source and target id sequences (reconstruct ``targets`` from ``sources``).
 
