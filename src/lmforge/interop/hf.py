@@ -346,6 +346,7 @@ def load_hf(source, *, architecture: str | None = None, dtype: torch.dtype | Non
         return _convert(hf_config, state, f"{type(source).__name__}.config", architecture or type(source).__name__,
                         None, str(name), dtype, "state_dict()")
     folder = Path(source)
+    # The same checks as model_folder.read_config, for the other format and its own error and wording.
     if not folder.is_dir():
         raise HFConversionError(f"{folder}: not a folder (expected a Hugging Face model folder with {HF_CONFIG})")
     cfg_path = folder / HF_CONFIG

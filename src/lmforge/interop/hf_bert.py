@@ -108,6 +108,7 @@ BERT = Family(
     tokenizer_family="bert",
 )
 
+# BERT's declaration with RoBERTa's names and values: the same fields, filled in twice on purpose.
 ROBERTA = Family(
     model_type="roberta",
     architectures={

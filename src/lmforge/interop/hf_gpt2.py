@@ -65,6 +65,7 @@ def _rules(cfg: ModelConfig) -> list[Rule]:
     ]
 
 
+# Same fields as the other families' declarations, with this family's values: a table, not repeated logic.
 GPT2 = Family(
     model_type="gpt2",
     architectures={"GPT2Model": Arch(), "GPT2LMHeadModel": Arch("lm", True)},

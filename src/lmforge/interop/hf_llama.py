@@ -75,6 +75,7 @@ def _rules(cfg: ModelConfig) -> list[Rule]:
     ]
 
 
+# Same fields as the other families' declarations, with this family's values: a table, not repeated logic.
 LLAMA = Family(
     model_type="llama",
     architectures={"LlamaModel": Arch(), "LlamaForCausalLM": Arch("lm", True)},
