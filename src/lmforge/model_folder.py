@@ -14,9 +14,9 @@ rebuilds a model from any folder kind, and the models' own ``save`` writes throu
 Example:
     >>> import tempfile, lmforge
     >>> model = lmforge.build_model("gpt-tiny")
-    >>> path = model.save(tempfile.mkdtemp() + "/gpt")
-    >>> lmforge.load(path).config == model.config
-    True
+    >>> path = save(model, tempfile.mkdtemp() + "/gpt")
+    >>> read_config(path) == model.config, sorted(p.name for p in path.iterdir())
+    (True, ['config.json', 'model.safetensors'])
 """
 
 from __future__ import annotations

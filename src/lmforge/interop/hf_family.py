@@ -1,6 +1,6 @@
-"""What a Hugging Face family declaration is made of: tensor :class:`Rule` s, :class:`Arch` itectures, the
-:class:`Family` itself, the :class:`HFConfig` reader, and the :class:`Mapper` that resolves names through a
-rule table.
+"""What a Hugging Face family declaration is made of: tensor rules (:class:`Rule`), HF classes
+(:class:`Arch`), the :class:`Family` itself, the :class:`HFConfig` reader, and the :class:`Mapper` that
+resolves tensor names through a rule table.
 
 The family modules (``hf_bert``, ``hf_gpt2``, ``hf_t5``, ``hf_bart``, ``hf_llama``) import only this module;
 the conversion engine (:mod:`lmforge.interop.hf`) imports them and applies their tables.

@@ -22,7 +22,7 @@ Pre-training: ``lmforge pretrain --model elmo-tiny --objective bilm --data DATA 
 ``loss``/``n_targets``/flat ``logits`` in the order of those labels, so the :class:`~lmforge.training.Trainer`
 runs it unchanged (exact resume included); :func:`pretrain_bilm` is a dependency-free loop for small
 experiments. ``RUN/model`` (``config.json`` with ``arch: bilstm``, ``model.safetensors``, the tokenizer) loads
-with ``lmforge.load`` / :func:`load_bilm`, and :class:`lmforge.embeddings.SentenceEncoder` takes it like any
+with ``lmforge.load`` / :func:`lmforge.checkpoint.load_bilm`, and :class:`lmforge.embeddings.SentenceEncoder` takes it like any
 encoder: its N+1 "hidden states" are :meth:`BiLM.layer_states` and its scalar mix is the model's own.
 
 Presets (:data:`PRESETS`) are plain dicts here rather than YAML files in ``lmforge/presets``, which hold
