@@ -36,44 +36,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-
 from lmforge.config import ConfigError
+from lmforge.peft.registry import DEFAULT_TARGETS, MERGEABLE, METHODS, option_methods
 
-METHODS = ("lora", "qlora", "adapter", "prefix", "prompt", "ia3", "bitfit", "mam")
-MERGEABLE = ("lora", "qlora", "ia3", "bitfit")
 ADAPTER_ACTIVATIONS = ("relu", "gelu", "tanh", "silu")
 PROMPT_INITS = ("vocab", "text", "random")
-
-# Which methods use each option; options not listed (method, targets) are shared.
-_OPTION_METHODS = {
-    "r": ("lora", "qlora"),
-    "alpha": ("lora", "qlora"),
-    "dropout": ("lora", "qlora"),
-    "rslora": ("lora", "qlora"),
-    "nf4_block_size": ("qlora",),
-    "nf4_scaler_block_size": ("qlora",),
-    "adapter_dim": ("adapter", "mam"),
-    "adapter_activation": ("adapter", "mam"),
-    "adapter_scale": ("mam",),
-    "num_virtual_tokens": ("prefix", "prompt", "mam"),
-    "prefix_projection": ("prefix", "mam"),
-    "prefix_hidden": ("prefix", "mam"),
-    "prompt_init": ("prompt",),
-    "prompt_init_text": ("prompt",),
-    "targets": ("lora", "qlora", "adapter", "ia3", "bitfit", "mam"),
-}
-
-# Default targets. LoRA: W_q and W_v, the paper's choice. IA3: keys, values and the FFN's inner
-# activation (the input of ffn.down). Houlsby: after every attention output projection and the FFN.
-# MAM: the parallel adapter sits beside each FFN sublayer. BitFit: every linear and norm of the stacks.
-DEFAULT_TARGETS = {
-    "lora": ["q", "v"],
-    "qlora": ["q", "v"],
-    "adapter": ["o", "ffn.down"],
-    "ia3": ["k", "v", "ffn.down"],
-    "bitfit": ["q", "k", "v", "o", "ffn", "re:.*norm"],
-    "mam": ["ffn"],
-}
 
 
 @dataclass
@@ -224,3 +191,8 @@ class PeftConfig:
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
         return cls.from_dict(data, source=str(path))
+
+
+# Which methods use each option (each method's file says which it takes); ``method`` is shared. Checked in
+# field order, ``targets`` last, so that the first misplaced option named is the most specific one.
+_OPTION_METHODS = option_methods([*(f.name for f in fields(PeftConfig) if f.name != "targets"), "targets"])

@@ -118,7 +118,8 @@ def sentiment(ctx: Context, stage: str, run: SentimentRun, source: Path, seconds
     from lmforge.peft.config import PeftConfig
     from lmforge.quickstart.probe import Probe, probe_finetuning
     from lmforge.tasks.data import Table
-    from lmforge.tasks.finetune import Recipe, finetune, load_body
+    from lmforge.tasks.finetune import finetune, load_body
+    from lmforge.tasks.recipe import Recipe
     from lmforge.tasks.inference import evaluate
 
     train, test = _tables(ctx)

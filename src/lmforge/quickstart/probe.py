@@ -86,8 +86,9 @@ def probe_finetuning(body: torch.nn.Module, tokenizer, spec, table, config, scra
     says, with ``config``'s batch size and precision (and a PEFT adapter when ``peft`` is given)."""
     from lmforge.tasks import build_task
     from lmforge.tasks.data import ExampleBatches
-    from lmforge.tasks.finetune import FinetuneTrainer, Recipe
     from lmforge.tasks.model import build_task_model
+    from lmforge.tasks.recipe import Recipe
+    from lmforge.tasks.trainer import FinetuneTrainer
 
     recipe = recipe or Recipe()
     if spec.task == "classify" and not spec.labels:
@@ -99,7 +100,7 @@ def probe_finetuning(body: torch.nn.Module, tokenizer, spec, table, config, scra
     model = build_task_model(copy.deepcopy(body), spec)  # build_task_model strips the LM head in place
     peft_base = None
     if peft is not None:
-        from lmforge.peft.task import apply_task_peft
+        from lmforge.tasks.peft import apply_task_peft
 
         apply_task_peft(model, peft, tokenizer=tokenizer)
         peft_base = scratch

@@ -63,7 +63,8 @@ def translation(ctx: Context, seconds: float) -> dict[str, Any]:
     """Stage ``translation``: fine-tune, translate test verses while time allows, score them."""
     from lmforge.quickstart.probe import Probe, probe_finetuning
     from lmforge.tasks.data import Table
-    from lmforge.tasks.finetune import Recipe, finetune, load_body
+    from lmforge.tasks.finetune import finetune, load_body
+    from lmforge.tasks.recipe import Recipe
 
     start = time.perf_counter()
     source = ctx.path(ctx.result("pretrain-t5")["model_dir"])
