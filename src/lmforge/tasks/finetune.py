@@ -43,13 +43,13 @@ from lmforge.tasks.optim import ScaledAdamW, build_finetune_optimizer, layer_gro
 from lmforge.tasks.peft import PEFT_BASE_DIR, apply_task_peft, parameter_report, peft_base, record_peft_run
 from lmforge.tasks.recipe import Recipe
 from lmforge.tasks.spec import TaskSpec
-from lmforge.tasks.trainer import BEST_DIR, FinetuneTrainer
+from lmforge.tasks.trainer import FinetuneTrainer
 from lmforge.training.config import TrainConfig
 from lmforge.training.state import CheckpointManager, seed_all
 from lmforge.training.trainer import RunExistsError, TrainResult
 
-# The recipe's parts, importable from here as before the split into files named for them.
-__all__ = ["BEST_DIR", "FinetuneResult", "FinetuneTrainer", "Recipe", "ScaledAdamW", "build_finetune_optimizer",
+# Fine-tuning's public names, importable from this entry point too (each part lives in the module named above).
+__all__ = ["FinetuneResult", "FinetuneTrainer", "Recipe", "ScaledAdamW", "build_finetune_optimizer",
            "finetune", "layer_groups", "load_body", "read_model_folder"]
 
 
