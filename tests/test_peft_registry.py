@@ -9,9 +9,9 @@ from dataclasses import fields
 import lmforge.peft
 from lmforge.peft import METHODS, PeftConfig
 from lmforge.peft import model as peft_model
-from lmforge.peft.config import _OPTION_METHODS
+from lmforge.peft.config import OPTION_ORDER
 from lmforge.peft.method import PeftMethod
-from lmforge.peft.registry import DEFAULT_TARGETS, MERGEABLE, REGISTRY
+from lmforge.peft.registry import DEFAULT_TARGETS, MERGEABLE, REGISTRY, option_methods
 
 
 def test_tables_are_the_ones_each_method_states():
@@ -22,7 +22,7 @@ def test_tables_are_the_ones_each_method_states():
         "bitfit": ["q", "k", "v", "o", "ffn", "re:.*norm"], "mam": ["ffn"],
     }
     lora, mam = ("lora", "qlora"), ("adapter", "mam")
-    assert _OPTION_METHODS == {
+    assert option_methods(OPTION_ORDER) == {
         "r": lora, "alpha": lora, "dropout": lora, "rslora": lora,
         "nf4_block_size": ("qlora",), "nf4_scaler_block_size": ("qlora",),
         "adapter_dim": mam, "adapter_activation": mam, "adapter_scale": ("mam",),
@@ -35,7 +35,7 @@ def test_tables_are_the_ones_each_method_states():
 def test_every_option_is_a_config_field_and_every_field_belongs_to_a_method():
     names = {f.name for f in fields(PeftConfig)} - {"method"}
     declared = {option for m in REGISTRY.values() for option in m.options}
-    assert declared == names
+    assert declared == names == set(OPTION_ORDER)
 
 
 def test_every_method_file_is_registered():

@@ -41,6 +41,10 @@ from lmforge.peft.registry import DEFAULT_TARGETS, MERGEABLE, METHODS, option_me
 
 ADAPTER_ACTIVATIONS = ("relu", "gelu", "tanh", "silu")
 PROMPT_INITS = ("vocab", "text", "random")
+# The options that belong to some methods only (each method's file names its own), in the order validate() checks them.
+OPTION_ORDER = ("r", "alpha", "dropout", "rslora", "nf4_block_size", "nf4_scaler_block_size", "adapter_dim",
+                "adapter_activation", "adapter_scale", "num_virtual_tokens", "prefix_projection", "prefix_hidden",
+                "prompt_init", "prompt_init_text", "targets")
 
 
 @dataclass
@@ -105,7 +109,7 @@ class PeftConfig:
         if self.method not in METHODS:
             raise ConfigError(f"PeftConfig.method={self.method!r} is not one of {', '.join(METHODS)}")
         defaults = {f.name: f.default for f in fields(self) if f.default is not dataclasses.MISSING}
-        for name, methods in _OPTION_METHODS.items():
+        for name, methods in option_methods(OPTION_ORDER).items():
             if self.method not in methods and getattr(self, name) != defaults.get(name):
                 raise ConfigError(
                     f"PeftConfig.{name}={getattr(self, name)!r} is not used by method {self.method!r} "
@@ -191,8 +195,3 @@ class PeftConfig:
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
         return cls.from_dict(data, source=str(path))
-
-
-# Which methods use each option (each method's file says which it takes); ``method`` is shared. Checked in
-# field order, ``targets`` last, so that the first misplaced option named is the most specific one.
-_OPTION_METHODS = option_methods([*(f.name for f in fields(PeftConfig) if f.name != "targets"), "targets"])

@@ -49,8 +49,8 @@ from lmforge.training.state import CheckpointManager, seed_all
 from lmforge.training.trainer import RunExistsError, TrainResult
 
 # Fine-tuning's public names, importable from this entry point too (each part lives in the module named above).
-__all__ = ["FinetuneResult", "FinetuneTrainer", "Recipe", "ScaledAdamW", "build_finetune_optimizer",
-           "finetune", "layer_groups", "load_body", "read_model_folder"]
+__all__ = ["FinetuneResult", "FinetuneTrainer", "Recipe", "ScaledAdamW", "build_finetune_optimizer", "finetune",
+           "layer_groups"]
 
 
 @dataclass
