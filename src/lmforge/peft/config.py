@@ -41,7 +41,7 @@ from lmforge.peft.registry import DEFAULT_TARGETS, MERGEABLE, METHODS, option_me
 
 ADAPTER_ACTIVATIONS = ("relu", "gelu", "tanh", "silu")
 PROMPT_INITS = ("vocab", "text", "random")
-# The options that belong to some methods only (each method's file names its own), in the order validate() checks them.
+# Options that only some methods take (each method's file names its own), in the order validate() checks them.
 OPTION_ORDER = ("r", "alpha", "dropout", "rslora", "nf4_block_size", "nf4_scaler_block_size", "adapter_dim",
                 "adapter_activation", "adapter_scale", "num_virtual_tokens", "prefix_projection", "prefix_hidden",
                 "prompt_init", "prompt_init_text", "targets")

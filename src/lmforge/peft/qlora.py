@@ -6,10 +6,10 @@ NF4 quantises each block of 64 weights to 4-bit indices into 16 levels placed at
 quantisation* stores those absmax scales in 8 bits, with one fp32 scale per 256 of them, which saves
 another ~0.4 bit per weight. Storage per weight: 4 bits + 8/64 bits = 0.52 bytes, about 0.13x fp32.
 
-The quantiser is torchao's ``NF4Tensor`` (:class:`~lmforge.peft.nf4.NF4Linear`) (maintained, pure PyTorch, so it runs on CPU and GPU alike);
-bitsandbytes is not needed. The forward dequantises a block-exact copy of the weight on the fly
-(``torchao``'s ``linear_nf4``), and its backward never materialises a weight gradient. LoRA
-(:mod:`lmforge.peft.lora`) then trains on top in the base's original precision.
+The quantiser is torchao's ``NF4Tensor`` (maintained, pure PyTorch, so it runs on CPU and GPU alike), held by
+:class:`~lmforge.peft.nf4.NF4Linear`; bitsandbytes is not needed. The forward dequantises a block-exact copy
+of the weight on the fly (``torchao``'s ``linear_nf4``), and its backward never materialises a weight
+gradient. LoRA (:mod:`lmforge.peft.lora`) then trains on top in the base's original precision.
 
 Only the linears of the Transformer stacks are quantised; embeddings, norms and output heads keep their
 precision, as in the paper. Merging a QLoRA adapter folds ``(alpha/r) B A`` into the *dequantised* weight,
