@@ -45,7 +45,7 @@ from lmforge.peft.io import (ADAPTER_WEIGHTS, base_identity, read_adapter_config
 from lmforge.peft.layer import AdaptedModule, AdapterState
 from lmforge.peft.nf4 import NF4Linear
 from lmforge.peft.prompt import prepare, prepare_encode, remember, strip
-from lmforge.peft.registry import REGISTRY
+from lmforge.peft.registry import MERGEABLE, REGISTRY
 from lmforge.peft.targets import logical_name
 
 
@@ -302,15 +302,20 @@ class PeftModel(nn.Module):
         Rows using ``name`` then run the merged layers; ``unmerge()`` restores the exact original state.
         """
         name = self._name(name)
-        cfg = self.peft_configs[name]
-        if not cfg.mergeable:
-            raise ValueError(f"adapter {name!r} ({cfg.method}) cannot be merged: only lora, qlora, ia3 and "
-                             "bitfit fold into the weights")
+        cfg = self._mergeable(name)
         self.unmerge()
         for _, layer in self.wrappers():
             if name in layer.adapters:
                 layer.merge(name)
         self.merged_name = name
+
+    def _mergeable(self, name: str) -> PeftConfig:
+        """Adapter ``name``'s config; ValueError if its method does not fold into the weights."""
+        cfg = self.peft_configs[name]
+        if not cfg.mergeable:
+            raise ValueError(f"adapter {name!r} ({cfg.method}) cannot be merged: only {', '.join(MERGEABLE[:-1])} "
+                             f"and {MERGEABLE[-1]} fold into the weights")
+        return cfg
 
     def unmerge(self) -> None:
         for _, layer in self.wrappers():
@@ -323,10 +328,7 @@ class PeftModel(nn.Module):
         The base model is modified in place and returned; this PeftModel cannot be used afterwards.
         """
         name = self._name(name)
-        cfg = self.peft_configs[name]
-        if not cfg.mergeable:
-            raise ValueError(f"adapter {name!r} ({cfg.method}) cannot be merged: only lora, qlora, ia3 and "
-                             "bitfit fold into the weights")
+        cfg = self._mergeable(name)
         if cfg.method == "bitfit" and (missing := merge_needs_bias(self, name)):
             raise ValueError(f"adapter {name!r} (bitfit) adds biases to layers the base model has none for "
                              f"({', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}); a plain model "
