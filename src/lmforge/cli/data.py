@@ -8,7 +8,6 @@ Example::
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import warnings

@@ -9,7 +9,6 @@ Example::
 
 from __future__ import annotations
 
-import argparse
 import json
 
 from lmforge.cli.tokenizer import HELP

@@ -8,7 +8,7 @@ the fly). The run folder gets the Trainer's checkpoints and logs, ``best/`` (the
 ``--peft METHOD`` trains a PEFT adapter (LoRA, QLoRA, Houlsby adapters, prefix or prompt tuning, (IA)^3, BitFit,
 MAM) and the task head instead of the whole model; ``--peft-option KEY=VALUE`` (repeatable) or ``--peft-config
 FILE`` set its options (the fields of :class:`lmforge.peft.PeftConfig`). ``best/`` and ``model/`` then hold the
-adapter, the head and the base model's path (see :mod:`lmforge.peft.task`); ``--merge`` also writes ``merged/``, a
+adapter, the head and the base model's path (see :mod:`lmforge.tasks.peft`); ``--merge`` also writes ``merged/``, a
 plain task folder with the adapter folded in (LoRA, QLoRA, (IA)^3, BitFit).
 
 Example::
@@ -236,7 +236,8 @@ def run(args) -> int:
 
         return run_embedding_finetune(args)
     from lmforge.peft import PeftConfig
-    from lmforge.tasks.finetune import Recipe, finetune
+    from lmforge.tasks.finetune import finetune
+    from lmforge.tasks.recipe import Recipe
     from lmforge.tasks.spec import TaskSpec
     from lmforge.training.config import TrainConfig
     from lmforge.utils.io import atomic_write_text
@@ -281,7 +282,7 @@ def run(args) -> int:
         print(f"best: {b['metric']} {b['value']:.4f} at step {b['step']} -> {out / 'best'}")
     print(f"done: step {train.step}, final model saved to {train.model_dir}")
     if settings["merge"]:
-        from lmforge.peft.task import merge_task_folder
+        from lmforge.tasks.peft import merge_task_folder
 
         source = out / "best" if result.best else train.model_dir
         merged = merge_task_folder(source, out / MERGED_DIR)

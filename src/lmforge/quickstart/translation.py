@@ -20,8 +20,9 @@ from lmforge.quickstart.probe import Probe, probe_finetuning
 from lmforge.quickstart.runs import drop_checkpoints, loss_drop, measured_step_seconds, plan_run, read_curve, warmup_for
 from lmforge.tasks import metrics as task_metrics
 from lmforge.tasks.data import Table, read_table
-from lmforge.tasks.finetune import Recipe, finetune
+from lmforge.tasks.finetune import finetune
 from lmforge.tasks.inference import predict
+from lmforge.tasks.recipe import Recipe
 from lmforge.tasks.spec import TaskSpec
 from lmforge.training.config import TrainConfig
 

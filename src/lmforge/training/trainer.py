@@ -332,7 +332,7 @@ class Trainer:
 
     def checkpoint_module(self):
         """What a checkpoint's weights are (``config``, ``state_dict``, ``load_state_dict``): the model. A subclass
-        may narrow it, e.g. to the trainable tensors of a PEFT run (lmforge.peft.task.TrainableState)."""
+        may narrow it, e.g. to the trainable tensors of a PEFT run (lmforge.tasks.peft.TrainableState)."""
         return self.model
 
     def save_checkpoint(self) -> Path:
