@@ -51,4 +51,5 @@ def cosine_similarity_loss(u: torch.Tensor, v: torch.Tensor, labels: torch.Tenso
     return F.mse_loss(F.cosine_similarity(u, v, dim=-1), labels.to(u.dtype))
 
 
-LOSSES = {"triplet": triplet_loss, "mnrl": multiple_negatives_ranking_loss, "cosine": cosine_similarity_loss}
+LOSSES = {"mnrl": multiple_negatives_ranking_loss, "triplet": triplet_loss, "cosine": cosine_similarity_loss}
+EMBEDDING_LOSSES = tuple(LOSSES)  # the names, default (in-batch negatives) first: flags and checks use these
