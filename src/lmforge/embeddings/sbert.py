@@ -199,9 +199,9 @@ def train_embedding(encoder: SentenceEncoder, train: str | Path | Sequence[dict]
     objective = SiameseLoss(loss, pooling)
     rows = 2 if loss == "mnrl" else 1
     full, rest = divmod(len(tuples), batch_size)
-    per_epoch = full + (rest >= rows)
-    if per_epoch == 0:
+    if full + (rest >= rows) == 0:
         raise UserInputError(f"loss {loss!r} needs at least {rows} training rows")
+    per_epoch = math.ceil((full + (rest >= rows)) / int(train_settings.get("grad_accum", 1)))  # optimizer steps
     total = max(1, math.ceil(per_epoch * epochs))
     total = min(max_steps, total) if max_steps else total
     settings = {"max_steps": total, "batch_size": batch_size, "lr": lr, "schedule": "linear",
