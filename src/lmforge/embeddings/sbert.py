@@ -99,7 +99,7 @@ def _need(keys: set, columns: tuple[str, ...], loss: str) -> None:
     missing = [c for c in columns if c not in keys]
     if missing:
         raise UserInputError(f"loss {loss!r} needs columns {', '.join(columns)}; missing {', '.join(missing)} "
-                         f"(have {', '.join(sorted(keys))})")
+                             f"(have {', '.join(sorted(keys))})")
 
 
 class SentenceTuples:
@@ -196,7 +196,7 @@ def train_embedding(encoder: SentenceEncoder, train: str | Path | Sequence[dict]
         ``"stopped_by"`` (SIGINT or SIGTERM) for a run stopped before its last step.
     """
     tuples = loss_columns(read_rows(train), loss)
-    objective = SiameseLoss(loss, pooling)
+    siamese = SiameseLoss(loss, pooling)
     rows = 2 if loss == "mnrl" else 1
     full, rest = divmod(len(tuples), batch_size)
     if full + (rest >= rows) == 0:
@@ -216,7 +216,7 @@ def train_embedding(encoder: SentenceEncoder, train: str | Path | Sequence[dict]
         folder = Path(run) if run is not None else Path(stack.enter_context(tempfile.TemporaryDirectory()))
         trainer = Trainer(encoder.model, SentenceTuples(encoder.tokenizer, loss, encoder.max_length),
                           _AtLeast(ExampleBatches(tuples, batch_size, seed=seed), rows), config, out=folder,
-                          tokenizer=encoder.tokenizer, loss=objective, model_files=files)
+                          tokenizer=encoder.tokenizer, loss=siamese, model_files=files)
         fitted = trainer.fit()
         losses = [r["loss"] for r in read_metrics(folder / METRICS_FILE)]
     encoder.eval()
