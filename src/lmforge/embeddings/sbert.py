@@ -307,7 +307,8 @@ def finetune_embedding(model, train, *, out: str | Path, eval: str | Path | Sequ
         loss, pooling, max_steps, epochs, batch_size, lr, warmup, seed: see :func:`train_embedding`.
         tokenizer, random_init: as for ``lmforge finetune``.
         train_settings: further TrainConfig settings (``resume=True`` continues ``OUT`` from its last
-            checkpoint; ``precision``, ``grad_accum``, ``save_every``, ``device`` (default ``auto``), ...).
+            checkpoint; ``precision``, ``grad_accum``, ``save_every`` (default 500), ``device`` (default
+            ``auto``), ...).
 
     Returns:
         ``{"before": eval metrics, "after": train_embedding's result}``.
@@ -324,7 +325,8 @@ def finetune_embedding(model, train, *, out: str | Path, eval: str | Path | Sequ
                   **evaluate_retrieval(encoder, pairs, pooling=pooling)}
     after = train_embedding(encoder, train, loss=loss, run=out, pooling=pooling, epochs=epochs,
                             max_steps=max_steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
-                            eval_pairs=pairs, progress=progress, **{"device": "auto", **train_settings})
+                            eval_pairs=pairs, progress=progress,
+                            **{"device": "auto", "save_every": 500, **train_settings})  # as for the other tasks
     result = {"before": before, "after": after}
     if "stopped_by" not in after:
         atomic_write_text(out / "metrics.json", json.dumps(result, indent=2) + "\n")
