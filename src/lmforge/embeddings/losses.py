@@ -25,6 +25,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from lmforge.errors import UserInputError
+
 
 def triplet_loss(anchor: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor,
                  margin: float = 1.0) -> torch.Tensor:
@@ -53,3 +55,10 @@ def cosine_similarity_loss(u: torch.Tensor, v: torch.Tensor, labels: torch.Tenso
 
 LOSSES = {"mnrl": multiple_negatives_ranking_loss, "triplet": triplet_loss, "cosine": cosine_similarity_loss}
 EMBEDDING_LOSSES = tuple(LOSSES)  # the names, default (in-batch negatives) first: flags and checks use these
+
+
+def loss_function(name: str):
+    """The loss called ``name`` (one of :data:`EMBEDDING_LOSSES`); another name is a UserInputError."""
+    if name not in LOSSES:
+        raise UserInputError(f"loss={name!r}: use one of {', '.join(EMBEDDING_LOSSES)}")
+    return LOSSES[name]

@@ -45,7 +45,7 @@ import torch
 
 from lmforge import checkpoint, datasets
 from lmforge.embeddings.encoder import SentenceEncoder, hidden_states
-from lmforge.embeddings.losses import EMBEDDING_LOSSES, LOSSES
+from lmforge.embeddings.losses import EMBEDDING_LOSSES, loss_function
 from lmforge.embeddings.pooling import pool
 from lmforge.errors import UserInputError
 from lmforge.tasks.data import ExampleBatches
@@ -77,8 +77,7 @@ def read_rows(source: str | Path | Sequence[dict]) -> list[dict[str, Any]]:
 
 def loss_columns(rows: Sequence[dict], loss: str) -> list[tuple]:
     """The tuples a loss consumes: (a, p, n), (a, p[, n]) or (u, v, label). Raises on missing columns."""
-    if loss not in LOSSES:
-        raise UserInputError(f"loss={loss!r}: use one of {', '.join(EMBEDDING_LOSSES)}")
+    loss_function(loss)  # a bad name is named before the columns
     if not rows:
         raise UserInputError("no training rows")
     keys = set(rows[0])
@@ -129,9 +128,7 @@ class SiameseLoss:
     :mod:`lmforge.embeddings.losses` compares the pooled vectors; its mean is over the B tuples."""
 
     def __init__(self, loss: str, pooling: str) -> None:
-        if loss not in LOSSES:
-            raise UserInputError(f"loss={loss!r}: use one of {', '.join(EMBEDDING_LOSSES)}")
-        self.loss, self.pooling = loss, pooling
+        self.loss, self.pooling = loss_function(loss), pooling
 
     def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
         S, B, T = batch["input_ids"].shape
@@ -139,7 +136,7 @@ class SiameseLoss:
         # The losses compare cosines at a temperature of 1/20: fp32 keeps them apart under bf16 autocast.
         vectors = pool(hidden_states(model, ids, mask)[-1], mask, self.pooling).float().view(S, B, -1)
         extra = (batch["scores"],) if "scores" in batch else ()
-        return LossOutput(LOSSES[self.loss](*vectors.unbind(0), *extra), B)
+        return LossOutput(self.loss(*vectors.unbind(0), *extra), B)
 
     def count_targets(self, batch: dict[str, torch.Tensor]) -> int:
         return int(batch["input_ids"].size(1))
