@@ -36,6 +36,7 @@ from pathlib import Path
 import yaml
 
 from lmforge.cli.main import UserError, plain_warnings
+from lmforge.embeddings.losses import EMBEDDING_LOSSES
 
 SETTINGS_FILE = "finetune.yaml"
 MERGED_DIR = "merged"  # --merge: a plain task folder with the PEFT adapter folded in
@@ -232,7 +233,7 @@ def run(args) -> int:
     if getattr(args, "task", None) == "embedding":  # Sentence-BERT: its own recipe (lmforge.embeddings.sbert)
         if any(getattr(args, k, None) for k in ("peft", "peft_option", "peft_config", "merge")):
             raise UserError("--peft and --merge are not supported with --task embedding (it has its own recipe)")
-        from lmforge.cli._embedding_args import run_embedding_finetune
+        from lmforge.embeddings.sbert import run_embedding_finetune
 
         return run_embedding_finetune(args)
     from lmforge.peft import PeftConfig
@@ -386,7 +387,7 @@ def register(subparsers) -> None:
     recipe.add_argument("--bucket", type=int, default=None,
                         help="batch examples of similar length, drawn from windows of N batches (less padding)")
     recipe.add_argument("--eval-batch-size", type=int, default=None, help="batch size of evaluation")
-    recipe.add_argument("--loss", default=None, choices=("mnrl", "triplet", "cosine"),
+    recipe.add_argument("--loss", default=None, choices=EMBEDDING_LOSSES,
                         help="embedding: Sentence-BERT loss (default: mnrl, in-batch negatives)")
     _add_peft_flags(parser)
     _add_trainer_flags(parser)

@@ -16,8 +16,9 @@ import argparse
 import json
 from pathlib import Path
 
-from lmforge.cli._embedding_args import add_model_flags, load_encoder, parse_layer
+from lmforge.cli._embedding_args import add_model_flags, parse_layer
 from lmforge.cli.main import UserError
+from lmforge.embeddings.encoder import load_encoder
 
 
 def _build(args) -> int:
@@ -28,7 +29,7 @@ def _build(args) -> int:
     docs = read_docs(args.docs)
     if not docs:
         raise UserError(f"--docs {args.docs}: no documents")
-    encoder = load_encoder(args)
+    encoder = load_encoder(args.model, device=args.device, max_length=args.max_length)
     index = build_index(encoder, docs, pooling=args.pooling, layer=parse_layer(args.layer), batch_size=args.batch_size,
                         backend=args.backend, progress=not args.quiet,
                         meta={"model": str(Path(args.model).resolve()), "max_length": encoder.max_length})

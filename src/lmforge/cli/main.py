@@ -21,10 +21,10 @@ import sys
 import warnings
 
 import lmforge
+from lmforge.errors import UserInputError
 
-
-class UserError(Exception):
-    """A problem with the user's input: printed as one line, exit code 2, no traceback."""
+# The CLI's name for a bad-input error: the library raises the same class, printed as one line, exit code 2.
+UserError = UserInputError
 
 
 @contextlib.contextmanager

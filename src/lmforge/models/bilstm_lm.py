@@ -20,10 +20,9 @@ layers with a learned :class:`~lmforge.nn.scalar_mix.ScalarMix` (softmax-normali
 Pre-training: ``lmforge pretrain --model elmo-tiny --objective bilm --data DATA --out RUN``. The objective
 (:class:`lmforge.objectives.bilm.BiLMObjective`) makes aligned (B, 2, T) labels, and the model returns
 ``loss``/``n_targets``/flat ``logits`` in the order of those labels, so the :class:`~lmforge.training.Trainer`
-runs it unchanged (exact resume included); :func:`pretrain_bilm` is a dependency-free loop for small
-experiments. ``RUN/model`` (``config.json`` with ``arch: bilstm``, ``model.safetensors``, the tokenizer) loads
-with ``lmforge.load`` / :func:`lmforge.checkpoint.load_bilm`, and :class:`lmforge.embeddings.SentenceEncoder` takes it like any
-encoder: its N+1 "hidden states" are :meth:`BiLM.layer_states` and its scalar mix is the model's own.
+runs it unchanged: checkpoints, exact resume, bf16 and accumulation included. ``RUN/model`` (``config.json``
+with ``arch: bilstm``, ``model.safetensors``, the tokenizer) loads with ``lmforge.load`` / :func:`lmforge.checkpoint.load_bilm`,
+and :class:`lmforge.embeddings.SentenceEncoder` takes it like any encoder: its N+1 "hidden states" are :meth:`BiLM.layer_states` and its scalar mix is the model's own.
 
 Presets (:data:`PRESETS`) are plain dicts here rather than YAML files in ``lmforge/presets``, which hold
 Transformer configs only.
@@ -50,8 +49,7 @@ from lmforge.config import ConfigError
 from lmforge.nn.labels import IGNORE_INDEX
 from lmforge.nn.scalar_mix import ScalarMix
 
-__all__ = ["ARCH", "PRESETS", "BiLM", "BiLMConfig", "BiLMOutput", "bilm_labels", "pretrain_bilm",
-           "reverse_within_length"]
+__all__ = ["ARCH", "PRESETS", "BiLM", "BiLMConfig", "BiLMOutput", "bilm_labels", "reverse_within_length"]
 
 ARCH = "bilstm"  # the ``arch`` a BiLM config.json records; lmforge.load dispatches on it
 # ELMo's own biLM has 2 layers of 4096 cells projected to 512; these are CPU-sized.
@@ -247,26 +245,3 @@ class BiLM(nn.Module):
         return (scalar_mix or self.scalar_mix)(self.layer_states(input_ids, attention_mask))
 
 
-def pretrain_bilm(model: BiLM, batches, *, steps: int, lr: float = 1e-3, grad_clip: float = 1.0) -> list[float]:
-    """A minimal pre-training loop over ``(input_ids, attention_mask)`` batches (cycled); returns the losses.
-
-    Example:
-        >>> lm = BiLM(BiLMConfig(vocab_size=20, d_embed=8, d_hidden=8, n_layers=1, dropout=0.0))
-        >>> ids = torch.arange(1, 13).view(2, 6)          # two fixed sequences, easy to memorise
-        >>> losses = pretrain_bilm(lm, [(ids, None)], steps=60, lr=3e-2)
-        >>> losses[-1] < losses[0] / 2
-        True
-    """
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    model.train()
-    losses, data = [], list(batches)
-    for step in range(steps):
-        ids, mask = data[step % len(data)]
-        out = model(ids, attention_mask=mask, labels=bilm_labels(ids, mask))
-        optimizer.zero_grad(set_to_none=True)
-        out.loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        optimizer.step()
-        losses.append(out.loss.item())
-    model.eval()
-    return losses
