@@ -53,7 +53,8 @@ from pathlib import Path
 
 import torch
 
-from lmforge.tasks.finetune import Recipe, finetune
+from lmforge.tasks.finetune import finetune
+from lmforge.tasks.recipe import Recipe
 from lmforge.tasks.inference import evaluate
 from lmforge.tasks.spec import TaskSpec
 from lmforge.training.config import TrainConfig

@@ -75,7 +75,8 @@ SEGMENTS_FILE = "segments.json"  # time, CPU time and peak RSS of each process t
 def worker(method: str, lr: float, args) -> dict | None:
     """Train and score one method; None when a signal stopped it (its checkpoint lets a later call continue)."""
     from lmforge.peft import PeftConfig
-    from lmforge.tasks.finetune import Recipe, finetune
+    from lmforge.tasks.finetune import finetune
+    from lmforge.tasks.recipe import Recipe
     from lmforge.tasks.inference import evaluate
     from lmforge.tasks.spec import TaskSpec
     from lmforge.utils.io import atomic_write_text

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmforge.models.bilstm_lm import (BiLM, BiLMConfig, BiLMObjective, bilm_labels, pretrain_bilm,
-                                      reverse_within_length)
+from lmforge.models.bilstm_lm import BiLM, BiLMConfig, bilm_labels, reverse_within_length
+from lmforge.objectives.bilm import BiLMObjective
 
 
 @pytest.fixture
@@ -74,11 +74,18 @@ def test_elmo_is_the_softmax_weighted_mix_and_its_weights_sum_to_one(lm):
         torch.testing.assert_close(lm.elmo(ids), 0.7 * sum(wi * l for wi, l in zip(w, layers)))
 
 
-def test_pretraining_lowers_the_loss():
+@pytest.mark.filterwarnings("ignore:train_data has no state_dict")  # a plain list: resume is not under test
+def test_pretraining_lowers_the_loss(tmp_path):
+    from lmforge.training import TrainConfig, Trainer
+    from lmforge.training.logging import read_metrics
+
     torch.manual_seed(0)
     lm = BiLM(BiLMConfig(vocab_size=12, d_embed=16, d_hidden=16, n_layers=1, dropout=0.0))
-    seq = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8], [8, 7, 6, 5, 4, 3, 2, 1]])
-    losses = pretrain_bilm(lm, [(seq, None)], steps=80, lr=2e-2)
+    seq = [[1, 2, 3, 4, 5, 6, 7, 8], [8, 7, 6, 5, 4, 3, 2, 1]]
+    cfg = TrainConfig(max_steps=80, lr=2e-2, eval_every=0, save_every=0, progress=False, tensorboard=False,
+                      precision="fp32", schedule="constant", weight_decay=0.0)
+    Trainer(lm, BiLMObjective(pad_token_id=0), [seq], cfg, out=tmp_path / "run").fit()
+    losses = [r["loss"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")]
     assert losses[-1] < 0.3 * losses[0]
 
 

@@ -144,7 +144,7 @@ def test_finetune_embedding_recipe_from_a_model_folder(tmp_path):
 def test_finetune_task_embedding_entry_point_reads_finetune_flags(tmp_path, capsys):
     import argparse
 
-    from lmforge.cli._embedding_args import run_embedding_finetune
+    from lmforge.embeddings.sbert import run_embedding_finetune
     from lmforge.cli.main import UserError
 
     folder = h.model_folder(tmp_path, "bert")

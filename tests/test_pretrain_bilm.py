@@ -128,3 +128,29 @@ def test_unknown_bilm_folder_settings_are_named(tmp_path):
     (tmp_path / "m" / "config.json").write_text(json.dumps({"arch": "bilstm", "vocab_size": 10, "d_hiden": 4}))
     with pytest.raises(ValueError, match=r"config.json: unknown BiLM setting\(s\) d_hiden"):
         lmforge.load(tmp_path / "m")
+
+
+def test_sigkill_then_resume_matches_the_uninterrupted_run(data_root, tmp_path):
+    import signal
+
+    from test_training_resume import _latest, _spawn, _wait_for, assert_same_weights, curve, weights
+
+    data = prepared(data_root, "bert")
+    N = 10
+
+    def args(out: Path) -> list[str]:  # dropout 0.1 and shuffled data: resume must restore both streams
+        return ["pretrain", "--no-progress", "--no-tensorboard", "--model", "elmo-tiny", "--objective", "bilm",
+                "--data", str(data), "--out", str(out), "--max-steps", str(4 * N), "--batch-size", "4",
+                "--grad-accum", "2", "--seq-len", "16", "--precision", "fp32", "--eval-every", "0",
+                "--save-every", str(N), "--warmup", "2", "--override", "d_embed=8", "--override", "d_hidden=8"]
+
+    assert main(args(tmp_path / "ref")) == 0
+    out = tmp_path / "killed"
+    proc = _spawn(args(out))
+    _wait_for(lambda: _latest(out) == f"step-{N:08d}", proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert _latest(out) == f"step-{N:08d}" and not (out / "model").exists()  # it really stopped mid-run
+    assert main(args(out) + ["--resume"]) == 0
+    assert curve(out) == curve(tmp_path / "ref") and len(curve(out)) == 4 * N
+    assert_same_weights(weights(out / "model"), weights(tmp_path / "ref" / "model"))

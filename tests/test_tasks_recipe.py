@@ -200,7 +200,7 @@ def test_finetuning_resumes_exactly(toks, tmp_path):
 def test_load_body_takes_folders_modules_and_presets(toks, tmp_path):
     from lmforge import checkpoint
     from lmforge.config import ConfigError
-    from lmforge.tasks.finetune import load_body
+    from lmforge.checkpoint import load_body
 
     tok = toks["bert"]
     folder = tok.save(tmp_path / "tok")

@@ -1,152 +1,190 @@
-"""Model folders: ``config.json`` + ``model.safetensors`` (+ ``tokenizer.json``), written atomically.
+"""One loader for every model-folder kind: a preset name, an lmforge model folder, a Hugging Face model
+folder, or an ELMo biLM folder.
 
-Weights are only ever read from safetensors, which holds raw tensors and cannot execute code on
-load (unlike pickle). Saving writes a temporary sibling folder and renames it into place, so a
-killed process leaves the previous folder intact. Loading checks every tensor's presence and shape
-and names the file and tensor in any error.
+    spec                                  how it is recognised                     what it gives
+    "gpt-tiny", "elmo-tiny"               no such path, no path separator         a randomly initialised model
+    lmforge folder (or task folder)        config.json + model.safetensors          Transformer
+    biLM folder or config file             config.json with ``arch: bilstm``        :class:`~lmforge.models.bilstm_lm.BiLM`
+    Hugging Face folder                   config.json with ``model_type``          Transformer (via lmforge.interop.hf)
 
-Tied weights (shared token embeddings, tied LM heads) are stored once; on load every alias is
-filled from the stored copy.
+The folder format itself (writing, reading tensors, errors) is :mod:`lmforge.model_folder`; this module
+exports its public names too, so ``lmforge.checkpoint`` is the one place to reach model folders from.
 
 Example:
     >>> import tempfile, lmforge
     >>> model = lmforge.build_model("gpt-tiny")
     >>> path = model.save(tempfile.mkdtemp() + "/gpt")
-    >>> lmforge.load(path).config == model.config
-    True
+    >>> load(path).config == model.config, type(load("elmo-tiny")).__name__
+    (True, 'BiLM')
 """
 
 from __future__ import annotations
 
-import json
-import shutil
+import sys
 from pathlib import Path
+from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
+from torch import nn
 
-from lmforge.config import ModelConfig
-from lmforge.errors import LmforgeError
-from lmforge.utils.io import atomic_dir
+from lmforge.config import ConfigError
+from lmforge.interop.hf import HFConversion, load_hf
+from lmforge.model_folder import (
+    CONFIG_FILE,
+    TOKENIZER_FILE,
+    WEIGHTS_FILE,
+    CheckpointError,
+    canonical_state,
+    load_weights,
+    read_config,
+    save,
+)
+from lmforge.models import build_model, load_transformer
+from lmforge.models.bilstm_lm import ARCH as BILM_ARCH
+from lmforge.models.bilstm_lm import PRESETS as BILM_PRESETS
+from lmforge.models.bilstm_lm import BiLM, BiLMConfig
+from lmforge.tokenization import Tokenizer
+from lmforge.utils.io import read_mapping_file
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-TOKENIZER_FILE = "tokenizer.json"
-
-
-class CheckpointError(LmforgeError, ValueError):
-    """A checkpoint folder is missing, truncated or does not match its config."""
-
-
-def _canonical_state(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """(unique tensors by first name, alias -> canonical name) for tied parameters."""
-    tensors: dict[str, torch.Tensor] = {}
-    aliases: dict[str, str] = {}
-    seen: dict[int, str] = {}
-    for name, tensor in model.state_dict(keep_vars=False).items():
-        # Tied parameters are the same tensor under two names: same memory, offset and shape.
-        key = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype) if tensor.numel() else name
-        if key in seen:
-            aliases[name] = seen[key]
-        else:
-            seen[key] = name
-            tensors[name] = tensor.detach().contiguous().cpu()
-    return tensors, aliases
+__all__ = ["CONFIG_FILE", "TOKENIZER_FILE", "WEIGHTS_FILE", "CheckpointError", "bilm_config", "canonical_state",
+           "is_bilm", "is_hf_folder", "load", "load_bilm", "load_body", "load_weights", "read_config",
+           "read_model_folder", "save"]
 
 
-def save(model: torch.nn.Module, path: str | Path, tokenizer=None, extra_files: dict[str, str] | None = None) -> Path:
-    """Write a model folder atomically and return its path.
+def _warn(message: str) -> None:
+    # One stderr line, as the task pipelines print their data warnings: the CLI shows it without a traceback.
+    print(f"warning: {message}", file=sys.stderr, flush=True)
 
-    Args:
-        model: an lmforge Transformer (anything with ``.config`` and a state dict).
-        path: destination folder; replaced as a whole if it exists.
-        tokenizer: an object with ``save(folder)`` or a path to a tokenizer.json to copy along.
-        extra_files: name -> text of further files to write into the folder.
+
+# ---------------------------------------------------------------------- biLM presets, folders, config files
+def _raw_bilm_config(spec: str | Path) -> tuple[dict[str, Any], str] | None:
+    """(mapping, where it came from) for a BiLM preset, model folder or .json/.yaml file; None if not a BiLM."""
+    if str(spec) in BILM_PRESETS:
+        return dict(BILM_PRESETS[str(spec)]), f"preset {spec}"
+    path = Path(spec)
+    file = path / CONFIG_FILE if path.is_dir() else path
+    if not file.is_file() or file.suffix not in (".json", ".yaml", ".yml"):
+        return None
+    try:
+        data = read_mapping_file(file, "config")
+    except ValueError:
+        return None  # not ours to complain about: the Transformer loader reports a broken file
+    return (data, str(file)) if isinstance(data, dict) and data.get("arch") == BILM_ARCH else None
+
+
+def is_bilm(spec: str | Path) -> bool:
+    """True for a BiLM preset name (``elmo-tiny``), a BiLM model folder or a config file with ``arch: bilstm``."""
+    return _raw_bilm_config(spec) is not None
+
+
+def bilm_config(spec: str | Path, **overrides: Any) -> BiLMConfig:
+    """The :class:`BiLMConfig` of a preset, model folder or config file, with ``overrides`` applied.
+
+    Example:
+        >>> bilm_config("elmo-tiny", vocab_size=1000).d_model
+        512
+    """
+    found = _raw_bilm_config(spec)
+    if found is None:
+        raise ConfigError(f"{spec!r} is not a BiLM: give a preset ({', '.join(BILM_PRESETS)}), a folder or a "
+                          f"config file with arch: {BILM_ARCH}")
+    data, source = found
+    if overrides:
+        BiLMConfig.from_dict(data, source=source)  # a fault of the file is named as the file's
+    return BiLMConfig.from_dict({**data, **overrides}, source=source if not overrides else "model overrides")
+
+
+def load_bilm(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> BiLM:
+    """A BiLM from a model folder (``config.json`` + ``model.safetensors``), in eval mode. :func:`load`
+    calls this for folders whose config says ``arch: bilstm``; a preset name gives fresh weights."""
+    path = Path(path)
+    model = BiLM(bilm_config(path))
+    if path.is_dir():
+        load_weights(model, path / WEIGHTS_FILE)
+    elif str(path) not in BILM_PRESETS:
+        raise ConfigError(f"{path}: a BiLM model folder needs {CONFIG_FILE} and {WEIGHTS_FILE}")
+    return _placed(model, device, dtype)
+
+
+# ---------------------------------------------------------------------- every folder kind
+def is_hf_folder(path: str | Path) -> bool:
+    """True for a Hugging Face model folder: its ``config.json`` names a ``model_type``."""
+    file = Path(path) / CONFIG_FILE
+    return file.is_file() and '"model_type"' in file.read_text(encoding="utf-8")
+
+
+def _is_preset_name(spec: str | Path) -> bool:
+    return not Path(spec).exists() and not any(sep in str(spec) for sep in "/\\")
+
+
+def _placed(model: nn.Module, device: str | torch.device, dtype: torch.dtype | None) -> nn.Module:
+    model = model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
+    return model.eval()
+
+
+def _load_hf(path: Path, tokenizer: bool) -> HFConversion:
+    conv = load_hf(path, tokenizer=tokenizer)
+    for note in conv.notes:
+        _warn(note)
+    return conv
+
+
+def read_model_folder(path: str | Path, with_tokenizer: bool = True):
+    """(model, Tokenizer or None) from an lmforge model/task folder, a biLM folder or a Hugging Face folder.
+
+    Notes on anything a Hugging Face conversion did not carry over are printed to stderr as warnings.
     """
     path = Path(path)
-    tensors, aliases = _canonical_state(model)
-    with atomic_dir(path) as tmp:
-        (tmp / CONFIG_FILE).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n", encoding="utf-8")
-        save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", "aliases": json.dumps(aliases)})
-        if tokenizer is not None:
-            if isinstance(tokenizer, (str, Path)):
-                shutil.copy(tokenizer, tmp / TOKENIZER_FILE)
-            else:
-                tokenizer.save(tmp)
-        for name, text in (extra_files or {}).items():
-            (tmp / name).write_text(text, encoding="utf-8")
-    return path
-
-
-def read_config(path: str | Path) -> ModelConfig:
-    path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: not a model folder (expected a directory with {CONFIG_FILE})")
-    cfg_file = path / CONFIG_FILE
-    if not cfg_file.is_file():
-        raise CheckpointError(f"{cfg_file}: missing; a model folder needs {CONFIG_FILE} and {WEIGHTS_FILE}")
-    return ModelConfig.load(cfg_file)
-
-
-def load_weights(model: torch.nn.Module, weights: str | Path, strict: bool = True) -> None:
-    """Fill ``model`` from a safetensors file, checking names and shapes; errors name the tensor."""
-    weights = Path(weights)
-    if not weights.is_file():
-        raise CheckpointError(f"{weights}: missing weights file")
-    try:
-        handle = safe_open(str(weights), framework="pt")
-    except (SafetensorError, OSError) as exc:
-        raise CheckpointError(f"{weights}: unreadable or truncated safetensors file ({exc})") from exc
-    with handle as f:
-        stored = set(f.keys())
-        aliases = json.loads((f.metadata() or {}).get("aliases", "{}"))
-        state = model.state_dict()
-        loaded: dict[str, torch.Tensor] = {}
-        for name, target in state.items():
-            source = name if name in stored else aliases.get(name)
-            if source is None or source not in stored:
-                if strict:
-                    raise CheckpointError(f"{weights}: tensor {name!r} is missing (shape {tuple(target.shape)})")
-                continue
-            try:
-                tensor = f.get_tensor(source)
-            except (SafetensorError, OSError, RuntimeError) as exc:
-                raise CheckpointError(f"{weights}: tensor {source!r} cannot be read ({exc}); the file is damaged") from exc
-            if tensor.shape != target.shape:
-                raise CheckpointError(
-                    f"{weights}: tensor {source!r} has shape {tuple(tensor.shape)}, "
-                    f"but the config needs {tuple(target.shape)}"
-                )
-            loaded[name] = tensor
-        unexpected = stored - set(state) - set(aliases.values())
-        if strict and unexpected:
-            raise CheckpointError(f"{weights}: unexpected tensor(s) {', '.join(sorted(unexpected)[:5])}")
-    model.load_state_dict(loaded, strict=False)
+    if is_hf_folder(path):
+        conv = _load_hf(path, tokenizer=True)
+        return conv.model, conv.tokenizer if with_tokenizer else None
+    tok = Tokenizer.load(path) if with_tokenizer and (path / TOKENIZER_FILE).is_file() else None
+    return load(path), tok
 
 
 def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
-    """Rebuild a model from a folder written by :func:`save` (or a preset name, randomly initialised).
+    """A model, in eval mode, from any folder kind or a preset name (see the module docstring).
 
-    Returns an lmforge Transformer in eval mode, or an ELMo :class:`~lmforge.models.bilstm_lm.BiLM` for a folder
-    whose config records ``arch: bilstm`` (or the preset ``elmo-tiny``).
+    Returns an lmforge Transformer, or an ELMo :class:`~lmforge.models.bilstm_lm.BiLM` for a folder whose
+    config records ``arch: bilstm`` (or the preset ``elmo-tiny``). A preset gives random weights.
     """
-    from lmforge.models import Transformer, build_model
-    from lmforge.models.bilstm_lm import is_bilm, load_bilm
-
-    p = Path(path)
     if is_bilm(path):
         return load_bilm(path, device=device, dtype=dtype)
-    if not p.exists() and not any(sep in str(path) for sep in "/\\"):
-        model = build_model(str(path))  # a preset name
+    if _is_preset_name(path):
+        model = build_model(str(path))
+    elif is_hf_folder(path):
+        model = _load_hf(path, tokenizer=False).model
     else:
-        cfg = read_config(p)
-        with torch.device("meta"):
-            model = Transformer(cfg)
-        model = model.to_empty(device="cpu")
-        for module in model.modules():  # derived buffers (sinusoid table, RoPE, ALiBi) are not stored
-            if hasattr(module, "reset_buffers"):
-                module.reset_buffers()
-        load_weights(model, p / WEIGHTS_FILE)
-    model = model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
-    return model.eval()
+        model = load_transformer(path)
+    return _placed(model, device, dtype)
+
+
+def load_body(source, tokenizer=None, random_init: bool = False):
+    """(model, Tokenizer) in train mode from an lmforge model/task folder, a Hugging Face folder, a preset or
+    a module.
+
+    Args:
+        source: a folder (lmforge ``config.json`` + weights, or an HF model folder), a preset name, or a model.
+        tokenizer: a Tokenizer or a path to one (required for presets and modules, which have none).
+        random_init: keep the architecture and tokenizer, re-initialise every weight (a from-scratch baseline).
+    """
+    if isinstance(source, nn.Module):
+        body, tok = source, None
+    else:
+        path = Path(str(source))
+        if path.is_dir():
+            body, tok = read_model_folder(path, with_tokenizer=tokenizer is None)
+        elif path.exists() or "/" in str(source):
+            raise FileNotFoundError(f"{source}: not a model folder")
+        else:
+            body, tok = build_model(str(source)), None
+    if tok is None and tokenizer is not None:
+        tok = tokenizer if not isinstance(tokenizer, (str, Path)) else Tokenizer.load(tokenizer)
+    if tok is None:
+        raise ConfigError(f"{source}: no tokenizer found beside the model; pass one (--tokenizer DIR)")
+    if tok.vocab_size > body.config.vocab_size:
+        raise ConfigError(f"the tokenizer has {tok.vocab_size} ids but the model's vocabulary only "
+                          f"{body.config.vocab_size}")
+    if random_init:
+        body.reset_parameters()
+    return body.train(), tok

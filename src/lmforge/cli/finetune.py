@@ -8,7 +8,7 @@ the fly). The run folder gets the Trainer's checkpoints and logs, ``best/`` (the
 ``--peft METHOD`` trains a PEFT adapter (LoRA, QLoRA, Houlsby adapters, prefix or prompt tuning, (IA)^3, BitFit,
 MAM) and the task head instead of the whole model; ``--peft-option KEY=VALUE`` (repeatable) or ``--peft-config
 FILE`` set its options (the fields of :class:`lmforge.peft.PeftConfig`). ``best/`` and ``model/`` then hold the
-adapter, the head and the base model's path (see :mod:`lmforge.peft.task`); ``--merge`` also writes ``merged/``, a
+adapter, the head and the base model's path (see :mod:`lmforge.tasks.peft`); ``--merge`` also writes ``merged/``, a
 plain task folder with the adapter folded in (LoRA, QLoRA, (IA)^3, BitFit).
 
 Example::
@@ -30,13 +30,20 @@ import argparse
 import signal
 import sys
 
-from lmforge.cli._embedding_args import run_embedding_finetune
 from lmforge.cli.main import UserError, plain_warnings
 from lmforge.cli.pretrain import CHOICES, OPTIONS
+from lmforge.embeddings.losses import EMBEDDING_LOSSES
+from lmforge.embeddings.sbert import run_embedding_finetune
 from lmforge.peft import METHODS
 from lmforge.tasks.run import run_finetune
-from lmforge.tasks.settings import FINETUNE_DEFAULTS, PEFT_FLAGS, TASK_KEYS, TRAINER_KEYS, finetune_settings
-from lmforge.tasks.settings import parse_label_map  # noqa: F401  (imported from here by older code)
+from lmforge.tasks.settings import (
+    FINETUNE_DEFAULTS,
+    PEFT_FLAGS,
+    TASK_KEYS,
+    TRAINER_KEYS,
+    finetune_settings,
+    parse_label_map,  # noqa: F401  (imported from here by older code)
+)
 from lmforge.tasks.spec import LOSS_AVERAGES, POOLINGS, TASKS
 from lmforge.training import config as tc
 from lmforge.training.config import TrainConfig
@@ -153,8 +160,7 @@ def register(subparsers) -> None:
                            "target_column | label_column + label_map, task_prefix})")
     recipe = parser.add_argument_group("fine-tuning recipe")
     recipe.add_argument("--epochs", type=float, default=None,
-                        help="passes over the training data; 0.5 trains on half of it (sets --max-steps; "
-                             "embedding: whole passes, at least one)")
+                        help="passes over the training data; 0.5 trains on half of it (sets --max-steps)")
     recipe.add_argument("--warmup-ratio", type=float, default=None,
                         help="warmup as a share of the steps (sets --warmup; embedding: default 0.1)")
     recipe.add_argument("--layer-decay", type=float, default=None,
@@ -170,7 +176,7 @@ def register(subparsers) -> None:
     recipe.add_argument("--bucket", type=int, default=None,
                         help="batch examples of similar length, drawn from windows of N batches (less padding)")
     recipe.add_argument("--eval-batch-size", type=int, default=None, help="batch size of evaluation")
-    recipe.add_argument("--loss", default=None, choices=("mnrl", "triplet", "cosine"),
+    recipe.add_argument("--loss", default=None, choices=EMBEDDING_LOSSES,
                         help="embedding: Sentence-BERT loss (default: mnrl, in-batch negatives)")
     _add_peft_flags(parser)
     _add_trainer_flags(parser)

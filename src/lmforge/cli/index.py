@@ -16,9 +16,10 @@ import argparse
 import json
 from pathlib import Path
 
-from lmforge.cli._embedding_args import add_model_flags, load_encoder, parse_layer
+from lmforge.cli._embedding_args import add_model_flags, parse_layer
 from lmforge.cli.main import UserError, require_path
 from lmforge.embeddings import SentenceEncoder
+from lmforge.embeddings.encoder import load_encoder
 from lmforge.embeddings.index import (
     BACKENDS,
     VectorIndex,
@@ -34,7 +35,7 @@ def _build(args) -> int:
     docs = read_docs(require_path(args.docs, "--docs"))
     if not docs:
         raise UserError(f"--docs {args.docs}: no documents")
-    encoder = load_encoder(args)
+    encoder = load_encoder(args.model, device=args.device, max_length=args.max_length)
     index = build_index(encoder, docs, pooling=args.pooling, layer=parse_layer(args.layer), batch_size=args.batch_size,
                         backend=args.backend, progress=not args.quiet,
                         meta={"model": str(Path(args.model).resolve()), "max_length": encoder.max_length})

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import argparse
 
-from lmforge.cli._embedding_args import load_encoder, parse_layer
+from lmforge.cli._embedding_args import parse_layer
 from lmforge.cli.main import UserError, require_path
+from lmforge.embeddings.encoder import load_encoder
 from lmforge.embeddings.neighbors import (
     contextual_neighbors,
     highlight,
@@ -31,7 +32,7 @@ def run(args) -> int:
     static = static_neighbors(sentences, args.word, k=args.static_k, method=args.static)
     method = args.static if args.static != "auto" else ("word2vec" if _has_gensim() else "ppmi")
     print(f"static ({method}) neighbours of {args.word!r}: " + ", ".join(f"{w} {c:.2f}" for w, c in static))
-    encoder = load_encoder(args)
+    encoder = load_encoder(args.model, device=args.device, max_length=args.max_length)
     for query in contextual_neighbors(encoder, sentences, args.word, k=args.k, layer=parse_layer(args.layer),
                                       queries=args.queries, batch_size=args.batch_size):
         print(f"\n[{query['sentence']}] {highlight(sentences[query['sentence']], query['position'])}")

@@ -17,9 +17,9 @@ import argparse
 import json
 from pathlib import Path
 
-from lmforge.cli._embedding_args import load_encoder
 from lmforge.cli.main import UserError
 from lmforge.datasets import read_conll
+from lmforge.embeddings.encoder import load_encoder
 from lmforge.embeddings.probe import format_table, plot, probe_layers
 
 
@@ -29,7 +29,7 @@ def run(args) -> int:
         train, evaluation = train[:args.limit], evaluation[:args.limit]
     if not train or not evaluation:
         raise UserError("--train and --eval must each hold at least one sentence")
-    encoder = load_encoder(args)
+    encoder = load_encoder(args.model, device=args.device, max_length=args.max_length)
     layers = [int(x) for x in args.layers.split(",")] if args.layers else None
     rows = probe_layers(encoder, train, evaluation, layers=layers, scalar_mix=args.scalar_mix,
                         max_iter=args.max_iter, C=args.C, batch_size=args.batch_size)

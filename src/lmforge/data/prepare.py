@@ -38,7 +38,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import os
 import shutil
 import warnings
 from collections import deque

@@ -1,7 +1,8 @@
 """Representations: sentence embeddings, Sentence-BERT training, retrieval, probing, contextual neighbours.
 
     module      what                                                         CLI
-    pooling     pool(h, mask, cls|mean|max|last), ScalarMix (ELMo)           -
+    pooling     pool(h, mask, cls|mean|max|last)                             -
+    (nn)        ScalarMix: ELMo's learned mix of layers (lmforge.nn.scalar_mix) -
     encoder     SentenceEncoder(model, tok).encode / .word_vectors           lmforge embed
     losses      triplet, multiple-negatives ranking, cosine regression       -
     sbert       train_embedding, finetune_embedding, evaluate_sts/retrieval  lmforge finetune --task embedding
@@ -21,7 +22,8 @@ Example:
 
 from lmforge.embeddings.encoder import SentenceEncoder, default_pooling, embed_texts
 from lmforge.embeddings.losses import cosine_similarity_loss, multiple_negatives_ranking_loss, triplet_loss
-from lmforge.embeddings.pooling import POOLINGS, ScalarMix, pool
+from lmforge.embeddings.pooling import POOLINGS, pool
+from lmforge.nn.scalar_mix import ScalarMix
 
 Encoder = SentenceEncoder  # the name the issue uses
 

@@ -39,7 +39,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from lmforge.embeddings.pooling import POOLINGS, ScalarMix, pool
+import lmforge
+from lmforge.embeddings.pooling import POOLINGS, pool
+from lmforge.errors import UserInputError
+from lmforge.nn.scalar_mix import ScalarMix
+from lmforge.tokenization import Tokenizer
 
 Layer = int | str
 
@@ -47,6 +51,16 @@ Layer = int | str
 def default_pooling(model: nn.Module) -> str:
     """``last`` for decoder-only models (only the last token has seen the whole text), else ``mean``."""
     return "last" if getattr(model.config, "arch", "encoder") == "decoder" else "mean"
+
+
+def hidden_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[torch.Tensor]:
+    """All N+1 hidden states of ``model`` for (B, T) ids, each (B, T, D); the last is the final (normed) output."""
+    if hasattr(model, "layer_states"):  # ELMo's biLM: [embeddings; (fwd, bwd) of each LSTM layer]
+        return model.layer_states(input_ids, attention_mask)
+    if model.config.arch == "decoder":
+        return list(model(input_ids, attention_mask=attention_mask, output_hidden_states=True).hidden_states)
+    # encoder and encoder-decoder: the encoder stack alone, without a decoder or an LM head to pay for
+    return list(model.encode(input_ids, attention_mask, output_hidden_states=True)[1])
 
 
 class SentenceEncoder(nn.Module):
@@ -79,9 +93,6 @@ class SentenceEncoder(nn.Module):
     @classmethod
     def load(cls, path: str | Path, device: str = "cpu", **kwargs) -> "SentenceEncoder":
         """Model and tokenizer from one folder written by ``lmforge.save`` / ``lmforge convert``."""
-        import lmforge
-        from lmforge.tokenization import Tokenizer
-
         folder = Path(path)
         if not (folder / "tokenizer.json").is_file() and not (folder / "vocab.txt").is_file():
             raise FileNotFoundError(f"{folder}: no tokenizer.json; embeddings need a model folder with its tokenizer")
@@ -106,12 +117,7 @@ class SentenceEncoder(nn.Module):
 
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[torch.Tensor]:
         """All N+1 hidden states, each (B, T, D); the last one is the model's final (normed) output."""
-        if hasattr(self.model, "layer_states"):  # ELMo's biLM: [embeddings; (fwd, bwd) of each LSTM layer]
-            return self.model.layer_states(input_ids, attention_mask)
-        if self.model.config.arch == "decoder":
-            return list(self.model(input_ids, attention_mask=attention_mask, output_hidden_states=True).hidden_states)
-        # encoder and encoder-decoder: the encoder stack alone, without a decoder or an LM head to pay for
-        return list(self.model.encode(input_ids, attention_mask, output_hidden_states=True)[1])
+        return hidden_states(self.model, input_ids, attention_mask)
 
     def token_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer: Layer = -1) -> torch.Tensor:
         """(B, T, D) states of one layer (int, Python-style negative allowed) or the scalar mix."""
@@ -217,6 +223,19 @@ def _align(states: torch.Tensor, word_ids: list[int | None], n_words: int, reduc
         out[:, w] += states[:, t]
         counts[w] += 1
     return (out / counts.clamp(min=1)[None, :, None]).numpy()
+
+
+def load_encoder(folder: str | Path, *, device: str = "cpu", max_length: int | None = None) -> SentenceEncoder:
+    """:meth:`SentenceEncoder.load` for a folder a user named: a missing folder or tokenizer is a
+    :class:`~lmforge.errors.UserInputError` that says what to give instead."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise UserInputError(f"--model {folder}: not a folder (convert a Hugging Face model with "
+                             "`lmforge convert from-hf`)")
+    try:
+        return SentenceEncoder.load(folder, device=device, max_length=max_length)
+    except FileNotFoundError as exc:
+        raise UserInputError(str(exc)) from None
 
 
 def embed_texts(model: str | Path | SentenceEncoder, texts: Sequence[str], **encode_kwargs) -> np.ndarray:

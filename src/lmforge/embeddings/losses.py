@@ -25,6 +25,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from lmforge.errors import UserInputError
+
 
 def triplet_loss(anchor: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor,
                  margin: float = 1.0) -> torch.Tensor:
@@ -51,4 +53,12 @@ def cosine_similarity_loss(u: torch.Tensor, v: torch.Tensor, labels: torch.Tenso
     return F.mse_loss(F.cosine_similarity(u, v, dim=-1), labels.to(u.dtype))
 
 
-LOSSES = {"triplet": triplet_loss, "mnrl": multiple_negatives_ranking_loss, "cosine": cosine_similarity_loss}
+LOSSES = {"mnrl": multiple_negatives_ranking_loss, "triplet": triplet_loss, "cosine": cosine_similarity_loss}
+EMBEDDING_LOSSES = tuple(LOSSES)  # the names, default (in-batch negatives) first: flags and checks use these
+
+
+def loss_function(name: str):
+    """The loss called ``name`` (one of :data:`EMBEDDING_LOSSES`); another name is a UserInputError."""
+    if name not in LOSSES:
+        raise UserInputError(f"loss={name!r}: use one of {', '.join(EMBEDDING_LOSSES)}")
+    return LOSSES[name]

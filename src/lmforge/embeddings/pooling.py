@@ -1,4 +1,4 @@
-"""Pooling token states into one sentence vector, and ELMo's scalar mix of layers.
+"""Pooling token states into one sentence vector.
 
     method  vector                                       typical use
     cls     h[:, 0]                                      BERT-style [CLS] (needs fine-tuning to mean much)
@@ -22,7 +22,6 @@ Example:
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 POOLINGS = ("cls", "mean", "max", "last")
 
@@ -47,37 +46,3 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, method: str = "mean
         return hidden.masked_fill(~mask[..., None], torch.finfo(hidden.dtype).min).max(1).values
     m = mask[..., None].to(hidden.dtype)  # (B, T, 1)
     return (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
-
-
-class ScalarMix(nn.Module):
-    """ELMo's task-specific layer combination: ``gamma * sum_j softmax(s)_j * h_j`` (Peters et al. 2018, eq. 1).
-
-    The softmax keeps the layer weights positive and summing to one, so ``gamma`` alone sets the scale.
-    Initialised at s = 0, i.e. the plain average of the layers.
-
-    Args:
-        n_layers: number of layers mixed (N+1 for a Transformer: embeddings and every block).
-
-    Example:
-        >>> mix = ScalarMix(3)
-        >>> layers = [torch.full((1, 2, 4), float(i)) for i in range(3)]   # 3 x (B, T, D)
-        >>> mix(layers)[0, 0].tolist(), float(mix.weights.sum().detach())
-        ([1.0, 1.0, 1.0, 1.0], 1.0)
-    """
-
-    def __init__(self, n_layers: int):
-        super().__init__()
-        self.scalars = nn.Parameter(torch.zeros(n_layers))
-        self.gamma = nn.Parameter(torch.ones(()))
-
-    @property
-    def weights(self) -> torch.Tensor:
-        """(L,) softmax-normalised layer weights."""
-        return torch.softmax(self.scalars, dim=0)
-
-    def forward(self, layers: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> torch.Tensor:
-        if len(layers) != self.scalars.numel():
-            raise ValueError(f"ScalarMix expects {self.scalars.numel()} layers, got {len(layers)}")
-        stacked = torch.stack(list(layers), dim=0)  # (L, ..., D)
-        w = self.weights.view(-1, *([1] * (stacked.dim() - 1))).to(stacked.dtype)
-        return self.gamma * (w * stacked).sum(0)

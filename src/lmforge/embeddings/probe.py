@@ -32,6 +32,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from lmforge.nn.scalar_mix import ScalarMix
+
 
 def _features(encoder, sentences: Sequence[dict], batch_size: int) -> tuple[np.ndarray, np.ndarray]:
     """(L, W, D) word vectors of every layer and (W,) tags, W = total words."""
@@ -105,8 +107,6 @@ def learn_scalar_mix(x: np.ndarray, y: np.ndarray, apply_to: Sequence[np.ndarray
         probe standardises its input anyway.
     """
     import torch
-
-    from lmforge.embeddings.pooling import ScalarMix
 
     mean, std = x.mean(1, keepdims=True), x.std(1, keepdims=True) + 1e-6  # (L, 1, D) each
     classes, target = np.unique(y, return_inverse=True)

@@ -10,6 +10,11 @@ pooling. The rows a loss needs:
              or text1, text2 with label >= 1 (positives)    bible-paraphrase
     cosine   text1, text2, label (target cosine, 0/1 here)  bible-paraphrase
 
+Training is the :class:`~lmforge.training.Trainer` with a loss: :class:`SentenceTuples` tokenises the S sides
+of B tuples into (S, B, T) ids, and :class:`SiameseLoss` embeds them with the model and applies the loss, a
+mean over the B tuples. So a run has checkpoints, exact resume, bf16 autocast, gradient accumulation and
+AdamW without decay on biases, norms and embeddings, as every lmforge run does.
+
 Evaluation on held-out pairs:
     * :func:`evaluate_sts`: Spearman correlation of cos(text1, text2) with the label.
     * :func:`evaluate_retrieval`: each positive pair's text1 is a query; the corpus is every text2 of the set
@@ -19,15 +24,18 @@ Example:
     >>> from lmforge.embeddings import SentenceEncoder                         # doctest: +SKIP
     >>> enc = SentenceEncoder.load("runs/minilm")                              # doctest: +SKIP
     >>> train_embedding(enc, "bible-triplets:train", loss="mnrl", out="runs/sbert", max_steps=200)  # doctest: +SKIP
-    >>> evaluate_retrieval(enc, lmforge.datasets.load("bible-paraphrase", "test"))  # doctest: +SKIP
+    >>> evaluate_retrieval(enc, datasets.load("bible-paraphrase", "test"))  # doctest: +SKIP
     {'recall@1': ..., 'recall@5': ..., 'recall@10': ..., 'mrr': ..., 'queries': ...}
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-import random
+import signal
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -35,8 +43,17 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from lmforge.embeddings.encoder import SentenceEncoder
-from lmforge.embeddings.losses import LOSSES
+from lmforge import checkpoint, datasets
+from lmforge.embeddings.encoder import SentenceEncoder, hidden_states
+from lmforge.embeddings.losses import EMBEDDING_LOSSES, loss_function
+from lmforge.embeddings.pooling import pool
+from lmforge.errors import UserInputError
+from lmforge.tasks.data import ExampleBatches
+from lmforge.training.config import TrainConfig
+from lmforge.training.logging import METRICS_FILE, read_metrics
+from lmforge.training.state import seed_all
+from lmforge.training.trainer import LossOutput, Trainer
+from lmforge.utils.io import atomic_write_text
 
 EMBEDDING_FILE = "embedding.json"  # pooling settings saved beside a trained model
 
@@ -45,8 +62,6 @@ def read_rows(source: str | Path | Sequence[dict]) -> list[dict[str, Any]]:
     """Rows from a list of dicts, a registry name ``"bible-triplets:train"`` or a TSV/JSONL file."""
     if not isinstance(source, (str, Path)):
         return list(source)
-    import lmforge.datasets as datasets
-
     text = str(source)
     name, _, split = text.partition(":")
     if name in datasets.names() and not Path(text).exists():
@@ -61,10 +76,9 @@ def read_rows(source: str | Path | Sequence[dict]) -> list[dict[str, Any]]:
 
 def loss_columns(rows: Sequence[dict], loss: str) -> list[tuple]:
     """The tuples a loss consumes: (a, p, n), (a, p[, n]) or (u, v, label). Raises on missing columns."""
-    if loss not in LOSSES:
-        raise ValueError(f"loss={loss!r}: use one of {', '.join(LOSSES)}")
+    loss_function(loss)  # a bad name is named before the columns
     if not rows:
-        raise ValueError("no training rows")
+        raise UserInputError("no training rows")
     keys = set(rows[0])
     if loss == "triplet":
         _need(keys, ("anchor", "positive", "negative"), loss)
@@ -82,97 +96,139 @@ def loss_columns(rows: Sequence[dict], loss: str) -> list[tuple]:
 def _need(keys: set, columns: tuple[str, ...], loss: str) -> None:
     missing = [c for c in columns if c not in keys]
     if missing:
-        raise ValueError(f"loss {loss!r} needs columns {', '.join(columns)}; missing {', '.join(missing)} "
-                         f"(have {', '.join(sorted(keys))})")
+        raise UserInputError(f"loss {loss!r} needs columns {', '.join(columns)}; missing {', '.join(missing)} "
+                             f"(have {', '.join(sorted(keys))})")
 
 
-def batch_loss(encoder: SentenceEncoder, batch: Sequence[tuple], loss: str, pooling: str) -> torch.Tensor:
-    """The loss of one batch of tuples (see :func:`loss_columns`); differentiable w.r.t. the encoder."""
-    def embed(texts):
-        ids = encoder.tokenize(list(texts))
-        return encoder(ids["input_ids"], ids["attention_mask"], pooling=pooling)  # (B, D)
+class SentenceTuples:
+    """The Trainer's batch transform for Sentence-BERT: B tuples -> their S sides tokenised together.
 
-    columns = list(zip(*batch))
-    if loss == "cosine":
-        labels = torch.tensor(columns[2], device=encoder.device)
-        return LOSSES[loss](embed(columns[0]), embed(columns[1]), labels)
-    return LOSSES[loss](*(embed(c) for c in columns))
+    Returns ``input_ids`` and ``attention_mask`` (S, B, T), padded to the longest text of any side, and for
+    the cosine loss the target ``scores`` (B,). Stateless: it draws no random numbers.
+    """
+
+    def __init__(self, tokenizer, loss: str, max_length: int) -> None:
+        self.tokenizer, self.loss, self.max_length = tokenizer, loss, max_length
+
+    def __call__(self, batch: Sequence[tuple]) -> dict[str, torch.Tensor]:
+        columns = list(zip(*batch))
+        texts = columns[:2] if self.loss == "cosine" else columns
+        enc = self.tokenizer.encode_batch([t for side in texts for t in side], padding=True, truncation=True,
+                                          max_length=self.max_length)
+        shape = (len(texts), len(batch), -1)
+        out = {k: torch.tensor(enc[k]).view(shape) for k in ("input_ids", "attention_mask")}  # (S, B, T)
+        if self.loss == "cosine":
+            out["scores"] = torch.tensor(columns[2], dtype=torch.float32)  # (B,)
+        return out
+
+
+class SiameseLoss:
+    """The Trainer's ``loss``: one encoder embeds every side of a tuple, then a loss of
+    :mod:`lmforge.embeddings.losses` compares the pooled vectors; its mean is over the B tuples."""
+
+    def __init__(self, loss: str, pooling: str) -> None:
+        self.loss, self.pooling = loss_function(loss), pooling
+
+    def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
+        S, B, T = batch["input_ids"].shape
+        ids, mask = batch["input_ids"].view(S * B, T), batch["attention_mask"].view(S * B, T)
+        # The losses compare cosines at a temperature of 1/20: fp32 keeps them apart under bf16 autocast.
+        vectors = pool(hidden_states(model, ids, mask)[-1], mask, self.pooling).float().view(S, B, -1)
+        extra = (batch["scores"],) if "scores" in batch else ()
+        return LossOutput(self.loss(*vectors.unbind(0), *extra), B)
+
+    def count_targets(self, batch: dict[str, torch.Tensor]) -> int:
+        return int(batch["input_ids"].size(1))
+
+
+class _AtLeast:
+    """Batches of at least ``rows`` rows from ``ExampleBatches`` (same position state). MNRL skips a lone
+    pair: with no in-batch negative its loss is identically zero, and the step would only decay the weights."""
+
+    def __init__(self, batches: ExampleBatches, rows: int) -> None:
+        self.batches, self.rows = batches, rows
+
+    def __iter__(self):
+        return (b for b in self.batches if len(b) >= self.rows)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.batches.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.batches.load_state_dict(state)
 
 
 def train_embedding(encoder: SentenceEncoder, train: str | Path | Sequence[dict], *, loss: str = "mnrl",
-                    out: str | Path | None = None, pooling: str = "mean", epochs: int = 1,
+                    out: str | Path | None = None, pooling: str = "mean", epochs: float = 1,
                     max_steps: int | None = None, batch_size: int = 16, lr: float = 2e-5, warmup: float = 0.1,
                     seed: int = 0, eval_pairs: str | Path | Sequence[dict] | None = None,
-                    progress: bool = False) -> dict[str, Any]:
-    """Fine-tune ``encoder`` in place as a Sentence-BERT model; optionally save it and evaluate.
+                    progress: bool = False, run: str | Path | None = None, **train_settings: Any) -> dict[str, Any]:
+    """Fine-tune ``encoder`` in place as a Sentence-BERT model with the :class:`~lmforge.training.Trainer`;
+    optionally save it and evaluate.
+
+    The Trainer brings checkpoints and exact resume (``run``), bf16 autocast (``precision``), gradient
+    accumulation (``grad_accum``) and AdamW without decay on biases, norms and embeddings. The learning rate
+    warms up linearly over ``warmup`` of the steps, then decays linearly to 0.
 
     Args:
         encoder: the model + tokenizer to train (its ``model`` is updated in place).
         train: rows, a data set ``name:split`` or a file (see :func:`read_rows`).
-        loss: ``triplet``, ``mnrl`` or ``cosine``.
-        out: folder to save the trained model (+ tokenizer + ``embedding.json``) into; None = don't save.
+        loss: one of :data:`~lmforge.embeddings.losses.EMBEDDING_LOSSES` (``mnrl``, ``triplet``, ``cosine``).
+        out: folder to save the trained model (+ tokenizer + ``embedding.json``) into; None = ``RUN/model``
+            when ``run`` is given, else don't save.
         pooling: pooling used for training and recorded for inference.
-        epochs, max_steps: passes over the data; ``max_steps`` stops earlier.
-        batch_size: tuples per step (for MNRL, also the number of candidates per anchor).
-        lr, warmup: AdamW peak learning rate; linear warm-up over this fraction of steps, then linear decay.
+        epochs, max_steps: passes over the data (may be fractional); ``max_steps`` stops earlier.
+        batch_size: tuples per micro-batch (for MNRL, also the number of candidates per anchor).
+        lr, warmup: AdamW peak learning rate; warm-up as a share of the steps.
         seed: shuffling and dropout seed.
         eval_pairs: held-out ``text1, text2, label`` rows for :func:`evaluate_sts` and :func:`evaluate_retrieval`.
+        progress: show a progress bar.
+        run: the Trainer's run folder (``checkpoints/``, ``metrics.jsonl``, ``model/``); None = a temporary one.
+        train_settings: further :class:`~lmforge.training.TrainConfig` settings, e.g. ``resume=True``,
+            ``precision="bf16"``, ``grad_accum=2``, ``save_every=100``, ``device="cuda"``.
 
     Returns:
-        ``{"steps", "loss" (mean of the last epoch's steps), "seconds", **eval metrics, "model_dir"}``.
+        ``{"steps", "loss" (mean of the last epoch's steps), "seconds", **eval metrics, "model_dir"}``, and
+        ``"stopped_by"`` (SIGINT or SIGTERM) for a run stopped before its last step.
     """
     tuples = loss_columns(read_rows(train), loss)
-    rng = random.Random(seed)
-    torch.manual_seed(seed)
-    per_epoch = math.ceil(len(tuples) / batch_size)
-    total = min(max_steps, per_epoch * epochs) if max_steps else per_epoch * epochs
-    params = [p for p in encoder.model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
-    warm = max(1, int(warmup * total))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min((s + 1) / warm, max(0.0, (total - s) / max(1, total - warm))))
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=total, desc=f"sbert/{loss}", unit="step")
-    encoder.train()
-    step, losses, started = 0, [], time.time()
-    while step < total:
-        order = list(range(len(tuples)))
-        rng.shuffle(order)
-        losses = []
-        for start in range(0, len(order), batch_size):
-            if step >= total:
-                break
-            batch = [tuples[i] for i in order[start:start + batch_size]]
-            if loss == "mnrl" and len(batch) < 2:
-                continue  # a lone pair has no in-batch negative: the loss would be identically zero
-            value = batch_loss(encoder, batch, loss, pooling)
-            optimizer.zero_grad(set_to_none=True)
-            value.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimizer.step()
-            sched.step()
-            step += 1
-            losses.append(value.item())
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{losses[-1]:.4f}")
-    if bar is not None:
-        bar.close()
+    siamese = SiameseLoss(loss, pooling)
+    rows = 2 if loss == "mnrl" else 1
+    full, rest = divmod(len(tuples), batch_size)
+    if full + (rest >= rows) == 0:
+        raise UserInputError(f"loss {loss!r} needs at least {rows} training rows")
+    per_epoch = math.ceil((full + (rest >= rows)) / int(train_settings.get("grad_accum", 1)))  # optimizer steps
+    total = max(1, math.ceil(per_epoch * epochs))
+    total = min(max_steps, total) if max_steps else total
+    settings = {"max_steps": total, "batch_size": batch_size, "lr": lr, "schedule": "linear",
+                "warmup": int(warmup * total), "weight_decay": 0.01, "grad_clip": 1.0, "seed": seed,
+                "eval_every": 0, "save_every": 0, "progress": progress, "tensorboard": False,
+                "device": "cuda" if encoder.device.type == "cuda" else "cpu", **train_settings}
+    config = TrainConfig.from_dict(settings, source="train_embedding")
+    info = {"pooling": pooling, "normalize": True, "loss": loss}
+    files = {EMBEDDING_FILE: json.dumps(info, indent=2) + "\n"}
+    started = time.time()
+    with contextlib.ExitStack() as stack:
+        folder = Path(run) if run is not None else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        trainer = Trainer(encoder.model, SentenceTuples(encoder.tokenizer, loss, encoder.max_length),
+                          _AtLeast(ExampleBatches(tuples, batch_size, seed=seed), rows), config, out=folder,
+                          tokenizer=encoder.tokenizer, loss=siamese, model_files=files)
+        fitted = trainer.fit()
+        losses = [r["loss"] for r in read_metrics(folder / METRICS_FILE)]
     encoder.eval()
-    result: dict[str, Any] = {"steps": step, "loss": float(np.mean(losses)) if losses else None,
+    last_epoch = losses[-((fitted.step - 1) % per_epoch + 1):] if losses else []
+    result: dict[str, Any] = {"steps": fitted.step, "loss": float(np.mean(last_epoch)) if last_epoch else None,
                               "seconds": round(time.time() - started, 2)}
+    if fitted.model_dir is None:  # stopped by a signal, with a checkpoint to resume from
+        return {**result, "stopped_by": fitted.stopped_by}
     if eval_pairs is not None:
         pairs = read_rows(eval_pairs)
         result.update(evaluate_sts(encoder, pairs, pooling=pooling))
         result.update(evaluate_retrieval(encoder, pairs, pooling=pooling))
-    if out is not None:
-        from lmforge import checkpoint
-
-        settings = {"pooling": pooling, "normalize": True, "loss": loss}
-        result["model_dir"] = str(checkpoint.save(encoder.model, out, tokenizer=encoder.tokenizer,
-                                                  extra_files={EMBEDDING_FILE: json.dumps(settings, indent=2) + "\n"}))
+    if out is not None and (run is None or Path(out) != fitted.model_dir):
+        result["model_dir"] = str(checkpoint.save(encoder.model, out, tokenizer=encoder.tokenizer, extra_files=files))
+    elif run is not None:
+        result["model_dir"] = str(fitted.model_dir)
     return result
 
 
@@ -232,28 +288,29 @@ def retrieval_metrics(scores: np.ndarray, gold: np.ndarray, ks: Sequence[int] = 
 
 def finetune_embedding(model, train, *, out: str | Path, eval: str | Path | Sequence[dict] | None = None,
                        loss: str = "mnrl", tokenizer=None, random_init: bool = False, pooling: str = "mean",
-                       max_steps: int | None = None, epochs: int = 1, batch_size: int = 16, lr: float = 2e-5,
-                       warmup: float = 0.1, seed: int = 0, max_length: int | None = None,
-                       progress: bool = True) -> dict[str, Any]:
+                       max_steps: int | None = None, epochs: float = 1, batch_size: int = 16, lr: float = 2e-5,
+                       warmup: float = 0.1, seed: int = 0, max_length: int | None = None, progress: bool = True,
+                       **train_settings: Any) -> dict[str, Any]:
     """The ``lmforge finetune --task embedding`` recipe: load a body, train it as Sentence-BERT, save, evaluate.
 
     Args:
         model: lmforge model folder, Hugging Face folder or preset name (anything ``lmforge finetune --model``
             takes).
         train: rows / ``name:split`` / file for :func:`train_embedding` (e.g. ``"bible-triplets:train"``).
-        out: run folder; the model goes to ``OUT/model`` (with ``embedding.json``) and the metrics to
-            ``OUT/metrics.json``.
+        out: run folder: the Trainer's ``checkpoints/`` and ``metrics.jsonl``, the model in ``OUT/model`` (with
+            ``embedding.json``) and the evaluation in ``OUT/metrics.json``.
         eval: held-out ``text1, text2, label`` pairs (e.g. ``"bible-paraphrase:dev"``), scored before and after.
         loss, pooling, max_steps, epochs, batch_size, lr, warmup, seed: see :func:`train_embedding`.
         tokenizer, random_init: as for ``lmforge finetune``.
+        train_settings: further TrainConfig settings (``resume=True`` continues ``OUT`` from its last
+            checkpoint; ``precision``, ``grad_accum``, ``save_every`` (default 500), ``device`` (default
+            ``auto``), ...).
 
     Returns:
         ``{"before": eval metrics, "after": train_embedding's result}``.
     """
-    from lmforge.tasks.finetune import load_body
-    from lmforge.utils.io import atomic_write_text
-
-    body, tok = load_body(model, tokenizer=tokenizer, random_init=random_init)
+    seed_all(seed)  # a random initialisation must not differ between a run and its resumption
+    body, tok = checkpoint.load_body(model, tokenizer=tokenizer, random_init=random_init)
     encoder = SentenceEncoder(body, tok, max_length=max_length, pooling=pooling)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -262,9 +319,51 @@ def finetune_embedding(model, train, *, out: str | Path, eval: str | Path | Sequ
     if pairs is not None:
         before = {**evaluate_sts(encoder, pairs, pooling=pooling),
                   **evaluate_retrieval(encoder, pairs, pooling=pooling)}
-    after = train_embedding(encoder, train, loss=loss, out=out / "model", pooling=pooling, epochs=epochs,
+    after = train_embedding(encoder, train, loss=loss, run=out, pooling=pooling, epochs=epochs,
                             max_steps=max_steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
-                            eval_pairs=pairs, progress=progress)
+                            eval_pairs=pairs, progress=progress,
+                            **{"device": "auto", "save_every": 500, **train_settings})  # as for the other tasks
     result = {"before": before, "after": after}
-    atomic_write_text(out / "metrics.json", json.dumps(result, indent=2) + "\n")
+    if "stopped_by" not in after:
+        atomic_write_text(out / "metrics.json", json.dumps(result, indent=2) + "\n")
     return result
+
+
+def run_embedding_finetune(args) -> int:
+    """``lmforge finetune --task embedding``: Sentence-BERT training from finetune's parsed flags; prints a
+    one-line summary and returns the exit code.
+
+    Reads ``model, train, out`` (required) and, when present, ``eval, loss, tokenizer, random_init, pooling,
+    max_steps, epochs, batch_size, lr, warmup_ratio, seed, max_length, progress`` and any other TrainConfig
+    setting (``resume``, ``precision``, ``grad_accum``, ``save_every``, ``device``, ...). Flags that were not
+    given are absent attributes (finetune parses with ``argument_default=SUPPRESS``) or None.
+    """
+    def flag(name, default=None):
+        value = getattr(args, name, None)
+        return default if value is None else value
+
+    for name in ("model", "train", "out"):
+        if flag(name) is None:
+            raise UserInputError(f"--task embedding needs --{name}")
+    loss = flag("loss", "mnrl")
+    if loss not in EMBEDDING_LOSSES:
+        raise UserInputError(f"--loss {loss!r}: use one of {', '.join(EMBEDDING_LOSSES)}")
+    recipe = ("max_steps", "batch_size", "lr", "seed", "progress")  # passed by name below
+    settings = {k: v for k, v in vars(args).items()
+                if k in TrainConfig.__dataclass_fields__ and k not in recipe and v is not None
+                and k not in ("model", "tokenizer", "out")}
+    result = finetune_embedding(
+        flag("model"), flag("train"), out=flag("out"), eval=flag("eval"), loss=loss, tokenizer=flag("tokenizer"),
+        random_init=bool(flag("random_init", False)), pooling=flag("pooling", "mean"),
+        max_steps=flag("max_steps"), epochs=flag("epochs", 1), batch_size=flag("batch_size", 16),
+        lr=flag("lr", 2e-5), warmup=flag("warmup_ratio", 0.1), seed=flag("seed", 0),
+        max_length=flag("max_length"), progress=bool(flag("progress", True)), **settings)
+    after = result["after"]
+    if "stopped_by" in after:
+        print(f"stopped by {after['stopped_by']} at step {after['steps']}; continue with the same command and "
+              "--resume", file=sys.stderr)
+        return 128 + int(getattr(signal, after["stopped_by"]))
+    shown = {k: after[k] for k in ("spearman", "recall@1", "recall@10", "mrr") if after.get(k) is not None}
+    print(f"done: {after['steps']} steps, loss {after['loss']:.4f}; " +
+          ", ".join(f"{k} {v:.4f}" for k, v in shown.items()) + f"; model -> {after['model_dir']}")
+    return 0

@@ -102,6 +102,7 @@ def iter_tokens(
             return
 
 
+# The same parameters as iter_tokens, which it drains.
 def greedy_or_sample(
     stepper: Stepper,
     config: GenerationConfig,

@@ -6,7 +6,8 @@
 Each family is one small module (:mod:`~lmforge.interop.hf_bert`, ``hf_gpt2``, ``hf_t5``, ``hf_bart``,
 ``hf_llama``) declaring a :class:`Family`: the HF config <-> ModelConfig translation, the HF classes it
 reads (:class:`Arch`: which lmforge head, where the body sits in the state dict) and a table of
-:class:`Rule` s from lmforge tensor names to HF ones. This module is the machinery they share.
+:class:`Rule` s from lmforge tensor names to HF ones, in the vocabulary of :mod:`~lmforge.interop.hf_family`.
+This module is the engine that applies those tables.
 
 Why conversion is exact: a rule only renames, transposes, splits or concatenates tensors, so
 ``from_hf(to_hf(model))`` reproduces the state dict bit for bit. ``to_hf`` refuses a config the HF family
@@ -42,7 +43,16 @@ from typing import Any, Callable
 import torch
 
 from lmforge.config import ConfigError, ModelConfig
-from lmforge.errors import LmforgeError
+from lmforge.interop.hf_bart import BART, MBART
+from lmforge.interop.hf_bert import BERT, ROBERTA
+from lmforge.interop.hf_family import Arch, Family, HFConfig, HFConversionError, Mapper, Rule
+from lmforge.interop.hf_gpt2 import GPT2
+from lmforge.interop.hf_llama import LLAMA
+from lmforge.interop.hf_t5 import T5
+from lmforge.model_folder import materialise, save
+from lmforge.models import load_transformer
+from lmforge.models.transformer import Transformer
+from lmforge.tokenization import Tokenizer, TokenizerError
 from lmforge.utils.io import atomic_dir
 
 HF_CONFIG = "config.json"
@@ -56,179 +66,12 @@ TASK_CONFIG_KEYS = ("id2label", "label2id", "problem_type", "classifier_dropout"
 # where the family has a field, and does not refuse a config whose family lacks one.
 NOT_CARRIED = frozenset({"name", "extra", "unk_token_id", "mask_token_id", "cls_token_id", "sep_token_id",
                          "dropout", "attn_dropout", "ffn_dropout", "initializer_range"})
-# HF activation names <-> ModelConfig.activation. gelu_new and gelu_pytorch_tanh are both the tanh
-# approximation (GPT-2, T5 v1.1); "gelu" is the exact erf form (BERT, BART).
-ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh", "relu": "relu",
-               "silu": "silu", "swish": "silu"}
-HF_ACTIVATION = {"gelu": "gelu", "gelu-tanh": "gelu_new", "relu": "relu", "silu": "silu"}
-GATED = {"gelu": "geglu", "gelu-tanh": "geglu-tanh", "relu": "reglu", "silu": "swiglu"}
-
-
-class HFConversionError(LmforgeError, ValueError):
-    """A Hugging Face folder or model cannot be converted; the message names the file, field or tensor."""
-
-
-# ---------------------------------------------------------------------------------------- declarations
-@dataclass(frozen=True)
-class Rule:
-    """One lmforge tensor (or module: its ``.weight``/``.bias`` follow) and where HF keeps it.
-
-    Args:
-        ours: lmforge name, ``{i}`` for a layer index, e.g. ``"decoder.layers.{i}.attn.o"``.
-        theirs: HF name relative to the base model (head rules, ``lm_head*``/``mlm_head*``, are top level).
-        conv1d: HF stores the weight as (in, out) (GPT-2's Conv1D), so it is transposed.
-        part: ``(k, n)``: ours is the k-th of n equal row blocks of theirs (GPT-2's fused q/k/v).
-        flat: HF stores our (N,) vector as a (1, N) row (BART's ``final_logits_bias``).
-    """
-
-    ours: str
-    theirs: str
-    conv1d: bool = False
-    part: tuple[int, int] | None = None
-    flat: bool = False
-
-    @property
-    def top_level(self) -> bool:
-        return self.ours.startswith(("lm_head", "mlm_head"))
-
-    def hf_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        shape = tuple(shape)
-        if self.part:
-            shape = (shape[0] * self.part[1], *shape[1:])
-        if self.conv1d and len(shape) == 2:
-            shape = shape[::-1]
-        return (1, *shape) if self.flat else shape
-
-    def to_ours(self, t: torch.Tensor) -> torch.Tensor:
-        if self.flat:
-            t = t.reshape(-1)
-        if self.conv1d and t.dim() == 2:
-            t = t.t()
-        if self.part:
-            t = t.chunk(self.part[1], dim=0)[self.part[0]]
-        return t
-
-    def to_theirs(self, parts: list[torch.Tensor]) -> torch.Tensor:
-        """Our tensor(s) (all parts, in order) -> the HF tensor."""
-        t = torch.cat(parts, dim=0) if self.part else parts[0]
-        if self.conv1d and t.dim() == 2:
-            t = t.t()
-        return (t.unsqueeze(0) if self.flat else t).contiguous()
-
-
-def attention_rules(ours: str, theirs: str, names: tuple[str, str, str, str] = ("q", "k", "v", "o")) -> list[Rule]:
-    """The four projections of one attention module: our q/k/v/o <-> ``theirs.<names>``."""
-    return [Rule(f"{ours}.{a}", f"{theirs}.{b}") for a, b in zip("qkvo", names)]
-
-
-@dataclass(frozen=True)
-class Arch:
-    """One HF class of a family, e.g. ``BertForMaskedLM``.
-
-    Args:
-        head: the lmforge head it maps to (``lm``, ``mlm`` or ``none``).
-        prefixed: its state dict nests the body under the family prefix (``bert.``, ``model.``).
-        optional: ``(ModelConfig bool field, HF tensor)``: the field is True exactly when the checkpoint
-            holds the tensor (BERT's pooler; BART's ``final_logits_bias``, which is zero unless trained).
-        task: prefix of task-head tensors kept aside in ``head.safetensors`` (e.g. ``"classifier."``).
-    """
-
-    head: str = "none"
-    prefixed: bool = False
-    optional: tuple[tuple[str, str], ...] = ()
-    task: str | None = None
-
-
-@dataclass(frozen=True)
-class Family:
-    """Everything one HF ``model_type`` needs; see the family modules.
-
-    Args:
-        model_type: HF ``model_type``.
-        architectures: HF class name -> :class:`Arch`; the first one is the default.
-        config_from_hf: (:class:`HFConfig`, Arch) -> ModelConfig fields (head, tying, special tokens and
-            ``optional`` fields are filled in by this module).
-        config_to_hf: ModelConfig -> HF config fields (``model_type``, tying and tokens are added here).
-        rules: ModelConfig -> list of :class:`Rule` covering every lmforge tensor.
-        prefix: where head classes nest the body (``"bert."``); stripped when reading any checkpoint.
-        embedding: HF name of the input embedding (relative to the body).
-        output_embedding: top-level HF name of the output matrix; equal to ``embedding`` when tied.
-        aliases: ``(name, same_as)``: tensors HF stores twice; both copies must agree.
-        ignore: regexes of HF buffers that carry no weights (causal masks, RoPE frequencies, ...).
-        tokenizer_family: lmforge tokenizer family of its tokenizers.
-        tie_default: HF default of ``tie_word_embeddings``.
-    """
-
-    model_type: str
-    architectures: dict[str, Arch]
-    config_from_hf: Callable[["HFConfig", Arch], dict[str, Any]]
-    config_to_hf: Callable[[ModelConfig], dict[str, Any]]
-    rules: Callable[[ModelConfig], list[Rule]]
-    prefix: str = ""
-    embedding: str = ""
-    output_embedding: str | None = None
-    aliases: tuple[tuple[str, str], ...] = ()
-    ignore: tuple[str, ...] = ()
-    tokenizer_family: str | None = None
-    tie_default: bool = True
-
-    def arch_for(self, cfg: ModelConfig, task: str | None = None) -> str | None:
-        """The HF class to write for ``cfg`` (or the task head's class), or None if there is none."""
-        if task is not None:
-            return task if task in self.architectures and self.architectures[task].head == cfg.head else None
-        return next((n for n, a in self.architectures.items() if a.head == cfg.head and a.task is None), None)
-
-
-class HFConfig:
-    """An HF ``config.json`` being read: lookups with the HF default, and errors that name the field."""
-
-    def __init__(self, data: dict[str, Any], source: str):
-        self.data, self.source = data, source
-        self.notes: list[str] = []
-
-    def __call__(self, key: str, default: Any = ...) -> Any:
-        value = self.data.get(key, default)
-        if value is ...:
-            raise HFConversionError(f"{self.source}: field {key!r} is missing")
-        return value
-
-    def fail(self, message: str) -> HFConversionError:
-        return HFConversionError(f"{self.source}: {message}")
-
-    def require(self, key: str, allowed: tuple, default: Any = None) -> Any:
-        """The value of ``key``, which must be one of ``allowed`` (HF features lmforge has no twin for)."""
-        value = self.data.get(key, default)
-        if value not in allowed:
-            raise self.fail(f"{key} {value!r} is not supported (supported: {', '.join(map(repr, allowed))})")
-        return value
-
-    def same(self, key: str, other: str, default: Any = ...) -> Any:
-        """``key`` and ``other`` must agree (lmforge uses one value where HF allows two)."""
-        a, b = self(key, default), self(other, default)
-        if a != b:
-            raise self.fail(f"{key}={a!r} differs from {other}={b!r}; lmforge uses one value for both")
-        return a
-
-    def activation(self, key: str, default: Any = ..., gated: bool = False) -> str:
-        name = self(key, default)
-        if name not in ACTIVATIONS:
-            raise self.fail(f"{key} {name!r} is not supported (supported: {', '.join(ACTIVATIONS)})")
-        return GATED[ACTIVATIONS[name]] if gated else ACTIVATIONS[name]
-
-
-def hf_activation(activation: str) -> str:
-    """ModelConfig activation (plain, or the gate's function of a gated one) -> HF name."""
-    base = {v: k for k, v in GATED.items()}.get(activation, activation)
-    return HF_ACTIVATION[base]
 
 
 # ---------------------------------------------------------------------------------------- registry
 def families() -> dict[str, Family]:
-    """All supported families by HF ``model_type`` (imported lazily: the family modules import this one)."""
-    from lmforge.interop import hf_bart, hf_bert, hf_gpt2, hf_llama, hf_t5
-
-    fams = [hf_bert.BERT, hf_bert.ROBERTA, hf_gpt2.GPT2, hf_t5.T5, hf_bart.BART, hf_bart.MBART, hf_llama.LLAMA]
-    return {f.model_type: f for f in fams}
+    """All supported families by HF ``model_type``."""
+    return {f.model_type: f for f in (BERT, ROBERTA, GPT2, T5, BART, MBART, LLAMA)}
 
 
 def _family(model_type: Any, source: str) -> Family:
@@ -338,8 +181,6 @@ def read_hf_weights(folder: Path) -> tuple[dict[str, torch.Tensor], Path]:
 
 
 def _read_tokenizer(folder: Path, family: Family, notes: list[str]):
-    from lmforge.tokenization import Tokenizer, TokenizerError
-
     present = [n for n in ("tokenizer.json", "vocab.txt", "vocab.json", "encoder.json") if (folder / n).is_file()]
     if not present:
         notes.append(f"{folder}: no tokenizer.json, vocab.txt or vocab.json + merges.txt; "
@@ -352,24 +193,6 @@ def _read_tokenizer(folder: Path, family: Family, notes: list[str]):
 
 
 # ---------------------------------------------------------------------------------------- conversion core
-class _Mapper:
-    """Resolves lmforge tensor names to (rule, HF name) through a family's rule table."""
-
-    def __init__(self, rules: list[Rule]):
-        self.compiled = []
-        for rule in rules:
-            pattern = re.escape(rule.ours).replace(r"\{i\}", r"(?P<i>\d+)")
-            self.compiled.append((re.compile(pattern + r"(?P<leaf>\..+)?"), rule))
-
-    def __call__(self, name: str) -> tuple[Rule, str]:
-        for pattern, rule in self.compiled:
-            m = pattern.fullmatch(name)
-            if m:
-                theirs = rule.theirs.replace("{i}", m["i"]) if "{i}" in rule.theirs else rule.theirs
-                return rule, theirs + (m["leaf"] or "")
-        raise HFConversionError(f"lmforge tensor {name!r} has no Hugging Face counterpart in this family")
-
-
 def _normalise(tensors: dict[str, torch.Tensor], family: Family) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Strip the body prefix (``bert.``, ``model.``) and old ``gamma``/``beta`` LayerNorm names.
 
@@ -382,15 +205,6 @@ def _normalise(tensors: dict[str, torch.Tensor], family: Family) -> tuple[dict[s
         new = re.sub(r"(LayerNorm|layer_norm)\.beta$", r"\1.bias", new)
         out[new], original[new] = tensor, name
     return out, original
-
-
-def _materialise(shell):
-    """A meta-device model -> an uninitialised CPU model with its derived buffers (RoPE) computed."""
-    model = shell.to_empty(device="cpu")
-    for module in model.modules():  # derived buffers are not in any checkpoint
-        if hasattr(module, "reset_buffers"):
-            module.reset_buffers()
-    return model
 
 
 def _special_tokens(c: HFConfig, vocab_size: int, tokenizer) -> dict[str, int | None]:
@@ -445,7 +259,7 @@ def _map_to_ours(shell, family: Family, arch: Arch, tensors: dict[str, torch.Ten
     Returns our state dict and the HF names it used.
     """
     expected = shell.state_dict()
-    mapper = _Mapper(family.rules(shell.config))
+    mapper = Mapper(family.rules(shell.config))
     state, used = {}, set()
     for key, target in expected.items():
         rule, theirs = mapper(key)
@@ -464,8 +278,6 @@ def _map_to_ours(shell, family: Family, arch: Arch, tensors: dict[str, torch.Ten
 def _convert(hf_config: dict, tensors: dict[str, torch.Tensor], source: str, architecture: str | None = None,
              tokenizer=None, name: str = "hf", dtype: torch.dtype | None = None,
              where: str = "weights") -> HFConversion:
-    from lmforge.models import Transformer
-
     c = HFConfig(hf_config, source)
     family = _family(c("model_type"), source)
     architecture = _architecture(family, c, architecture)
@@ -496,7 +308,7 @@ def _convert(hf_config: dict, tensors: dict[str, torch.Tensor], source: str, arc
         c.notes.append(f"{len(unused)} tensor(s) of {architecture} not used: {', '.join(unused[:5])}"
                        + (" ..." if len(unused) > 5 else ""))
 
-    model = _materialise(shell)
+    model = materialise(shell)
     model.load_state_dict(state, strict=True)
     floats = {t.dtype for t in tensors.values() if t.is_floating_point()}
     if dtype is None and len(floats) == 1 and floats != {torch.float32}:
@@ -534,6 +346,7 @@ def load_hf(source, *, architecture: str | None = None, dtype: torch.dtype | Non
         return _convert(hf_config, state, f"{type(source).__name__}.config", architecture or type(source).__name__,
                         None, str(name), dtype, "state_dict()")
     folder = Path(source)
+    # The same checks as model_folder.read_config, for the other format and its own error and wording.
     if not folder.is_dir():
         raise HFConversionError(f"{folder}: not a folder (expected a Hugging Face model folder with {HF_CONFIG})")
     cfg_path = folder / HF_CONFIG
@@ -587,13 +400,11 @@ def convert_from_hf(source, dst: str | Path, *, architecture: str | None = None,
 
     Written atomically: on any error ``dst`` is left as it was (not created).
     """
-    from lmforge.checkpoint import save
-
     dst = Path(dst)
     _check_destination(dst, overwrite)
     conv = load_hf(source, architecture=architecture, dtype=dtype)
     with atomic_dir(dst) as tmp:
-        # checkpoint.save is atomic on its own; stage it inside our folder so the task head joins atomically.
+        # save is atomic on its own; stage it inside our folder so the task head joins atomically.
         staged = save(conv.model, tmp / "model", tokenizer=conv.tokenizer)
         for child in staged.iterdir():
             os.replace(child, tmp / child.name)
@@ -670,8 +481,6 @@ def hf_config_for(cfg: ModelConfig, task: str | None = None) -> tuple[Family, st
 
 
 def _write_hf_tokenizer(tokenizer, folder: Path, cfg: ModelConfig) -> None:
-    from lmforge.tokenization import Tokenizer
-
     tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer.load(tokenizer)
     tok.save(folder)  # tokenizer.json (HF format) + lmforge_tokenizer.json (roles, for the way back)
     specials = {f"{role}_token": token for role, token in tok.roles.items()
@@ -710,7 +519,7 @@ def to_hf(model, path: str | Path, *, tokenizer=None, task_head: TaskHead | None
     family, arch_name, hf_config = hf_config_for(cfg, task_head.architecture if task_head else None)
     arch = family.architectures[arch_name]
     _check_destination(path, overwrite)
-    mapper = _Mapper(family.rules(cfg))
+    mapper = Mapper(family.rules(cfg))
     grouped: dict[str, tuple[Rule, dict[int, torch.Tensor]]] = {}
     for key, tensor in model.state_dict().items():
         rule, theirs = mapper(key)
@@ -737,11 +546,9 @@ def to_hf(model, path: str | Path, *, tokenizer=None, task_head: TaskHead | None
 def convert_to_hf(source: str | Path, dst: str | Path, *, dtype: torch.dtype | None = None,
                   overwrite: bool = True) -> Path:
     """lmforge model folder -> HF folder, with its tokenizer and task head (if it has them)."""
-    from lmforge.checkpoint import load
-
     source = Path(source)
     if not (source / "config.json").is_file():
         raise HFConversionError(f"{source}: not an lmforge model folder (no config.json)")
-    model = load(source)
+    model = load_transformer(source).eval()
     tokenizer = source if (source / "tokenizer.json").is_file() else None
     return to_hf(model, dst, tokenizer=tokenizer, task_head=TaskHead.load(source), dtype=dtype, overwrite=overwrite)

@@ -28,7 +28,7 @@ Example:
 from __future__ import annotations
 
 from lmforge.config import ModelConfig
-from lmforge.interop.hf import Arch, Family, HFConfig, Rule, attention_rules, hf_activation
+from lmforge.interop.hf_family import Arch, Family, HFConfig, Rule, attention_rules, hf_activation
 
 PROJ = ("q_proj", "k_proj", "v_proj", "out_proj")
 

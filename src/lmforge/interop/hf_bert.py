@@ -26,7 +26,7 @@ Example:
 from __future__ import annotations
 
 from lmforge.config import ModelConfig
-from lmforge.interop.hf import Arch, Family, HFConfig, Rule, attention_rules, hf_activation
+from lmforge.interop.hf_family import Arch, Family, HFConfig, Rule, attention_rules, hf_activation
 
 POOLER = (("pooler", "pooler.dense.weight"),)  # BertModel may be saved with or without its pooler
 IGNORE = (r"embeddings\.(position_ids|token_type_ids)",)  # index buffers some checkpoints persist
@@ -108,6 +108,7 @@ BERT = Family(
     tokenizer_family="bert",
 )
 
+# BERT's declaration with RoBERTa's names and values: the same fields, filled in twice on purpose.
 ROBERTA = Family(
     model_type="roberta",
     architectures={

@@ -22,7 +22,7 @@ Example:
 from __future__ import annotations
 
 from lmforge.config import ModelConfig
-from lmforge.interop.hf import Arch, Family, HFConfig, Rule, hf_activation
+from lmforge.interop.hf_family import Arch, Family, HFConfig, Rule, hf_activation
 
 
 def _from_hf(c: HFConfig, arch: Arch) -> dict:
@@ -65,6 +65,7 @@ def _rules(cfg: ModelConfig) -> list[Rule]:
     ]
 
 
+# Same fields as the other families' declarations, with this family's values: a table, not repeated logic.
 GPT2 = Family(
     model_type="gpt2",
     architectures={"GPT2Model": Arch(), "GPT2LMHeadModel": Arch("lm", True)},

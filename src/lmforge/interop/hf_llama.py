@@ -23,7 +23,7 @@ Example:
 from __future__ import annotations
 
 from lmforge.config import ModelConfig
-from lmforge.interop.hf import Arch, Family, HFConfig, Rule, attention_rules, hf_activation
+from lmforge.interop.hf_family import Arch, Family, HFConfig, Rule, attention_rules, hf_activation
 
 
 def _rope_theta(c: HFConfig) -> float:
@@ -75,6 +75,7 @@ def _rules(cfg: ModelConfig) -> list[Rule]:
     ]
 
 
+# Same fields as the other families' declarations, with this family's values: a table, not repeated logic.
 LLAMA = Family(
     model_type="llama",
     architectures={"LlamaModel": Arch(), "LlamaForCausalLM": Arch("lm", True)},

@@ -25,7 +25,7 @@ Example:
 from __future__ import annotations
 
 from lmforge.config import ModelConfig
-from lmforge.interop.hf import ACTIVATIONS, GATED, Arch, Family, HFConfig, Rule, hf_activation
+from lmforge.interop.hf_family import ACTIVATIONS, GATED, Arch, Family, HFConfig, Rule, hf_activation
 
 
 def _activation(c: HFConfig) -> str:

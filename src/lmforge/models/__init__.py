@@ -1,9 +1,15 @@
-"""Model assembly: :class:`Transformer` and :func:`build_model`."""
+"""Model assembly: :class:`Transformer`, :func:`build_model` and :func:`load_transformer`."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import torch
+
 from lmforge.config import ModelConfig, resolve_config
-from lmforge.models.transformer import ModelOutput, Transformer, shift_right
+from lmforge.model_folder import WEIGHTS_FILE, load_weights, materialise, read_config
+from lmforge.models.transformer import ModelOutput, Transformer
+from lmforge.nn.labels import shift_right
 
 
 def build_model(config: ModelConfig | str, **overrides) -> Transformer:
@@ -20,4 +26,20 @@ def build_model(config: ModelConfig | str, **overrides) -> Transformer:
     return Transformer(cfg)
 
 
-__all__ = ["ModelOutput", "Transformer", "build_model", "shift_right"]
+def load_transformer(path: str | Path) -> Transformer:
+    """A Transformer from an lmforge model folder, on the CPU in fp32 (train mode).
+
+    Nothing is allocated until the config has been read: the model is built on the meta device, then
+    given storage and filled from the safetensors file. :func:`lmforge.checkpoint.load` loads every
+    folder kind; this is its lmforge-folder case.
+    """
+    path = Path(path)
+    cfg = read_config(path)
+    with torch.device("meta"):
+        shell = Transformer(cfg)
+    model = materialise(shell)
+    load_weights(model, path / WEIGHTS_FILE)
+    return model
+
+
+__all__ = ["ModelOutput", "Transformer", "build_model", "load_transformer", "shift_right"]

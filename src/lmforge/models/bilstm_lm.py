@@ -15,15 +15,14 @@ sizes match for any E). The LM loss never reaches that projection (nor the model
 pre-training it is still its random initialisation, a full-rank linear map of the embedding that a linear probe
 sees through, and a downstream task may train it. (For the same reason a DDP run would need
 ``find_unused_parameters``; the biLM has been trained single-process only.) :meth:`BiLM.elmo` mixes the L+1
-layers with a learned :class:`~lmforge.embeddings.pooling.ScalarMix` (softmax-normalised weights x gamma).
+layers with a learned :class:`~lmforge.nn.scalar_mix.ScalarMix` (softmax-normalised weights x gamma).
 
 Pre-training: ``lmforge pretrain --model elmo-tiny --objective bilm --data DATA --out RUN``. The objective
 (:class:`lmforge.objectives.bilm.BiLMObjective`) makes aligned (B, 2, T) labels, and the model returns
 ``loss``/``n_targets``/flat ``logits`` in the order of those labels, so the :class:`~lmforge.training.Trainer`
-runs it unchanged (exact resume included); :func:`pretrain_bilm` is a dependency-free loop for small
-experiments. ``RUN/model`` (``config.json`` with ``arch: bilstm``, ``model.safetensors``, the tokenizer) loads
-with ``lmforge.load`` / :func:`load_bilm`, and :class:`lmforge.embeddings.SentenceEncoder` takes it like any
-encoder: its N+1 "hidden states" are :meth:`BiLM.layer_states` and its scalar mix is the model's own.
+runs it unchanged: checkpoints, exact resume, bf16 and accumulation included. ``RUN/model`` (``config.json``
+with ``arch: bilstm``, ``model.safetensors``, the tokenizer) loads with ``lmforge.load`` / :func:`lmforge.checkpoint.load_bilm`,
+and :class:`lmforge.embeddings.SentenceEncoder` takes it like any encoder: its N+1 "hidden states" are :meth:`BiLM.layer_states` and its scalar mix is the model's own.
 
 Presets (:data:`PRESETS`) are plain dicts here rather than YAML files in ``lmforge/presets``, which hold
 Transformer configs only.
@@ -40,19 +39,17 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmforge.config import ConfigBase, ConfigError
-from lmforge.embeddings.pooling import ScalarMix
-from lmforge.objectives.bilm import IGNORE_INDEX, BiLMObjective, bilm_labels  # re-exported: older imports
+from lmforge.config import ConfigBase
+from lmforge.nn.labels import IGNORE_INDEX
+from lmforge.nn.scalar_mix import ScalarMix
 
-__all__ = ["ARCH", "PRESETS", "BiLM", "BiLMConfig", "BiLMObjective", "BiLMOutput", "bilm_config", "bilm_labels",
-           "is_bilm", "load_bilm", "pretrain_bilm", "reverse_within_length"]
+__all__ = ["ARCH", "PRESETS", "BiLM", "BiLMConfig", "BiLMOutput", "bilm_labels", "reverse_within_length"]
 
 ARCH = "bilstm"  # the ``arch`` a BiLM config.json records; lmforge.load dispatches on it
 # ELMo's own biLM has 2 layers of 4096 cells projected to 512; these are CPU-sized.
@@ -117,6 +114,23 @@ class BiLMOutput:
     logits: torch.Tensor | None = None  # (N, V) at the labelled targets: forward ones first, then backward
     forward_logits: torch.Tensor | None = None  # (B, T, V): position t predicts token t+1
     backward_logits: torch.Tensor | None = None  # (B, T, V): position t predicts token t-1
+
+
+def bilm_labels(input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Aligned targets of both LMs, (B, T) -> (B, 2, T): row 0 holds token t+1 at t, row 1 token t-1 at t.
+
+    A target is kept only when both the predicting position and the predicted token are real (not padding).
+
+    Example:
+        >>> bilm_labels(torch.tensor([[5, 6, 7, 0]]), torch.tensor([[1, 1, 1, 0]])).tolist()
+        [[[6, 7, -100, -100], [-100, 5, 6, -100]]]
+    """
+    B, T = input_ids.shape
+    real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    labels = torch.full((B, 2, T), IGNORE_INDEX, dtype=torch.long, device=input_ids.device)
+    labels[:, 0, :-1] = torch.where(real[:, :-1] & real[:, 1:], input_ids[:, 1:], IGNORE_INDEX)
+    labels[:, 1, 1:] = torch.where(real[:, 1:] & real[:, :-1], input_ids[:, :-1], IGNORE_INDEX)
+    return labels
 
 
 def reverse_within_length(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -217,82 +231,3 @@ class BiLM(nn.Module):
         return (scalar_mix or self.scalar_mix)(self.layer_states(input_ids, attention_mask))
 
 
-def pretrain_bilm(model: BiLM, batches, *, steps: int, lr: float = 1e-3, grad_clip: float = 1.0) -> list[float]:
-    """A minimal pre-training loop over ``(input_ids, attention_mask)`` batches (cycled); returns the losses.
-
-    Example:
-        >>> lm = BiLM(BiLMConfig(vocab_size=20, d_embed=8, d_hidden=8, n_layers=1, dropout=0.0))
-        >>> ids = torch.arange(1, 13).view(2, 6)          # two fixed sequences, easy to memorise
-        >>> losses = pretrain_bilm(lm, [(ids, None)], steps=60, lr=3e-2)
-        >>> losses[-1] < losses[0] / 2
-        True
-    """
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    model.train()
-    losses, data = [], list(batches)
-    for step in range(steps):
-        ids, mask = data[step % len(data)]
-        out = model(ids, attention_mask=mask, labels=bilm_labels(ids, mask))
-        optimizer.zero_grad(set_to_none=True)
-        out.loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        optimizer.step()
-        losses.append(out.loss.item())
-    model.eval()
-    return losses
-
-
-# ---------------------------------------------------------------------- presets, folders, loading
-def _raw_config(spec: str | Path) -> tuple[dict[str, Any], str] | None:
-    """(mapping, where it came from) for a BiLM preset, model folder or .json/.yaml file; None if not a BiLM."""
-    from lmforge.checkpoint import CONFIG_FILE
-    from lmforge.utils.io import read_mapping_file
-
-    if str(spec) in PRESETS:
-        return dict(PRESETS[str(spec)]), f"preset {spec}"
-    path = Path(spec)
-    file = path / CONFIG_FILE if path.is_dir() else path
-    if not file.is_file() or file.suffix not in (".json", ".yaml", ".yml"):
-        return None
-    try:
-        data = read_mapping_file(file, "config")
-    except ValueError:
-        return None  # not ours to complain about: the Transformer loader reports a broken file
-    return (data, str(file)) if isinstance(data, dict) and data.get("arch") == ARCH else None
-
-
-def is_bilm(spec: str | Path) -> bool:
-    """True for a BiLM preset name (``elmo-tiny``), a BiLM model folder or a config file with ``arch: bilstm``."""
-    return _raw_config(spec) is not None
-
-
-def bilm_config(spec: str | Path, **overrides: Any) -> BiLMConfig:
-    """The :class:`BiLMConfig` of a preset, model folder or config file, with ``overrides`` applied.
-
-    Example:
-        >>> bilm_config("elmo-tiny", vocab_size=1000).d_model
-        512
-    """
-    found = _raw_config(spec)
-    if found is None:
-        raise ConfigError(f"{spec!r} is not a BiLM: give a preset ({', '.join(PRESETS)}), a folder or a config "
-                          f"file with arch: {ARCH}")
-    data, source = found
-    if overrides:
-        BiLMConfig.from_dict(data, source=source)  # a fault of the file is named as the file's
-    return BiLMConfig.from_dict({**data, **overrides}, source=source if not overrides else "model overrides")
-
-
-def load_bilm(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> BiLM:
-    """A BiLM from a model folder (``config.json`` + ``model.safetensors``), in eval mode. ``lmforge.load``
-    calls this for folders whose config says ``arch: bilstm``; a preset name gives fresh weights."""
-    from lmforge.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_weights
-
-    path = Path(path)
-    model = BiLM(bilm_config(path))
-    if path.is_dir():
-        load_weights(model, path / WEIGHTS_FILE)
-    elif str(path) not in PRESETS:
-        raise ConfigError(f"{path}: a BiLM model folder needs {CONFIG_FILE} and {WEIGHTS_FILE}")
-    model = model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
-    return model.eval()

@@ -39,10 +39,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from lmforge import generation, model_folder
 from lmforge.config import ModelConfig
 from lmforge.models.heads import LMHead, MLMHead, Pooler
 from lmforge.models.stack import TransformerStack
 from lmforge.nn.kv_cache import KVCache
+from lmforge.nn.labels import shift_right
 from lmforge.nn.loss import cross_entropy
 from lmforge.errors import UserInputError
 
@@ -58,13 +60,6 @@ class ModelOutput:
     encoder_last_hidden_state: torch.Tensor | None = None
     encoder_hidden_states: list[torch.Tensor] | None = None
     pooler_output: torch.Tensor | None = None
-
-
-def shift_right(labels: torch.Tensor, start_id: int, pad_id: int) -> torch.Tensor:
-    """Decoder inputs from targets: (B, T) -> (B, T), ``[start, y_0 .. y_{T-2}]``, -100 -> pad."""
-    shifted = labels.new_full(labels.shape, start_id)
-    shifted[:, 1:] = labels[:, :-1]
-    return shifted.masked_fill(shifted == -100, pad_id)
 
 
 class Transformer(nn.Module):
@@ -268,9 +263,7 @@ class Transformer(nn.Module):
     def generate(self, *args, **kwargs):
         """Greedy / beam / sampled generation; see :func:`lmforge.generation.generate` (same arguments,
         without ``model``). Example: ``model.generate(ids, max_new_tokens=20, num_beams=4).sequences``."""
-        from lmforge.generation import generate
-
-        return generate(self, *args, **kwargs)
+        return generation.generate(self, *args, **kwargs)
 
     def _decoder_start_id(self) -> int:
         cfg = self.config
@@ -328,10 +321,8 @@ class Transformer(nn.Module):
         return int(enc + dec)
 
     def save(self, path: str | Path, tokenizer=None) -> Path:
-        """Write ``config.json`` + ``model.safetensors`` (+ tokenizer) atomically; see lmforge.checkpoint."""
-        from lmforge.checkpoint import save
-
-        return save(self, path, tokenizer=tokenizer)
+        """Write ``config.json`` + ``model.safetensors`` (+ tokenizer) atomically; see lmforge.model_folder."""
+        return model_folder.save(self, path, tokenizer=tokenizer)
 
 
 def _stack_weights(stack: nn.Module) -> int:

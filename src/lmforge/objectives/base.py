@@ -22,9 +22,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from lmforge.models.transformer import shift_right  # one definition, re-exported for objectives
-
-IGNORE_INDEX = -100  # label value that the cross-entropy loss skips
+from lmforge.nn.labels import IGNORE_INDEX, shift_right
 
 
 def as_ids(sequence: Sequence[int] | torch.Tensor) -> torch.Tensor:
@@ -60,6 +58,26 @@ def pad(sequences: Sequence, pad_value: int) -> tuple[torch.Tensor, torch.Tensor
 def pad_labels(sequences: Sequence) -> torch.Tensor:
     """Right-pad target sequences with IGNORE_INDEX, so padding never contributes to the loss. (B, T)"""
     return pad(sequences, IGNORE_INDEX)[0]
+
+
+def next_token_batch(examples: Sequence, pad_id: int, min_tokens: int,
+                     too_short: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inputs and next-token targets of decoder-only objectives: ``(input_ids, real, labels)``, each (B, T).
+
+    ``input_ids`` are each sequence without its last token, ``labels`` without its first (aligned: labels[t] =
+    x[t+1]); ``real`` marks the non-padding inputs. A sequence shorter than ``min_tokens`` raises
+    ``ValueError(too_short)``.
+
+    Example:
+        >>> ids, real, labels = next_token_batch([[5, 6, 7], [8, 9]], pad_id=0, min_tokens=2, too_short="too short")
+        >>> ids.tolist(), labels.tolist()
+        ([[5, 6], [8, 0]], [[6, 7], [9, -100]])
+    """
+    seqs = [as_ids(x) for x in examples]
+    if any(len(s) < min_tokens for s in seqs):
+        raise ValueError(too_short)
+    input_ids, real = pad([s[:-1] for s in seqs], pad_id)  # (B, T) each
+    return input_ids, real, pad_labels([s[1:] for s in seqs])
 
 
 def seq2seq_batch(sources: Sequence, targets: Sequence, pad_id: int, start_id: int) -> dict[str, torch.Tensor]:

@@ -34,24 +34,8 @@ from collections.abc import Sequence
 
 import torch
 
-from lmforge.objectives.base import IGNORE_INDEX, as_ids, pad
-
-
-def bilm_labels(input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Aligned targets of both LMs, (B, T) -> (B, 2, T): row 0 holds token t+1 at t, row 1 token t-1 at t.
-
-    A target is kept only when both the predicting position and the predicted token are real (not padding).
-
-    Example:
-        >>> bilm_labels(torch.tensor([[5, 6, 7, 0]]), torch.tensor([[1, 1, 1, 0]])).tolist()
-        [[[6, 7, -100, -100], [-100, 5, 6, -100]]]
-    """
-    B, T = input_ids.shape
-    real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-    labels = torch.full((B, 2, T), IGNORE_INDEX, dtype=torch.long, device=input_ids.device)
-    labels[:, 0, :-1] = torch.where(real[:, :-1] & real[:, 1:], input_ids[:, 1:], IGNORE_INDEX)
-    labels[:, 1, 1:] = torch.where(real[:, 1:] & real[:, :-1], input_ids[:, :-1], IGNORE_INDEX)
-    return labels
+from lmforge.models.bilstm_lm import bilm_labels
+from lmforge.objectives.base import as_ids, pad
 
 
 class BiLMObjective:

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
-from lmforge.objectives.base import as_ids, pad, pad_labels
+from lmforge.objectives.base import next_token_batch
 
 
 class CausalLM:
@@ -35,11 +35,8 @@ class CausalLM:
         self.pad_token_id = pad_token_id
 
     def __call__(self, examples: Sequence) -> dict[str, torch.Tensor]:
-        seqs = [as_ids(x) for x in examples]
-        if any(len(s) < 2 for s in seqs):
-            raise ValueError("causal LM needs sequences of at least 2 tokens (one input, one target)")
-        input_ids, real = pad([s[:-1] for s in seqs], self.pad_token_id)  # (B, T) each
-        labels = pad_labels([s[1:] for s in seqs])  # (B, T)
+        input_ids, real, labels = next_token_batch(
+            examples, self.pad_token_id, 2, "causal LM needs sequences of at least 2 tokens (one input, one target)")
         return {"input_ids": input_ids, "attention_mask": real.long(), "labels": labels}
 
     def state_dict(self) -> dict:

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 import torch
 
-from lmforge.objectives.base import IGNORE_INDEX, Seeded, as_ids, pad, pad_labels
+from lmforge.objectives.base import IGNORE_INDEX, Seeded, next_token_batch
 
 
 def prefix_lm_mask(prefix_lengths: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
@@ -62,14 +62,12 @@ class PrefixLM(Seeded):
         self.pad_token_id = pad_token_id
 
     def __call__(self, examples: Sequence) -> dict[str, torch.Tensor]:
-        seqs = [as_ids(x) for x in examples]
-        if any(len(s) < 3 for s in seqs):
-            raise ValueError("prefix LM needs sequences of at least 3 tokens (a prefix and a target after it)")
-        input_ids, real = pad([s[:-1] for s in seqs], self.pad_token_id)  # (B, T) each
-        labels = pad_labels([s[1:] for s in seqs])  # (B, T)
+        input_ids, real, labels = next_token_batch(
+            examples, self.pad_token_id, 3,
+            "prefix LM needs sequences of at least 3 tokens (a prefix and a target after it)")
         n_inputs = real.sum(1)  # (B,)
         # P uniform on {1, ..., T_i - 1}: at least one token of context and at least two targets.
-        prefix = 1 + (torch.rand(len(seqs), generator=self.generator) * (n_inputs - 1)).long()  # (B,)
+        prefix = 1 + (torch.rand(input_ids.size(0), generator=self.generator) * (n_inputs - 1)).long()  # (B,)
         # labels[t] = x[t+1]; for t < P-1 that token is in the prefix, visible to position t: no loss there.
         in_prefix = torch.arange(labels.size(1))[None, :] < (prefix - 1)[:, None]  # (B, T)
         return {

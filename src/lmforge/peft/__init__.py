@@ -7,6 +7,8 @@ modules or hooking its stacks (the model code never learns about PEFT).
     bitfit.py   BitFit (Ben Zaken et al. 2022)    mam.py     MAM adapter (He et al. 2022)
     model.py    PeftModel: named adapters, switching, mixed-adapter batches, merging, parameter report
     io.py       adapter folders and base-model identity     hf_export.py  HF peft format
+    layer.py    the wrapper every module-level method uses  nf4.py     NF4Linear, the quantised base of QLoRA
+    method.py   what a method says about itself             registry.py   the methods, and the tables built from them
 
 Trainer API::
 
@@ -27,9 +29,11 @@ Example:
 
 from __future__ import annotations
 
-from lmforge.peft.config import METHODS, PeftConfig
-from lmforge.peft.io import AdapterMismatchError, load_adapter, read_adapter_config, save_adapter
-from lmforge.peft.model import PeftModel, ParameterReport, apply_peft, load_peft_state_dict, peft_state_dict
+from lmforge.peft.config import PeftConfig
+from lmforge.peft.io import AdapterMismatchError, read_adapter_config, save_adapter
+from lmforge.peft.model import (ParameterReport, PeftModel, apply_peft, load_adapter, load_peft_state_dict,
+                                peft_state_dict)
+from lmforge.peft.registry import METHODS
 
 __all__ = [
     "METHODS", "AdapterMismatchError", "ParameterReport", "PeftConfig", "PeftModel", "apply_peft",

@@ -22,8 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmforge.peft.config import PeftConfig
 from lmforge.peft.layer import features, param_device, param_dtype
+from lmforge.peft.method import PeftMethod
+from lmforge.peft.nf4 import LINEARS
 from lmforge.peft.targets import find_targets
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "tanh": torch.tanh, "silu": F.silu}
@@ -58,11 +59,15 @@ class HoulsbyAdapter(nn.Module):
         return h + self.bottleneck(h)
 
 
-def attach(model, name: str, cfg: PeftConfig, **_) -> None:
-    from lmforge.peft.qlora import NF4Linear
-
-    for path in find_targets(model.base_model, cfg.target_patterns, (nn.Linear, NF4Linear)):
+def attach(model, name: str, cfg, **_) -> None:
+    """Add a Houlsby adapter ``name`` after every linear that ``cfg.target_patterns`` selects."""
+    for path in find_targets(model.base_model, cfg.target_patterns, LINEARS):
         layer = model.wrap(path)
         _, out_f = features(layer.base)
         layer.adapters[name] = HoulsbyAdapter(out_f, cfg.adapter_dim, cfg.adapter_activation,
                                               device=param_device(layer.base), dtype=param_dtype(layer.base))
+
+
+# After every attention output projection and the FFN, as Houlsby et al. place them.
+METHOD = PeftMethod("adapter", attach, options=("adapter_dim", "adapter_activation", "targets"),
+                    default_targets=("o", "ffn.down"))

@@ -24,8 +24,9 @@ import torch
 from torch import nn
 
 from lmforge.nn.norms import RMSNorm
-from lmforge.peft.config import PeftConfig
 from lmforge.peft.layer import dense_weight, param_device, param_dtype, plain_linear
+from lmforge.peft.method import PeftMethod
+from lmforge.peft.nf4 import LINEARS
 from lmforge.peft.targets import find_targets
 
 
@@ -59,10 +60,9 @@ def _width(module: nn.Module) -> int:
     return module.out_features
 
 
-def attach(model, name: str, cfg: PeftConfig, **_) -> None:
-    from lmforge.peft.qlora import NF4Linear
-
-    kinds = (nn.Linear, NF4Linear, nn.LayerNorm, RMSNorm)
+def attach(model, name: str, cfg, **_) -> None:
+    """Add bias deltas ``name`` to every linear and norm that ``cfg.target_patterns`` selects."""
+    kinds = (*LINEARS, nn.LayerNorm, RMSNorm)
     for path in find_targets(model.base_model, cfg.target_patterns, kinds):
         layer = model.wrap(path)
         layer.adapters[name] = BiasDelta(_width(layer.base), device=param_device(layer.base),
@@ -78,3 +78,7 @@ def merge_needs_bias(model, name: str) -> list[str]:
             missing.append(path)
     return missing
 
+
+# Every linear and norm of the stacks.
+METHOD = PeftMethod("bitfit", attach, options=("targets",), default_targets=("q", "k", "v", "o", "ffn", "re:.*norm"),
+                    mergeable=True)

@@ -35,44 +35,15 @@ import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any
 
-
 from lmforge.config import ConfigBase, ConfigError
+from lmforge.peft.registry import DEFAULT_TARGETS, MERGEABLE, METHODS, option_methods
 
-METHODS = ("lora", "qlora", "adapter", "prefix", "prompt", "ia3", "bitfit", "mam")
-MERGEABLE = ("lora", "qlora", "ia3", "bitfit")
 ADAPTER_ACTIVATIONS = ("relu", "gelu", "tanh", "silu")
 PROMPT_INITS = ("vocab", "text", "random")
-
-# Which methods use each option; options not listed (method, targets) are shared.
-_OPTION_METHODS = {
-    "r": ("lora", "qlora"),
-    "alpha": ("lora", "qlora"),
-    "dropout": ("lora", "qlora"),
-    "rslora": ("lora", "qlora"),
-    "nf4_block_size": ("qlora",),
-    "nf4_scaler_block_size": ("qlora",),
-    "adapter_dim": ("adapter", "mam"),
-    "adapter_activation": ("adapter", "mam"),
-    "adapter_scale": ("mam",),
-    "num_virtual_tokens": ("prefix", "prompt", "mam"),
-    "prefix_projection": ("prefix", "mam"),
-    "prefix_hidden": ("prefix", "mam"),
-    "prompt_init": ("prompt",),
-    "prompt_init_text": ("prompt",),
-    "targets": ("lora", "qlora", "adapter", "ia3", "bitfit", "mam"),
-}
-
-# Default targets. LoRA: W_q and W_v, the paper's choice. IA3: keys, values and the FFN's inner
-# activation (the input of ffn.down). Houlsby: after every attention output projection and the FFN.
-# MAM: the parallel adapter sits beside each FFN sublayer. BitFit: every linear and norm of the stacks.
-DEFAULT_TARGETS = {
-    "lora": ["q", "v"],
-    "qlora": ["q", "v"],
-    "adapter": ["o", "ffn.down"],
-    "ia3": ["k", "v", "ffn.down"],
-    "bitfit": ["q", "k", "v", "o", "ffn", "re:.*norm"],
-    "mam": ["ffn"],
-}
+# Options that only some methods take (each method's file names its own), in the order validate() checks them.
+OPTION_ORDER = ("r", "alpha", "dropout", "rslora", "nf4_block_size", "nf4_scaler_block_size", "adapter_dim",
+                "adapter_activation", "adapter_scale", "num_virtual_tokens", "prefix_projection", "prefix_hidden",
+                "prompt_init", "prompt_init_text", "targets")
 
 
 @dataclass
@@ -137,7 +108,7 @@ class PeftConfig(ConfigBase):
         if self.method not in METHODS:
             raise ConfigError(f"PeftConfig.method={self.method!r} is not one of {', '.join(METHODS)}")
         defaults = {f.name: f.default for f in fields(self) if f.default is not dataclasses.MISSING}
-        for name, methods in _OPTION_METHODS.items():
+        for name, methods in option_methods(OPTION_ORDER).items():
             if self.method not in methods and getattr(self, name) != defaults.get(name):
                 raise ConfigError(
                     f"PeftConfig.{name}={getattr(self, name)!r} is not used by method {self.method!r} "

@@ -36,6 +36,11 @@ import torch
 from safetensors.torch import save_file
 
 from lmforge.errors import LmforgeError
+from lmforge.interop.hf import hf_config_for
+from lmforge.interop.hf_family import Mapper
+from lmforge.peft.layer import AdaptedModule
+from lmforge.peft.nf4 import LINEARS
+from lmforge.peft.targets import logical_name
 from lmforge.utils.io import atomic_dir
 
 HF_ADAPTER_CONFIG, HF_ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
@@ -50,10 +55,6 @@ class HFExportError(LmforgeError, ValueError):
 
 def _layout(model, mapper) -> dict[str, list[tuple[int, str, int]]]:
     """HF module -> [(part index, our module path, out features)] for every linear of the stacks."""
-    from lmforge.peft.layer import AdaptedModule
-    from lmforge.peft.qlora import NF4Linear
-    from lmforge.peft.targets import logical_name
-
     layout: dict[str, list[tuple[int, str, int]]] = {}
     for path, module in model.base_model.named_modules():
         parts = path.split(".")
@@ -61,7 +62,7 @@ def _layout(model, mapper) -> dict[str, list[tuple[int, str, int]]]:
             continue
         if isinstance(module, AdaptedModule):
             module = module.base
-        if not isinstance(module, (torch.nn.Linear, NF4Linear)) or not path.startswith(("encoder.", "decoder.")):
+        if not isinstance(module, LINEARS) or not path.startswith(("encoder.", "decoder.")):
             continue
         rule, theirs = mapper(logical_name(path) + ".weight")
         hf_module = theirs.removesuffix(".weight")
@@ -70,8 +71,6 @@ def _layout(model, mapper) -> dict[str, list[tuple[int, str, int]]]:
 
 
 def _conv1d(mapper, path: str) -> bool:
-    from lmforge.peft.targets import logical_name
-
     return mapper(logical_name(path) + ".weight")[0].conv1d
 
 
@@ -86,8 +85,6 @@ def export_hf(model, path: str | Path, name: str | None = None, base_model_name_
     Raises:
         HFExportError: the method (or this base) has no HF peft equivalent.
     """
-    from lmforge.interop.hf import _Mapper, hf_config_for
-
     name = model._name(name)
     cfg = model.peft_configs[name]
     base_cfg = model.base_model.config
@@ -96,7 +93,7 @@ def export_hf(model, path: str | Path, name: str | None = None, base_model_name_
                             f"{', '.join(EXPORTABLE)}")
     family, arch_name, _ = hf_config_for(base_cfg)
     arch = family.architectures[arch_name]
-    mapper = _Mapper(family.rules(base_cfg))
+    mapper = Mapper(family.rules(base_cfg))
     prefix = "base_model.model." + (family.prefix if arch.prefixed else "")
     hf_cfg: dict[str, Any] = {
         "task_type": TASK_TYPES.get(base_cfg.head, {}).get(base_cfg.arch),

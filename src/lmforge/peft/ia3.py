@@ -22,8 +22,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lmforge.peft.config import PeftConfig
 from lmforge.peft.layer import dense_weight, features, param_device, param_dtype, plain_linear
+from lmforge.peft.method import PeftMethod
+from lmforge.peft.nf4 import LINEARS
 from lmforge.peft.targets import find_targets, logical_name, matches
 
 # Targets whose vector scales the input: the FFN's second projection, so l_ff acts on act(W_up x).
@@ -48,12 +49,15 @@ class IA3(nn.Module):
         return plain_linear(weight * l.to(weight.dtype)[:, None], None if bias is None else bias * l.to(bias.dtype))
 
 
-def attach(model, name: str, cfg: PeftConfig, **_) -> None:
-    from lmforge.peft.qlora import NF4Linear
-
-    for path in find_targets(model.base_model, cfg.target_patterns, (nn.Linear, NF4Linear)):
+def attach(model, name: str, cfg, **_) -> None:
+    """Add (IA)^3 vectors ``name`` to every linear that ``cfg.target_patterns`` selects."""
+    for path in find_targets(model.base_model, cfg.target_patterns, LINEARS):
         layer = model.wrap(path)
         in_f, out_f = features(layer.base)
         on_input = any(matches(logical_name(path), f) for f in FEEDFORWARD)
         layer.adapters[name] = IA3(in_f if on_input else out_f, on_input,
                                    device=param_device(layer.base), dtype=param_dtype(layer.base))
+
+
+# Keys, values and the FFN's inner activation (the input of ffn.down), as in the paper.
+METHOD = PeftMethod("ia3", attach, options=("targets",), default_targets=("k", "v", "ffn.down"), mergeable=True)

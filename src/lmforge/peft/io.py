@@ -40,6 +40,7 @@ from safetensors.torch import load_file, save_file
 
 from lmforge.config import ConfigError
 from lmforge.errors import LmforgeError
+from lmforge.model_folder import canonical_state
 from lmforge.peft.config import PeftConfig
 from lmforge.utils.io import atomic_dir
 
@@ -61,9 +62,7 @@ def _arch_fields(config) -> dict[str, Any]:
 
 def weights_sha256(model: torch.nn.Module) -> str:
     """SHA-256 over every tensor of ``model`` (name, dtype, shape, bytes; tied weights once)."""
-    from lmforge.checkpoint import _canonical_state
-
-    tensors, _ = _canonical_state(model)
+    tensors, _ = canonical_state(model)
     h = hashlib.sha256()
     for name in sorted(tensors):
         t = tensors[name]
@@ -151,35 +150,12 @@ def read_adapter_config(path: str | Path) -> tuple[dict[str, Any], PeftConfig]:
     return meta, PeftConfig.from_dict(meta.get("peft"), source=str(cfg_file))
 
 
-def load_adapter(model, path: str | Path, name: str | None = None, check_base: bool = True, activate: bool = True):
-    """Attach the adapter saved in folder ``path`` to ``model`` and return the PeftModel.
-
-    Args:
-        model: the base Transformer it was trained on, or a PeftModel built on that base.
-        name: the name to attach it under (default: the saved name).
-        check_base: also verify the base weights' checksum (the architecture is always checked).
-        activate: make it the active adapter.
-
-    Raises:
-        AdapterMismatchError: the base differs from the adapter's; the message says how.
-    """
-    from lmforge.peft.model import PeftModel
-
-    path = Path(path)
-    meta, cfg = read_adapter_config(path)
-    peft_model = model if isinstance(model, PeftModel) else PeftModel(model)
-    verify_base(meta.get("base", {}), peft_model.base_identity, str(path), check_base)
-    weights = path / ADAPTER_WEIGHTS
+def read_adapter_tensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of adapter folder ``path`` (``adapter.safetensors``); errors name the file and the problem."""
+    weights = Path(path) / ADAPTER_WEIGHTS
     if not weights.is_file():
         raise FileNotFoundError(f"{weights}: missing; an adapter folder needs {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS}")
     try:
-        tensors = load_file(str(weights))
+        return load_file(str(weights))
     except (SafetensorError, OSError) as exc:
         raise ConfigError(f"{weights}: unreadable or truncated safetensors file ({exc})") from exc
-    name = name or meta.get("name") or "default"
-    # The initialisation is overwritten by the stored tensors, so a text-initialised prompt needs no tokenizer.
-    build = cfg.replace(prompt_init="random", prompt_init_text=None) if cfg.method == "prompt" else cfg
-    peft_model.add_adapter(name, build, activate=activate)
-    peft_model.peft_configs[name] = cfg
-    peft_model.load_adapter_state_dict(tensors, name, source=str(weights))
-    return peft_model

@@ -29,9 +29,12 @@ import math
 import torch
 from torch import nn
 
-from lmforge.peft.config import PeftConfig
 from lmforge.peft.layer import dense_weight, features, param_device, param_dtype, plain_linear
+from lmforge.peft.method import PeftMethod
+from lmforge.peft.nf4 import LINEARS
 from lmforge.peft.targets import find_targets
+
+LORA_OPTIONS = ("r", "alpha", "dropout", "rslora", "targets")  # QLoRA takes these too
 
 
 class LoRA(nn.Module):
@@ -62,12 +65,14 @@ class LoRA(nn.Module):
         return plain_linear(weight + self.delta_weight().to(weight.dtype), base.bias)
 
 
-def attach(model, name: str, cfg: PeftConfig, **_) -> None:
-    """Add LoRA adapter ``name`` to every linear that ``cfg.target_patterns`` selects."""
-    from lmforge.peft.qlora import NF4Linear
-
-    for path in find_targets(model.base_model, cfg.target_patterns, (nn.Linear, NF4Linear)):
+def attach(model, name: str, cfg, **_) -> None:
+    """Add LoRA adapter ``name`` to every linear that ``cfg.target_patterns`` selects (``cfg``: a PeftConfig)."""
+    for path in find_targets(model.base_model, cfg.target_patterns, LINEARS):
         layer = model.wrap(path)
         in_f, out_f = features(layer.base)
         layer.adapters[name] = LoRA(in_f, out_f, cfg.r, cfg.scaling, cfg.dropout,
                                     device=param_device(layer.base), dtype=param_dtype(layer.base))
+
+
+# W_q and W_v: the paper's choice.
+METHOD = PeftMethod("lora", attach, options=LORA_OPTIONS, default_targets=("q", "v"), mergeable=True)

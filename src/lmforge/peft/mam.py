@@ -27,10 +27,11 @@ import torch
 from torch import nn
 
 from lmforge.nn.ffn import FeedForward
-from lmforge.peft import prefix
 from lmforge.peft.adapter import Bottleneck
-from lmforge.peft.config import PeftConfig
 from lmforge.peft.layer import param_device, param_dtype
+from lmforge.peft.method import PeftMethod
+from lmforge.peft.prefix import PREFIX_OPTIONS
+from lmforge.peft.prefix import attach as attach_prefix
 from lmforge.peft.targets import find_targets
 
 
@@ -46,10 +47,16 @@ class ParallelAdapter(nn.Module):
         return base(x) + self.scale * self.bottleneck(x)
 
 
-def attach(model, name: str, cfg: PeftConfig, **kwargs) -> None:
+def attach(model, name: str, cfg, **kwargs) -> None:
+    """Add a parallel adapter ``name`` beside every FFN ``cfg.target_patterns`` selects, and a prefix."""
     d = model.base_model.config.d_model
     for path in find_targets(model.base_model, cfg.target_patterns, (FeedForward,), expand_ffn=False):
         layer = model.wrap(path)
         layer.adapters[name] = ParallelAdapter(d, cfg.adapter_dim, cfg.adapter_scale, cfg.adapter_activation,
                                                device=param_device(layer.base), dtype=param_dtype(layer.base))
-    prefix.attach(model, name, cfg, **kwargs)
+    attach_prefix(model, name, cfg, **kwargs)
+
+
+# The parallel adapter sits beside each FFN sublayer.
+METHOD = PeftMethod("mam", attach, options=("adapter_dim", "adapter_activation", "adapter_scale", *PREFIX_OPTIONS,
+                                            "targets"), default_targets=("ffn",))

@@ -29,24 +29,24 @@ from __future__ import annotations
 import contextlib
 import inspect
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import torch
 from torch import nn
 
 from lmforge.config import ConfigError
-from lmforge.peft import adapter, bitfit, ia3, lora, mam, prefix, prompt, qlora
+from lmforge.generation import generate
+from lmforge.peft.bitfit import merge_needs_bias
 from lmforge.peft.config import PeftConfig
+from lmforge.peft.io import (ADAPTER_WEIGHTS, base_identity, read_adapter_config, read_adapter_tensors, save_adapter,
+                             verify_base)
 from lmforge.peft.layer import AdaptedModule, AdapterState
+from lmforge.peft.nf4 import NF4Linear
+from lmforge.peft.prompt import prepare, prepare_encode, remember, strip
+from lmforge.peft.registry import MERGEABLE, REGISTRY
 from lmforge.peft.targets import logical_name
-
-# method -> attach(peft_model, name, cfg, tokenizer=...), each in its own file
-METHODS = {
-    "lora": lora.attach, "qlora": qlora.attach, "adapter": adapter.attach, "prefix": prefix.attach,
-    "prompt": prompt.attach, "ia3": ia3.attach, "bitfit": bitfit.attach, "mam": mam.attach,
-}
 
 
 @dataclass
@@ -77,8 +77,6 @@ class PeftModel(nn.Module):
 
     def __init__(self, base_model: nn.Module):
         super().__init__()
-        from lmforge.peft.io import base_identity
-
         if isinstance(base_model, PeftModel):
             raise TypeError("base_model is already a PeftModel; use add_adapter() to attach another adapter")
         self.base_identity = base_identity(base_model)  # before quantisation or merging can change it
@@ -149,7 +147,7 @@ class PeftModel(nn.Module):
                               f"(attached already: {', '.join(self.adapters)})")
         if self.merged_name is not None:
             raise RuntimeError(f"adapter {self.merged_name!r} is merged; unmerge() before adding adapters")
-        METHODS[cfg.method](self, name, cfg, tokenizer=tokenizer)
+        REGISTRY[cfg.method].attach(self, name, cfg, tokenizer=tokenizer)
         self.peft_configs[name] = cfg
         for p in self.adapter_parameters(name).values():
             p.requires_grad_(False)
@@ -260,10 +258,10 @@ class PeftModel(nn.Module):
             if soft is None:
                 return self.base_model(*args, **kwargs)
             a = inspect.signature(self.base_model.forward).bind(*args, **kwargs).arguments
-            n_prompt = prompt.prepare(self.base_model, a, soft, self.prompt_caches)
+            n_prompt = prepare(self.base_model, a, soft, self.prompt_caches)
             out = self.base_model(**a)
-            prompt.remember(out, n_prompt, self.prompt_caches)
-            return prompt.strip(out, n_prompt)
+            remember(out, n_prompt, self.prompt_caches)
+            return strip(out, n_prompt)
 
     def encode(self, *args, adapter_names: list[str | None] | None = None, **kwargs):
         """``Transformer.encode`` with the adapters applied; a soft prompt stays in the returned states,
@@ -273,14 +271,12 @@ class PeftModel(nn.Module):
             if soft is None:
                 return self.base_model.encode(*args, **kwargs)
             a = inspect.signature(self.base_model.encode).bind(*args, **kwargs).arguments
-            prompt.prepare_encode(self.base_model, a, soft)
+            prepare_encode(self.base_model, a, soft)
             return self.base_model.encode(**a)
 
     def generate(self, *args, **kwargs):
         """Generation with the active adapter; see :func:`lmforge.generation.generate` (same arguments,
         without ``model``). For a mixed-adapter batch, wrap the call in ``with model.state.mixed(names):``."""
-        from lmforge.generation import generate
-
         return generate(self, *args, **kwargs)
 
     def _rows(self, names: list[str | None] | None) -> list[str | None] | None:
@@ -306,15 +302,20 @@ class PeftModel(nn.Module):
         Rows using ``name`` then run the merged layers; ``unmerge()`` restores the exact original state.
         """
         name = self._name(name)
-        cfg = self.peft_configs[name]
-        if not cfg.mergeable:
-            raise ValueError(f"adapter {name!r} ({cfg.method}) cannot be merged: only lora, qlora, ia3 and "
-                             "bitfit fold into the weights")
+        self._mergeable(name)
         self.unmerge()
         for _, layer in self.wrappers():
             if name in layer.adapters:
                 layer.merge(name)
         self.merged_name = name
+
+    def _mergeable(self, name: str) -> PeftConfig:
+        """Adapter ``name``'s config; ValueError if its method does not fold into the weights."""
+        cfg = self.peft_configs[name]
+        if not cfg.mergeable:
+            raise ValueError(f"adapter {name!r} ({cfg.method}) cannot be merged: only {', '.join(MERGEABLE[:-1])} "
+                             f"and {MERGEABLE[-1]} fold into the weights")
+        return cfg
 
     def unmerge(self) -> None:
         for _, layer in self.wrappers():
@@ -327,11 +328,8 @@ class PeftModel(nn.Module):
         The base model is modified in place and returned; this PeftModel cannot be used afterwards.
         """
         name = self._name(name)
-        cfg = self.peft_configs[name]
-        if not cfg.mergeable:
-            raise ValueError(f"adapter {name!r} ({cfg.method}) cannot be merged: only lora, qlora, ia3 and "
-                             "bitfit fold into the weights")
-        if cfg.method == "bitfit" and (missing := bitfit.merge_needs_bias(self, name)):
+        cfg = self._mergeable(name)
+        if cfg.method == "bitfit" and (missing := merge_needs_bias(self, name)):
             raise ValueError(f"adapter {name!r} (bitfit) adds biases to layers the base model has none for "
                              f"({', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}); a plain model "
                              "of this config cannot hold them")
@@ -342,7 +340,7 @@ class PeftModel(nn.Module):
             parent, _, leaf = path.rpartition(".")
             setattr(base.get_submodule(parent), leaf, module)
         for path, module in list(base.named_modules()):
-            if isinstance(module, qlora.NF4Linear):
+            if isinstance(module, NF4Linear):
                 parent, _, leaf = path.rpartition(".")
                 setattr(base.get_submodule(parent), leaf, module.dequantized())
         for handle in self.prefix_hooks:
@@ -364,8 +362,6 @@ class PeftModel(nn.Module):
     # ------------------------------------------------------------------ files
     def save_adapter(self, path: str | Path, name: str | None = None, fold_prefix: bool = True) -> Path:
         """Write ``adapter_config.json`` + ``adapter.safetensors`` for adapter ``name``; see lmforge.peft.io."""
-        from lmforge.peft.io import save_adapter
-
         return save_adapter(self, path, name, fold_prefix=fold_prefix)
 
 
@@ -386,6 +382,32 @@ def apply_peft(model: nn.Module, cfg: PeftConfig, name: str = "default", tokeniz
     """
     peft_model = model if isinstance(model, PeftModel) else PeftModel(model)
     peft_model.add_adapter(name, cfg, tokenizer=tokenizer)
+    return peft_model
+
+
+def load_adapter(model, path: str | Path, name: str | None = None, check_base: bool = True, activate: bool = True):
+    """Attach the adapter saved in folder ``path`` (see :mod:`lmforge.peft.io`) to ``model``; return the PeftModel.
+
+    Args:
+        model: the base Transformer it was trained on, or a PeftModel built on that base.
+        name: the name to attach it under (default: the saved name).
+        check_base: also verify the base weights' checksum (the architecture is always checked).
+        activate: make it the active adapter.
+
+    Raises:
+        AdapterMismatchError: the base differs from the adapter's; the message says how.
+    """
+    path = Path(path)
+    meta, cfg = read_adapter_config(path)
+    peft_model = model if isinstance(model, PeftModel) else PeftModel(model)
+    verify_base(meta.get("base", {}), peft_model.base_identity, str(path), check_base)
+    tensors = read_adapter_tensors(path)
+    name = name or meta.get("name") or "default"
+    # The initialisation is overwritten by the stored tensors, so a text-initialised prompt needs no tokenizer.
+    build = cfg.replace(prompt_init="random", prompt_init_text=None) if cfg.method == "prompt" else cfg
+    peft_model.add_adapter(name, build, activate=activate)
+    peft_model.peft_configs[name] = cfg
+    peft_model.load_adapter_state_dict(tensors, name, source=str(path / ADAPTER_WEIGHTS))
     return peft_model
 
 

@@ -45,7 +45,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.nn.kv_cache import KVCache
-from lmforge.peft.config import PeftConfig
+from lmforge.peft.method import PeftMethod
+
+PREFIX_OPTIONS = ("num_virtual_tokens", "prefix_projection", "prefix_hidden")  # MAM's prefix takes these too
 
 
 class PrefixKV(nn.Module):
@@ -106,8 +108,8 @@ class Prefix(nn.Module):
             kv.fold()
 
 
-def build_prefix(base: nn.Module, cfg: PeftConfig) -> Prefix:
-    """A :class:`Prefix` shaped for every stack of lmforge Transformer ``base``."""
+def build_prefix(base: nn.Module, cfg) -> Prefix:
+    """A :class:`Prefix` shaped for every stack of lmforge Transformer ``base``, as PeftConfig ``cfg`` says."""
     c = base.config
     ref = base.embed_tokens.weight
     stacks = {
@@ -118,7 +120,8 @@ def build_prefix(base: nn.Module, cfg: PeftConfig) -> Prefix:
     return Prefix(stacks)
 
 
-def attach(model, name: str, cfg: PeftConfig, **_) -> None:
+def attach(model, name: str, cfg, **_) -> None:
+    """Give adapter ``name`` a prefix in every stack, and hook the stacks (once) to pre-fill their caches."""
     model.prefixes[name] = build_prefix(model.base_model, cfg)
     install_hooks(model)
 
@@ -250,3 +253,6 @@ def install_hooks(model) -> None:
         stack = getattr(base, name)
         if stack is not None:
             model.prefix_hooks.append(stack.register_forward_pre_hook(PrefixHook(model, name, stack), with_kwargs=True))
+
+
+METHOD = PeftMethod("prefix", attach, options=PREFIX_OPTIONS)

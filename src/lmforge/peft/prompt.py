@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from lmforge.config import ConfigError
-from lmforge.peft.config import PeftConfig
+from lmforge.peft.method import PeftMethod
 
 
 class SoftPrompt(nn.Module):
@@ -46,7 +46,7 @@ class SoftPrompt(nn.Module):
         return self.embedding.shape[0]
 
 
-def init_prompt(table: torch.Tensor, cfg: PeftConfig, tokenizer=None,
+def init_prompt(table: torch.Tensor, cfg, tokenizer=None,
                 generator: torch.Generator | None = None) -> torch.Tensor:
     """The initial (P, E) prompt from the embedding ``table`` (V, E), following ``cfg.prompt_init``."""
     P = cfg.num_virtual_tokens
@@ -68,7 +68,8 @@ def init_prompt(table: torch.Tensor, cfg: PeftConfig, tokenizer=None,
     return table[ids].detach().clone()
 
 
-def attach(model, name: str, cfg: PeftConfig, tokenizer=None, **_) -> None:
+def attach(model, name: str, cfg, tokenizer=None, **_) -> None:
+    """Give adapter ``name`` a soft prompt, initialised as PeftConfig ``cfg`` says."""
     base = model.base_model
     model.prompts[name] = SoftPrompt(init_prompt(base.embed_tokens.weight, cfg, tokenizer))
 
@@ -159,3 +160,6 @@ def strip(out, P: int):
     if out.hidden_states is not None:
         out.hidden_states = [h[:, P:] for h in out.hidden_states]
     return out
+
+
+METHOD = PeftMethod("prompt", attach, options=("num_virtual_tokens", "prompt_init", "prompt_init_text"))

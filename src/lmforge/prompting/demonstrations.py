@@ -45,6 +45,12 @@ from typing import Callable, Sequence
 
 import torch
 
+from lmforge import datasets
+from lmforge.generation import generate
+from lmforge.prompting.instruct import ChatTemplate, alpaca_to_messages
+from lmforge.prompting.verbalizer import score_continuations_batch
+from lmforge.tasks import metrics
+
 SPLITS = ("train", "dev", "test")
 PHRASINGS = ("seen", "unseen")
 
@@ -114,8 +120,6 @@ def build_demonstrations(split: str, *, kinds: Sequence[str] = tuple(KINDS), per
             and response fit a short context (the tiny presets were pre-trained on 128-token windows).
         seed: seeds which examples are drawn and which phrasing each gets.
     """
-    from lmforge import datasets
-
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if phrasing not in PHRASINGS:
@@ -167,9 +171,6 @@ def generate_responses(model, tokenizer, rows: Sequence[dict], template=None, *,
                        batch_size: int = 16, num_beams: int = 1) -> list[str]:
     """The model's response to each row's instruction (+ input), rendered with the chat template, decoded
     greedily (or by beam search) until EOS or ``max_new_tokens``."""
-    from lmforge.generation import generate
-    from lmforge.prompting.instruct import ChatTemplate, alpaca_to_messages
-
     template = template or ChatTemplate()
     prompts = [template.encode(tokenizer, alpaca_to_messages(r)[:1], add_generation_prompt=True)[0] for r in rows]
     limit = model.config.max_seq_len
@@ -187,9 +188,6 @@ def generate_responses(model, tokenizer, rows: Sequence[dict], template=None, *,
 def choice_scores(model, tokenizer, rows: Sequence[dict], answers: Sequence[str], template=None,
                   batch_size: int = 16) -> torch.Tensor:
     """(N, A) log-likelihood of each answer (then EOS) as the response to each row (decoder models)."""
-    from lmforge.prompting.instruct import ChatTemplate, alpaca_to_messages
-    from lmforge.prompting.verbalizer import score_continuations_batch
-
     template = template or ChatTemplate()
     # An answer is tokenised on its own, as the response piece is in training (ChatTemplate.encode), and
     # closed by EOS as trained: "positive" must end the response, not start "positively ...".
@@ -206,8 +204,6 @@ def choice_scores(model, tokenizer, rows: Sequence[dict], answers: Sequence[str]
 
 def score_responses(rows: Sequence[dict], responses: Sequence[str]) -> dict[str, dict[str, float]]:
     """Per-kind metrics of responses to ``rows`` (see the module docstring), without the forced-choice one."""
-    from lmforge.tasks import metrics
-
     if len(rows) != len(responses):
         raise ValueError(f"{len(rows)} rows but {len(responses)} responses")
     by_kind: dict[str, list[int]] = {}

@@ -43,6 +43,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
+from lmforge.generation import generate_text
 from lmforge.prompting.template import Prompt, Template
 from lmforge.prompting.verbalizer import Verbalizer
 from lmforge.errors import UserInputError
@@ -235,8 +236,6 @@ class ChainOfThought:
     def predict(self, model, tokenizer, demonstrations, queries: Sequence[Sequence[str]], *,
                 max_new_tokens: int = 64) -> list[str | None]:
         """Greedy-decode each query's rationale with the model and extract its answer (None if absent)."""
-        from lmforge.generation import generate_text
-
         prompts = [self.prompt(demonstrations, *q) for q in queries]
         outputs = generate_text(model, tokenizer, prompts, max_new_tokens=max_new_tokens, stop_strings=[self.separator])
         return [self.extract(o) for o in outputs]

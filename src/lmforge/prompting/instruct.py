@@ -40,8 +40,13 @@ from typing import Any, Sequence
 
 import torch
 
+import lmforge
 from lmforge.config import ConfigBase
 from lmforge.errors import UserInputError
+from lmforge.tasks.data import ExampleBatches
+from lmforge.tokenization import Tokenizer
+from lmforge.training import Trainer
+from lmforge.training.config import TrainConfig
 
 CHAT_TEMPLATE_FILE = "chat_template.json"
 ROLES = ("system", "user", "assistant")
@@ -260,9 +265,6 @@ def finetune_instruct(model, tokenizer, train: Sequence | str | Path, config, *,
     Example:
         >>> # finetune_instruct(model, tok, "alpaca.jsonl", TrainConfig(max_steps=100, batch_size=8), out="runs/sft")
     """
-    from lmforge.tasks.data import ExampleBatches
-    from lmforge.training import Trainer
-
     if model.config.arch != "decoder":
         raise UserInputError(f"instruction tuning here trains decoders; got arch={model.config.arch!r}")
     template = template or ChatTemplate()
@@ -286,10 +288,6 @@ def finetune_instruct_from_settings(settings: dict[str, Any], *, pack: bool = Fa
     ``eval``, ``out``, ``task.max_length`` and ``trainer`` (TrainConfig fields). A chat template stored in the
     model folder is kept; otherwise the default one is used. Returns the Trainer's ``TrainResult``.
     """
-    import lmforge
-    from lmforge.tokenization import Tokenizer
-    from lmforge.training.config import TrainConfig
-
     source = settings["model"]
     tok_dir = settings.get("tokenizer") or source
     if not (Path(tok_dir) / "tokenizer.json").is_file():

@@ -15,6 +15,7 @@ from typing import Any
 
 from lmforge.quickstart.budget import Budget, scaled
 from lmforge.quickstart.folder import RunFolder
+from lmforge.training.precision import autocast, resolve_precision
 
 SEED = 0
 SEQ_LEN = 128  # the presets allow 256 (t5: 512); 128 halves attention cost and fits every demo text
@@ -75,8 +76,6 @@ class Context:
         """The autocast context for frozen-model passes (embedding, probing): bf16 where the hardware has
         it, as in training; fp32 elsewhere."""
         import torch
-
-        from lmforge.training.precision import autocast, resolve_precision
 
         device = torch.device(self.device)
         return autocast(device, resolve_precision("auto", device))

@@ -20,7 +20,11 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+from lmforge import datasets
+from lmforge.data.prepare import prepare
 from lmforge.quickstart.context import Context
+from lmforge.tokenization import train_tokenizer
+from lmforge.utils.io import atomic_write_text
 
 VOCAB_SIZE = 8192  # the presets' vocabulary size
 REVIEWS_PER_DOCUMENT = 20  # reviews are single sentences: group them into documents of a paragraph's length
@@ -33,8 +37,6 @@ VAL_FRACTION = 0.05
 
 
 def _english(ctx: Context) -> list[str]:
-    from lmforge import datasets
-
     chapters = [r["text"] for r in datasets.load("corpus")]
     reviews = [r["text"] for r in datasets.load("rt-sentiment", "train")]
     groups = [" ".join(reviews[i:i + REVIEWS_PER_DOCUMENT]) for i in range(0, len(reviews), REVIEWS_PER_DOCUMENT)]
@@ -46,8 +48,6 @@ def _english(ctx: Context) -> list[str]:
 
 
 def _bible(ctx: Context) -> list[str]:
-    from lmforge import datasets
-
     chapters: dict[str, dict[str, list[str]]] = {}
     for row in datasets.load("kjv-rv1909", "train"):
         chapter = row["ref"].rsplit(".", 1)[0]  # "Gen.1.1" -> "Gen.1"
@@ -63,16 +63,12 @@ CORPORA = {"english": _english, "bible": _bible}
 
 def write_corpus(documents: list[str], path: Path) -> Path:
     """One document per paragraph block, blank lines between documents (the format ``data prepare`` reads)."""
-    from lmforge.utils.io import atomic_write_text
-
     atomic_write_text(path, "\n\n".join(d.strip() for d in documents if d.strip()) + "\n")
     return path
 
 
 def tokenizers(ctx: Context, seconds: float) -> dict[str, Any]:
     """Stage ``tokenizers``: write the corpora and train one tokenizer per family."""
-    from lmforge.tokenization import train_tokenizer
-
     corpora = {}
     for name, make in CORPORA.items():
         docs = make(ctx)
@@ -94,8 +90,6 @@ def tokenizers(ctx: Context, seconds: float) -> dict[str, Any]:
 
 def data(ctx: Context, seconds: float) -> dict[str, Any]:
     """Stage ``data``: tokenise each corpus into shards with its model family's tokenizer."""
-    from lmforge.data.prepare import prepare
-
     tokenizers = ctx.result("tokenizers")
     prepared = {}
     for family, (corpus, _, _) in TOKENIZERS.items():

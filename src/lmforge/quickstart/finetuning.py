@@ -21,9 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lmforge.checkpoint import load_body
+from lmforge.peft.config import PeftConfig
 from lmforge.quickstart.context import SEED, Context, check_stopped
-from lmforge.quickstart.runs import (drop_checkpoints, loss_drop, measured_step_seconds, plan_run, read_curve,
-                                    warmup_for)
+from lmforge.quickstart.probe import Probe, probe_finetuning
+from lmforge.quickstart.runs import drop_checkpoints, loss_drop, measured_step_seconds, plan_run, read_curve, warmup_for
+from lmforge.tasks.data import Table, read_table
+from lmforge.tasks.finetune import finetune
+from lmforge.tasks.inference import evaluate
+from lmforge.tasks.recipe import Recipe
+from lmforge.tasks.spec import TaskSpec
+from lmforge.training.config import TrainConfig
 
 BATCH_SIZE = 16
 MAX_LENGTH = 64  # rt-sentiment reviews are single sentences: 64 tokens hold nearly all of them
@@ -66,8 +74,6 @@ def minilm_path() -> Path | None:
 
 
 def _tables(ctx: Context):
-    from lmforge.tasks.data import Table, read_table
-
     train = read_table("rt-sentiment:train")
     test = read_table("rt-sentiment:test")
     k = ctx.scaled(len(train), floor=TRAIN_FLOOR)  # short runs see a fraction of an epoch: encode no more
@@ -83,14 +89,10 @@ def _majority(table) -> float:
 
 
 def _spec():
-    from lmforge.tasks.spec import TaskSpec
-
     return TaskSpec(task="classify", max_length=MAX_LENGTH, pooling="mean")
 
 
 def _config(ctx: Context, run: SentimentRun, stage: str, steps: int, resume: bool):
-    from lmforge.training.config import TrainConfig
-
     return TrainConfig.from_dict(ctx.train_settings(
         out=str(ctx.path("runs", stage)), max_steps=steps, batch_size=BATCH_SIZE, lr=run.lr,
         warmup=warmup_for(steps), schedule="linear", eval_every=0, resume=resume), source=f"quickstart {stage}")
@@ -114,12 +116,6 @@ def finetune_stage(stage: str):
 def sentiment(ctx: Context, stage: str, run: SentimentRun, source: Path, seconds: float) -> dict[str, Any]:
     """Fine-tune ``source`` on rt-sentiment within ``seconds`` and score it on the test reviews."""
     import torch
-
-    from lmforge.peft.config import PeftConfig
-    from lmforge.quickstart.probe import Probe, probe_finetuning
-    from lmforge.tasks.data import Table
-    from lmforge.tasks.finetune import Recipe, finetune, load_body
-    from lmforge.tasks.inference import evaluate
 
     train, test = _tables(ctx)
     peft = PeftConfig.from_dict(LORA) if run.lora else None

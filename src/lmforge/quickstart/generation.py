@@ -10,7 +10,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import lmforge
+from lmforge.generation import generate_text
 from lmforge.quickstart.context import Context
+from lmforge.tokenization import Tokenizer
 
 PROMPTS = [
     "It is a truth universally acknowledged, that",
@@ -23,10 +26,6 @@ SAMPLING = {"strategy": "sample", "top_p": 0.9, "temperature": 0.8, "repetition_
 
 def generation(ctx: Context, seconds: float) -> dict[str, Any]:
     """Stage ``generation``."""
-    import lmforge
-    from lmforge.generation import generate_text
-    from lmforge.tokenization import Tokenizer
-
     folder = ctx.path(ctx.result("pretrain-gpt")["model_dir"])
     model, tok = lmforge.load(folder, device=ctx.device), Tokenizer.load(folder)
     new_tokens = ctx.scaled(NEW_TOKENS, floor=24)

@@ -11,7 +11,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from lmforge.quickstart import plots
+import lmforge.quickstart.plots as plots
 from lmforge.utils.io import atomic_write_text
 
 REPORT_HTML = "report.html"

@@ -16,9 +16,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from lmforge.checkpoint import read_config
+from lmforge.models import Transformer
 from lmforge.quickstart.context import SEQ_LEN, Context, check_stopped
-from lmforge.quickstart.runs import (drop_checkpoints, loss_drop, measured_step_seconds, plan_run, read_curve,
-                                    total_tokens, warmup_for)
+from lmforge.quickstart.probe import Probe, probe_pretraining
+from lmforge.quickstart.runs import (
+    drop_checkpoints,
+    loss_drop,
+    measured_step_seconds,
+    plan_run,
+    read_curve,
+    total_tokens,
+    warmup_for,
+)
+from lmforge.training.config import TrainConfig
+from lmforge.training.pretrain import pretrain
 
 EVALUATIONS = 4  # held-out evaluations per run, the last one at the end
 EVAL_BATCHES = 4
@@ -46,8 +58,6 @@ RUNS = {
 
 
 def _config(ctx: Context, run: Pretraining, stage: str, max_steps: int, resume: bool):
-    from lmforge.training.config import TrainConfig
-
     return TrainConfig.from_dict(ctx.train_settings(
         model=run.model, objective=run.objective, data=str(ctx.path(ctx.result("data")["data"][run.data]["path"])),
         out=str(ctx.path("runs", stage)), max_steps=max_steps, batch_size=run.batch_size, seq_len=SEQ_LEN,
@@ -61,10 +71,6 @@ def pretrain_stage(stage: str):
     run = RUNS[stage]
 
     def stage_fn(ctx: Context, seconds: float) -> dict[str, Any]:
-        from lmforge.checkpoint import read_config
-        from lmforge.quickstart.probe import Probe, probe_pretraining
-        from lmforge.training.pretrain import pretrain
-
         def probe() -> Probe:
             return probe_pretraining(_config(ctx, run, stage, 100, False), ctx.path("probes", stage),
                                      ctx.probe_seconds)
@@ -104,8 +110,6 @@ def pretrain_stage(stage: str):
 def parameters(config) -> int:
     """Parameter count of a model config (built on the meta device: no memory, no initialisation)."""
     import torch
-
-    from lmforge.models import Transformer
 
     with torch.device("meta"):
         return int(Transformer(config).num_parameters())

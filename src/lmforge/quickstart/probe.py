@@ -25,6 +25,13 @@ from typing import Any, Callable
 
 import torch
 
+from lmforge.tasks.data import ExampleBatches
+from lmforge.tasks.model import build_task_model
+from lmforge.tasks.recipe import Recipe
+from lmforge.tasks.registry import build_task
+from lmforge.tasks.trainer import FinetuneTrainer
+from lmforge.training.pretrain import build_pretraining
+
 WARMUP = 1
 MIN_REPEATS, MAX_REPEATS = 2, 16
 
@@ -69,8 +76,6 @@ def _remove(scratch: Path) -> None:
 def probe_pretraining(config, scratch: Path, seconds: float = 1.0) -> Probe:
     """Seconds per step of the pre-training run ``config`` describes (a TrainConfig), timed for about
     ``seconds`` in the scratch folder ``scratch``."""
-    from lmforge.training.pretrain import build_pretraining
-
     probe = config.updated({"out": str(scratch), "eval_every": 0, "save_every": 0, "progress": False,
                             "tensorboard": False, "resume": False})
     try:
@@ -84,11 +89,6 @@ def probe_finetuning(body: torch.nn.Module, tokenizer, spec, table, config, scra
                           recipe=None, peft=None, seconds: float = 1.0) -> Probe:
     """Seconds per step of fine-tuning ``body`` (left untouched: a copy is trained) on ``table`` as ``spec``
     says, with ``config``'s batch size and precision (and a PEFT adapter when ``peft`` is given)."""
-    from lmforge.tasks import build_task
-    from lmforge.tasks.data import ExampleBatches
-    from lmforge.tasks.finetune import FinetuneTrainer, Recipe
-    from lmforge.tasks.model import build_task_model
-
     recipe = recipe or Recipe()
     if spec.task == "classify" and not spec.labels:
         spec = spec.replace(labels=build_task(spec, tokenizer, body.config).label_set(table))
@@ -99,7 +99,7 @@ def probe_finetuning(body: torch.nn.Module, tokenizer, spec, table, config, scra
     model = build_task_model(copy.deepcopy(body), spec)  # build_task_model strips the LM head in place
     peft_base = None
     if peft is not None:
-        from lmforge.peft.task import apply_task_peft
+        from lmforge.tasks.peft import apply_task_peft
 
         apply_task_peft(model, peft, tokenizer=tokenizer)
         peft_base = scratch

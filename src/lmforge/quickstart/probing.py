@@ -18,8 +18,13 @@ from typing import Any
 
 import numpy as np
 
+from lmforge import datasets
+from lmforge.checkpoint import load_body
+from lmforge.embeddings import SentenceEncoder
+from lmforge.embeddings.pooling import pool
 from lmforge.quickstart.budget import count_for
 from lmforge.quickstart.context import SEED, Context
+from lmforge.quickstart.retrieval import encoders
 
 TRAIN_ROWS, TEST_ROWS = 2000, 1000
 FLOOR = 300  # reviews, training and test together
@@ -34,8 +39,6 @@ def layer_features(encoder, texts: list[str], batch_size: int = BATCH, precision
     import contextlib
 
     import torch
-
-    from lmforge.embeddings.pooling import pool
 
     chunks = []
     encoder.eval()
@@ -67,11 +70,6 @@ def probing(ctx: Context, seconds: float) -> dict[str, Any]:
     if importlib.util.find_spec("sklearn") is None:
         return {"skipped": "scikit-learn is not installed", "summary": "skipped: pip install scikit-learn"}
     import torch
-
-    from lmforge import datasets
-    from lmforge.embeddings import SentenceEncoder
-    from lmforge.quickstart.retrieval import encoders
-    from lmforge.tasks.finetune import load_body
 
     start = time.perf_counter()
     train, test = datasets.load("rt-sentiment", "train"), datasets.load("rt-sentiment", "test")

@@ -16,7 +16,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import lmforge
+from lmforge import datasets
+from lmforge.prompting import FewShot, Template, Verbalizer, calibrate, classify, content_free_prediction
 from lmforge.quickstart.context import Context
+from lmforge.tokenization import Tokenizer
 
 TEMPLATE = "{x} It was {z}."
 ANSWERS = {"0": "terrible", "1": "great"}  # rt-sentiment: 0 = negative, 1 = positive
@@ -29,11 +33,6 @@ POOL_ROWS = 2000  # demonstrations are drawn from the first rows of the training
 def prompting(ctx: Context, seconds: float) -> dict[str, Any]:
     """Stage ``prompting``."""
     import torch
-
-    import lmforge
-    from lmforge import datasets
-    from lmforge.prompting import Template, Verbalizer, calibrate, classify, content_free_prediction
-    from lmforge.tokenization import Tokenizer
 
     start = time.perf_counter()
     folder = ctx.path(ctx.result("pretrain-gpt")["model_dir"])
@@ -83,8 +82,6 @@ def prompting(ctx: Context, seconds: float) -> dict[str, Any]:
 
 def _prompt_text(template, verbalizer, pool, indices, row) -> str:
     """The few-shot prompt of one query as the model reads it (answer slot left open)."""
-    from lmforge.prompting import FewShot
-
     fs = FewShot(template, verbalizer, k=len(indices))
     prompt = fs.prompt(fs.context(pool, indices), row)
     return prompt.prefix + prompt.space + "{z}" + prompt.suffix

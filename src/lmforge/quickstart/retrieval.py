@@ -15,8 +15,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lmforge import datasets
+from lmforge.checkpoint import load_body
+from lmforge.embeddings import SentenceEncoder
+from lmforge.embeddings.index import VectorIndex
 from lmforge.quickstart.budget import count_for
 from lmforge.quickstart.context import Context
+from lmforge.quickstart.finetuning import minilm_path
 
 QUERY = "a shepherd leaves the flock to look for the sheep that was lost"
 PAIRS = 1000
@@ -28,10 +33,6 @@ SHOWN = 3
 
 def encoders(ctx: Context) -> dict[str, tuple[Any, str]]:
     """name -> (SentenceEncoder, its model folder): bert-tiny pre-trained here, and MiniLM when installed."""
-    from lmforge.embeddings import SentenceEncoder
-    from lmforge.quickstart.finetuning import minilm_path
-    from lmforge.tasks.finetune import load_body
-
     found = {}
     sources = {"bert-tiny (pre-trained here)": ctx.path(ctx.result("pretrain-bert")["model_dir"])}
     if minilm_path() is not None:
@@ -44,9 +45,6 @@ def encoders(ctx: Context) -> dict[str, tuple[Any, str]]:
 
 def retrieval(ctx: Context, seconds: float) -> dict[str, Any]:
     """Stage ``retrieval``."""
-    from lmforge import datasets
-    from lmforge.embeddings.index import VectorIndex
-
     start = time.perf_counter()
     pairs = [r for r in datasets.load("bible-paraphrase", "test") if r["label"] == 1]
     found = encoders(ctx)

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import lmforge
-from lmforge.quickstart import html, report
+import lmforge.quickstart.html as html
+import lmforge.quickstart.report as report
 from lmforge.quickstart.budget import WEIGHTS, Budget
 from lmforge.quickstart.context import Context
 from lmforge.quickstart.folder import RunFolder

@@ -17,6 +17,8 @@ from typing import Any, Callable
 from lmforge.quickstart.budget import steps_for
 from lmforge.quickstart.context import Context
 from lmforge.quickstart.probe import Probe
+from lmforge.training.logging import METRICS_FILE, read_metrics
+from lmforge.training.state import CheckpointManager
 
 
 def plan_run(ctx: Context, stage: str, seconds: float, probe: Callable[[], Probe],
@@ -40,8 +42,6 @@ def plan_run(ctx: Context, stage: str, seconds: float, probe: Callable[[], Probe
         an earlier attempt of this stage left a plan and a checkpoint: train on from there with the same plan.
         Otherwise a partial run folder without a checkpoint is removed, and the stage is planned afresh.
     """
-    from lmforge.training.state import CheckpointManager
-
     run_dir = ctx.path("runs", stage)
     if ctx.folder.plan_file(stage).is_file() and CheckpointManager(run_dir / "checkpoints").steps():
         plan, _ = ctx.folder.plan(stage, dict)
@@ -72,8 +72,6 @@ def warmup_for(steps: int, share: float = 0.1) -> int:
 
 def read_curve(run_dir: Path) -> dict[str, list]:
     """Training loss per step and evaluation loss where evaluated, from a run's ``metrics.jsonl``."""
-    from lmforge.training.logging import METRICS_FILE, read_metrics
-
     records = read_metrics(Path(run_dir) / METRICS_FILE)
     train = [(r["step"], r["loss"]) for r in records if _finite(r.get("loss"))]
     evals = [(r["step"], r["eval_loss"]) for r in records if _finite(r.get("eval_loss"))]
@@ -83,8 +81,6 @@ def read_curve(run_dir: Path) -> dict[str, list]:
 
 def total_tokens(run_dir: Path) -> int:
     """Input tokens the run trained on (every logged step's ``tokens``; a resumed run's log is continuous)."""
-    from lmforge.training.logging import METRICS_FILE, read_metrics
-
     return sum(int(r.get("tokens") or 0) for r in read_metrics(Path(run_dir) / METRICS_FILE))
 
 
@@ -104,8 +100,6 @@ def measured_step_seconds(run_dir: Path) -> float | None:
     step i is the running token count over that rate. None with fewer than three steps. (A resumed run restarts
     that clock: use it for runs that went through in one go.)
     """
-    from lmforge.training.logging import METRICS_FILE, read_metrics
-
     records = read_metrics(Path(run_dir) / METRICS_FILE)
     elapsed, tokens = [], 0
     for r in records:

@@ -22,7 +22,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from lmforge.quickstart import corpora, finetuning, generation, pretraining, probing, prompting, retrieval, translation
+import lmforge.quickstart.corpora as corpora
+import lmforge.quickstart.finetuning as finetuning
+import lmforge.quickstart.generation as generation
+import lmforge.quickstart.pretraining as pretraining
+import lmforge.quickstart.probing as probing
+import lmforge.quickstart.prompting as prompting
+import lmforge.quickstart.retrieval as retrieval
+import lmforge.quickstart.translation as translation
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,17 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from lmforge.checkpoint import load_body
 from lmforge.quickstart.context import Context, check_stopped
-from lmforge.quickstart.runs import (drop_checkpoints, loss_drop, measured_step_seconds, plan_run, read_curve,
-                                    warmup_for)
+from lmforge.quickstart.probe import Probe, probe_finetuning
+from lmforge.quickstart.runs import drop_checkpoints, loss_drop, measured_step_seconds, plan_run, read_curve, warmup_for
 from lmforge.tasks import metrics as task_metrics
+from lmforge.tasks.data import Table, read_table
+from lmforge.tasks.finetune import finetune
+from lmforge.tasks.inference import predict
+from lmforge.tasks.recipe import Recipe
+from lmforge.tasks.spec import TaskSpec
+from lmforge.training.config import TrainConfig
 
 PREFIX = "translate English to Spanish: "
 BATCH_SIZE = 16
@@ -32,16 +39,12 @@ MIN_STEPS = 8
 
 
 def _spec():
-    from lmforge.tasks.spec import TaskSpec
-
     return TaskSpec(task="seq2seq", text_column="en", target_column="es", max_length=MAX_LENGTH,
                     max_target_length=MAX_TARGET, task_prefix=PREFIX)
 
 
 def _tables(ctx: Context):
     import random
-
-    from lmforge.tasks.data import Table, read_table
 
     train = read_table("kjv-rv1909:train")
     rows = random.Random(0).sample(train.rows, min(len(train.rows), ctx.scaled(TRAIN_ROWS, floor=1000)))
@@ -52,8 +55,6 @@ def _tables(ctx: Context):
 
 
 def _config(ctx: Context, steps: int, resume: bool):
-    from lmforge.training.config import TrainConfig
-
     return TrainConfig.from_dict(ctx.train_settings(
         out=str(ctx.path("runs", "translation")), max_steps=steps, batch_size=BATCH_SIZE, lr=LR,
         warmup=warmup_for(steps), schedule="linear", eval_every=0, resume=resume), source="quickstart translation")
@@ -61,10 +62,6 @@ def _config(ctx: Context, steps: int, resume: bool):
 
 def translation(ctx: Context, seconds: float) -> dict[str, Any]:
     """Stage ``translation``: fine-tune, translate test verses while time allows, score them."""
-    from lmforge.quickstart.probe import Probe, probe_finetuning
-    from lmforge.tasks.data import Table
-    from lmforge.tasks.finetune import Recipe, finetune, load_body
-
     start = time.perf_counter()
     source = ctx.path(ctx.result("pretrain-t5")["model_dir"])
     train, test = _tables(ctx)
@@ -108,9 +105,6 @@ def translation(ctx: Context, seconds: float) -> dict[str, Any]:
 
 def translate(ctx: Context, model_dir, test, deadline: float) -> list[dict[str, Any]]:
     """Greedy translations of ``test``'s verses, batch by batch, while the next batch fits before ``deadline``."""
-    from lmforge.tasks.data import Table
-    from lmforge.tasks.inference import predict
-
     outputs: list[dict[str, Any]] = []
     while len(outputs) < len(test):
         begun = time.perf_counter()

@@ -10,8 +10,14 @@
     seq2seq.py         translation / summarisation: teacher forcing, greedy decoding with the KV cache
     text2text.py       T5's format: task prefixes, label words, multi-task mixing
     model.py           TaskModel (body + head) and task folders (model folder + task.json + head weights)
-    finetune.py        the recipe: layer-wise LR decay, gradual unfreezing, frozen body, best checkpoint
+    recipe.py          the recipe's settings: layer-wise LR decay, gradual unfreezing, frozen body, best metric
+    optim.py           layer groups and AdamW with a learning-rate scale per group
+    trainer.py         FinetuneTrainer: the Trainer with the recipe, task evaluation and the best checkpoint
+    peft.py            PEFT on a task model: adapter + head, its folders, the record of a PEFT run
+    mixture.py         the tables of a task or a text2text mixture, and each task's sampling rate
+    finetune.py        finetune(): a model folder or preset, a task and data files in; a run folder out
     inference.py       evaluate / predict a task folder on a data file
+    registry.py        build_task: the Task class for each task name
     metrics.py         scikit-learn, scipy, seqeval, sacrebleu, rouge-score; SQuAD EM/F1; perplexity
 
 Example:
@@ -40,32 +46,19 @@ _LAZY = {
     "save_task_model": "model",
     "load_task_model": "model",
     "hf_head": "model",
-    "Recipe": "finetune",
-    "FinetuneTrainer": "finetune",
+    "Recipe": "recipe",
+    "FinetuneTrainer": "trainer",
     "FinetuneResult": "finetune",
     "finetune": "finetune",
-    "load_body": "finetune",
-    "layer_groups": "finetune",
-    "build_finetune_optimizer": "finetune",
-    "ScaledAdamW": "finetune",
+    "layer_groups": "optim",
+    "build_finetune_optimizer": "optim",
+    "ScaledAdamW": "optim",
     "evaluate": "inference",
     "predict": "inference",
+    "build_task": "registry",
 }
 
-__all__ = sorted(_LAZY) + ["build_task"]
-
-
-def build_task(spec, tokenizer, config):
-    """The :class:`~lmforge.tasks.base.Task` for ``spec.task`` (encoding, collation, prediction, metrics)."""
-    from lmforge.tasks.classification import ClassifyTask, MultilabelTask, RegressTask
-    from lmforge.tasks.qa import QATask
-    from lmforge.tasks.seq2seq import Seq2SeqTask
-    from lmforge.tasks.tagging import TagTask
-    from lmforge.tasks.text2text import Text2TextTask
-
-    classes = {"classify": ClassifyTask, "regress": RegressTask, "multilabel": MultilabelTask, "tag": TagTask,
-               "qa": QATask, "seq2seq": Seq2SeqTask, "text2text": Text2TextTask}
-    return classes[spec.task](spec, tokenizer, config)
+__all__ = sorted(_LAZY)
 
 
 def __getattr__(name: str):

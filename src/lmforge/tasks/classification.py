@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from lmforge.tasks import metrics
+import lmforge.tasks.metrics as metrics
 from lmforge.tasks.base import Task, softmax_rows, text_of
 from lmforge.tasks.data import Table, TaskDataError
 
@@ -156,6 +156,7 @@ class MultilabelTask(_SequenceTask):
         table.require(self.columns["label"])
         return sorted_labels(label for i in range(len(table)) for label in self._label_list(table, i))
 
+    # Opens as ClassifyTask.encode does; the target differs (a multi-hot vector, not one class id).
     def encode(self, table: Table, labelled: bool = True) -> list[dict[str, Any]]:
         self.check_columns(table, labelled)
         examples = self._inputs(table)

@@ -39,6 +39,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from lmforge import datasets
 from lmforge.errors import InputFileNotFound, LmforgeError, UserInputError
 
 FORMATS = ("tsv", "csv", "jsonl", "conll")
@@ -181,8 +182,6 @@ def _read_conll(path: Path) -> Table:
 
 
 def _read_dataset(name: str, split: str) -> Table:
-    from lmforge import datasets
-
     try:
         info = datasets.info(name)
     except ValueError as exc:

@@ -26,7 +26,9 @@ from typing import Any
 
 from lmforge.tasks.data import Table, TaskDataError, read_table
 from lmforge.tasks.model import hf_head, load_task_model, read_task_meta
+from lmforge.tasks.registry import build_task
 from lmforge.tasks.spec import GENERATIVE_TASKS, TaskSpec
+from lmforge.tokenization import Tokenizer
 from lmforge.utils.io import atomic_write_text
 from lmforge.errors import InputFileNotFound, UserInputError
 
@@ -37,9 +39,6 @@ OVERRIDABLE = ("text_column", "text_pair_column", "label_column", "target_column
 def load(model_dir: str | Path, task: str | None = None, overrides: dict[str, Any] | None = None,
          device: str = "cpu"):
     """(model, Task, spec) for a task folder, or for a plain LM folder with a generative ``task``."""
-    from lmforge.tasks import build_task
-    from lmforge.tokenization import Tokenizer
-
     model_dir = Path(model_dir)
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     bad = sorted(set(overrides) - set(OVERRIDABLE))

@@ -18,7 +18,7 @@ A task folder is a model folder plus two files::
     DIR/task_head.safetensors                                the head's weights (head tasks only)
 
 A PEFT task folder holds an adapter instead of the body's weights, and names the base model's folder
-(see :mod:`lmforge.peft.task`); :func:`load_task_model` loads both.
+(see :mod:`lmforge.tasks.peft`); :func:`load_task_model` loads both.
 
 Example:
     >>> import tempfile, torch, lmforge
@@ -45,8 +45,10 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from lmforge import checkpoint
+from lmforge.interop.hf import TaskHead
 from lmforge.models.transformer import Transformer, shift_right
 from lmforge.objectives.base import IGNORE_INDEX
+from lmforge.peft.model import load_adapter
 from lmforge.tasks.heads import SequenceHead, SpanHead, TokenHead
 from lmforge.tasks.spec import TaskSpec
 from lmforge.utils.io import atomic_dir
@@ -228,8 +230,6 @@ def hf_head(path: str | Path) -> tuple[TaskSpec, dict[str, torch.Tensor]] | None
     :class:`SequenceHead`; ``problem_type`` and ``id2label`` give the task and the labels. None when the
     folder holds no HF head.
     """
-    from lmforge.interop.hf import TaskHead
-
     head = TaskHead.load(path)
     if head is None:
         return None
@@ -275,9 +275,7 @@ def load_task_model(path: str | Path, spec: TaskSpec | None = None, device: str 
         raise checkpoint.CheckpointError(f"{path}: no {TASK_FILE}; this is not a fine-tuned task model "
                                          "(fine-tune one with `lmforge finetune`, or name a generative --task)")
     spec = spec or TaskSpec.from_dict(meta["spec"], source=str(path / TASK_FILE))
-    if meta is not None and meta.get("peft"):  # adapter + head + where the base is (lmforge.peft.task)
-        from lmforge.peft.task import load_peft_task_model
-
+    if meta is not None and meta.get("peft"):  # adapter + head + where the base is (lmforge.tasks.peft)
         return load_peft_task_model(path, meta, spec, device)
     body = checkpoint.load(path)
     if spec.generative:
@@ -304,3 +302,35 @@ def load_head(model: TaskModel, path: str | Path, spec: TaskSpec) -> None:
             raise checkpoint.CheckpointError(f"{head_file}: tensor {name!r} is missing or has the wrong shape "
                                              f"(need {tuple(tensor.shape)})")
     model.head.load_state_dict(state)
+
+
+# ------------------------------------------------------------------------------------------- PEFT folders
+def resolve_base(reference: str, folder: str | Path) -> Path:
+    """The base folder a PEFT task folder's ``reference`` names (relative ones are relative to the folder)."""
+    path = Path(reference)
+    return path if path.is_absolute() else (Path(folder) / path).resolve()
+
+
+def load_peft_task_model(path: str | Path, meta: dict, spec, device: str = "cpu") -> nn.Module:
+    """Rebuild a PEFT task model from its folder (in eval mode): base from the recorded place, adapter, head.
+
+    The folder is written by :func:`lmforge.tasks.peft.save_peft_task_model`.
+
+    Raises:
+        lmforge.checkpoint.CheckpointError: the base folder is gone.
+        lmforge.peft.AdapterMismatchError: the base there is not the one the adapter was trained on.
+    """
+
+    path = Path(path)
+    reference = (meta.get("peft") or {}).get("base")
+    if not isinstance(reference, str) or not reference:
+        raise checkpoint.CheckpointError(f"{path / TASK_FILE}: a PEFT task folder must name its base model (peft.base)")
+    base = resolve_base(reference, path)
+    if not base.is_dir():
+        raise checkpoint.CheckpointError(f"{path / TASK_FILE}: its base model folder {base} is missing; the adapter "
+                                         "needs the base it was trained on")
+    body, _ = checkpoint.read_model_folder(base, with_tokenizer=False)
+    model = build_task_model(body, spec)
+    model.body = load_adapter(model.body, path)
+    load_head(model, path, spec)
+    return model.eval().to(device)

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from lmforge.tasks import metrics
+import lmforge.tasks.metrics as metrics
 from lmforge.tasks.base import Task, report_truncation, text_of
 from lmforge.tasks.data import Table, TaskDataError, warn
 

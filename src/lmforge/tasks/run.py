@@ -22,9 +22,10 @@ from typing import Any, Callable
 
 from lmforge.errors import UserInputError
 from lmforge.peft.config import PeftConfig
-from lmforge.peft.task import merge_task_folder
 from lmforge.prompting.instruct import finetune_instruct_from_settings
-from lmforge.tasks.finetune import Recipe, finetune
+from lmforge.tasks.finetune import finetune
+from lmforge.tasks.peft import merge_task_folder
+from lmforge.tasks.recipe import Recipe
 from lmforge.tasks.settings import SETTINGS_FILE, save_settings
 from lmforge.tasks.spec import TaskSpec
 from lmforge.training.config import TrainConfig

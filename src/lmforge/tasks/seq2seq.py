@@ -29,7 +29,7 @@ import torch
 
 from lmforge.nn.kv_cache import KVCache
 from lmforge.objectives.base import IGNORE_INDEX, shift_right
-from lmforge.tasks import metrics
+import lmforge.tasks.metrics as metrics
 from lmforge.tasks.base import Task, pad_batch, pad_labels, report_truncation, text_of
 from lmforge.tasks.data import Table
 from lmforge.errors import UserInputError

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from lmforge.objectives.base import IGNORE_INDEX
-from lmforge.tasks import metrics
+import lmforge.tasks.metrics as metrics
 from lmforge.tasks.base import Task, pad_labels, report_truncation
 from lmforge.tasks.classification import sorted_labels
 from lmforge.tasks.data import Table, TaskDataError

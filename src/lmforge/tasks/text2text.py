@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from lmforge.tasks import metrics
+import lmforge.tasks.metrics as metrics
 from lmforge.tasks.base import text_of
 from lmforge.tasks.classification import label_text
 from lmforge.tasks.data import Table, TaskDataError

@@ -35,6 +35,7 @@ _LAZY = {
     "Schedule": "schedules",
     "CheckpointManager": "state",
     "CorruptCheckpoint": "state",
+    "LossOutput": "trainer",
     "RunExistsError": "trainer",
     "Trainer": "trainer",
     "TrainResult": "trainer",

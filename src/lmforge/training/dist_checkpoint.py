@@ -44,15 +44,35 @@ import torch.distributed.checkpoint as dcp
 from safetensors import safe_open
 from torch import nn
 from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict, set_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+    set_state_dict,
+)
 
 from lmforge import checkpoint as model_checkpoint
 from lmforge.config import ModelConfig
+from lmforge.models import Transformer
+from lmforge.tokenization import Tokenizer
 from lmforge.training.distributed import DistContext
-from lmforge.training.state import (FORMAT, MANIFEST_FILE, MODEL_DIR, OPTIMIZER_FILE, SHARDS_DIR, STATE_FILE,
-                                    CheckpointManager, CorruptCheckpoint, from_json, load_checkpoint, to_json,
-                                    verify_checkpoint, write_manifest)
+from lmforge.training.state import (
+    FORMAT,
+    MANIFEST_FILE,
+    MODEL_DIR,
+    OPTIMIZER_FILE,
+    SHARDS_DIR,
+    STATE_FILE,
+    CheckpointManager,
+    CorruptCheckpoint,
+    from_json,
+    load_checkpoint,
+    to_json,
+    verify_checkpoint,
+    write_manifest,
+)
 from lmforge.utils.io import atomic_dir, atomic_write_text
 from lmforge.errors import InputFileNotFound
 
@@ -77,8 +97,6 @@ def is_sharded(folder: str | Path) -> bool:
 def empty_model(config: ModelConfig) -> nn.Module:
     """An lmforge Transformer for ``config`` on the CPU, with uninitialised weights and derived buffers filled
     (skipping the random initialisation that loading would overwrite)."""
-    from lmforge.models import Transformer
-
     with torch.device("meta"):
         model = Transformer(config)
     model = model.to_empty(device="cpu")
@@ -290,8 +308,6 @@ def consolidate(src: str | Path, dst: str | Path, tokenizer: str | Path | None =
 
 def write_model_folder(folder: Path, dst: str | Path, tokenizer: str | Path | None = None) -> Path:
     """:func:`consolidate` for a checkpoint folder already verified by :func:`find_checkpoint`."""
-    from lmforge.tokenization import Tokenizer
-
     model = empty_model(model_checkpoint.read_config(folder / MODEL_DIR))
     if is_sharded(folder):
         state = model.state_dict()

@@ -65,6 +65,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from lmforge.models.stack import TransformerStack
 from lmforge.training.config import STRATEGIES
 from lmforge.training.precision import resolve_device
 from lmforge.errors import UserInputError
@@ -332,8 +333,6 @@ def shard_model(model: nn.Module, ctx: DistContext, param_dtype: torch.dtype | N
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-
-    from lmforge.models.stack import TransformerStack
 
     if not cpu_offload:
         model.to(ctx.device)

@@ -47,7 +47,8 @@ from lmforge.config import ConfigError, ModelConfig, resolve_config
 from lmforge.data import DocumentDataset, PackedDataset, StatefulLoader, read_manifest
 from lmforge.data.sources import DataError
 from lmforge.models import Transformer
-from lmforge.models.bilstm_lm import BiLM, BiLMConfig, bilm_config, is_bilm
+from lmforge.checkpoint import bilm_config, is_bilm
+from lmforge.models.bilstm_lm import BiLM, BiLMConfig
 from lmforge.objectives import OBJECTIVES, architectures_for, check_architecture
 from lmforge.tokenization import Tokenizer
 from lmforge.training import distributed

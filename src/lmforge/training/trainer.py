@@ -14,8 +14,11 @@ Weighting each micro-batch by its share of the targets (rather than averaging th
 micro-batches hold different numbers of targets (MLM masks ~15% of each, padding varies).
 
 The trainer never learns which objective it runs: the objective turns raw batches into model inputs, and
-the model computes the loss. Evaluation reports loss, perplexity and the accuracy of the argmax prediction at
-the labelled positions (masked-token accuracy for MLM, next-token accuracy for causal LM).
+the model computes the loss. A training signal the model does not compute itself (sentence embeddings: one
+encoder over every side of a pair, then a contrastive loss) is a ``loss``: ``loss(model, batch)`` returns the
+output, and the Trainer runs it in place of ``model(**batch)``, with everything else unchanged. Evaluation
+reports loss, perplexity and the accuracy of the argmax prediction at the labelled positions (masked-token
+accuracy for MLM, next-token accuracy for causal LM).
 
 Exact resume. A checkpoint (see :mod:`lmforge.training.state`) holds the model, optimizer, step, the RNG
 states of Python, numpy and torch, the objective's generator and the data's position. Restoring them all
@@ -64,9 +67,11 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import torch
+from torch import nn
 
 import lmforge
 from lmforge import checkpoint as model_checkpoint
+from lmforge.config import ConfigError
 from lmforge.errors import LmforgeError, UserInputError
 from lmforge.objectives.base import IGNORE_INDEX
 from lmforge.training import dist_checkpoint, distributed
@@ -102,6 +107,26 @@ def check_fresh_run(out: str | Path, resume: bool = False) -> None:
     if steps and not resume:
         raise RunExistsError(f"{out} already holds a run (checkpoints up to step {steps[-1]}): resume it with "
                              "--resume (resume=True) or choose another output folder")
+
+
+@dataclass
+class LossOutput:
+    """What a Trainer ``loss`` returns: the mean ``loss`` over the batch's ``n_targets`` targets."""
+
+    loss: torch.Tensor
+    n_targets: int | None = None
+
+
+class _WithLoss(nn.Module):
+    """The model and a Trainer ``loss`` as one module: DDP must see the loss's forward passes as its own."""
+
+    def __init__(self, model: nn.Module, loss) -> None:
+        super().__init__()
+        self.model = model
+        self.loss = loss
+
+    def forward(self, **batch):
+        return self.loss(self.model, batch)
 
 
 @dataclass
@@ -149,6 +174,14 @@ class Trainer:
         eval_objective: collator for evaluation (default: a copy of ``objective`` as it is now); its random
             state is reset before every evaluation, so every evaluation sees the same masks.
         tokenizer: saved into the final model folder so that it is self-contained.
+        loss: ``loss(model, batch) -> output with loss and n_targets`` (e.g. :class:`LossOutput`), called in place
+            of ``model(**batch)`` for training (default: the model computes its own loss). Its
+            ``count_targets(batch)``, if it has one, says how many targets its mean is over (see
+            :meth:`count_targets`). :meth:`evaluate` scores the argmax of the output's ``logits`` against
+            ``labels``; a loss without them takes no ``eval_data``. Not with FSDP, whose hooks are on
+            ``model.forward``.
+        model_files: name -> text of further files written into the final model folder (e.g. the pooling
+            settings of a sentence encoder).
         dist: this process's place in the job, from :func:`lmforge.training.distributed.setup` (default: set up
             from ``config.strategy`` and ``config.device``). Build the datasets after it: they take their slice
             from the process group.
@@ -156,7 +189,8 @@ class Trainer:
 
     def __init__(self, model: torch.nn.Module, objective, train_data: Iterable, config: TrainConfig, *,
                  out: str | Path | None = None, eval_data: Iterable | None = None, eval_objective=None,
-                 tokenizer=None, dist: DistContext | None = None) -> None:
+                 tokenizer=None, loss=None, model_files: dict[str, str] | None = None,
+                 dist: DistContext | None = None) -> None:
         if out is None and config.out is None:
             raise ValueError("the Trainer needs a run folder: pass out=... or set config.out")
         self.config = config.validate()
@@ -172,11 +206,17 @@ class Trainer:
         self._eval_objective_state = copy.deepcopy(_state_of(self.eval_objective))
         self._eval_data_state = copy.deepcopy(_state_of(eval_data))
         self.tokenizer = tokenizer
+        self.loss = loss
+        self.model_files = model_files
+        if loss is not None and self.dist.strategy == "fsdp":
+            raise ConfigError("a Trainer with a loss runs on one process or with DDP, not with FSDP")
         self.autocast_dtype = resolve_precision(config.precision, self.device)
         if config.activation_checkpointing:
             enable_activation_checkpointing(model)
         # self.model keeps the plain parameter names (FSDP: it is now sharded); _wrapped is what a step calls.
-        self.model, self._wrapped = distributed.wrap_model(model, self.dist, **self._fsdp_options())
+        placed, self._wrapped = distributed.wrap_model(model if loss is None else _WithLoss(model, loss), self.dist,
+                                                       **self._fsdp_options())
+        self.model = placed if loss is None else placed.model
         # Built after wrapping: FSDP replaces the parameters by sharded ones, which the optimizer must hold.
         self.optimizer = build_optimizer(self.model, config.lr, config.weight_decay, config.betas, config.eps,
                                          config.no_decay)
@@ -247,8 +287,11 @@ class Trainer:
     def count_targets(self, batch: dict[str, Any]) -> int:
         """How many targets the model's mean loss over ``batch`` is over: its labelled tokens (labels != -100).
 
-        It must equal the ``n_targets`` the model returns; a model that averages otherwise (per example, say)
-        overrides this in a subclass of the Trainer."""
+        It must equal the ``n_targets`` the model returns. A ``loss`` that averages otherwise (per example, say)
+        counts with its own ``count_targets(batch)``; a model that does overrides this in a subclass."""
+        counter = getattr(self.loss, "count_targets", None)
+        if counter is not None:
+            return int(counter(batch))
         if "labels" not in batch:
             raise ValueError("the objective produced a batch without 'labels': the trainer needs labelled batches")
         return int((batch["labels"] != IGNORE_INDEX).sum())
@@ -341,7 +384,7 @@ class Trainer:
 
     def checkpoint_module(self):
         """What a checkpoint's weights are (``config``, ``state_dict``, ``load_state_dict``): the model. A subclass
-        may narrow it, e.g. to the trainable tensors of a PEFT run (lmforge.peft.task.TrainableState)."""
+        may narrow it, e.g. to the trainable tensors of a PEFT run (lmforge.tasks.peft.TrainableState)."""
         return self.model
 
     def save_checkpoint(self) -> Path:
@@ -434,7 +477,7 @@ class Trainer:
         path = self.out / MODEL_DIR
         model = dist_checkpoint.unsharded_copy(self.model, self.dist) if self.dist.strategy == "fsdp" else self.model
         if self.dist.is_main:
-            model_checkpoint.save(model, path, tokenizer=self.tokenizer)
+            model_checkpoint.save(model, path, tokenizer=self.tokenizer, extra_files=self.model_files)
         self.dist.barrier()
         return path
 

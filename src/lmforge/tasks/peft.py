@@ -1,5 +1,5 @@
 """PEFT on a task model: a :class:`~lmforge.tasks.model.TaskModel` whose body is a PeftModel, the state its
-training checkpoints hold, and its folder (adapter + head + where the base is).
+training checkpoints hold, its folder (adapter + head + where the base is) and the record of a PEFT run.
 
     TaskModel(body=Transformer, head)  --apply_task_peft(cfg)-->  TaskModel(body=PeftModel, head)
 
@@ -47,10 +47,18 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from lmforge import checkpoint
+from lmforge.config import ConfigError
 from lmforge.peft.config import PeftConfig
-from lmforge.peft.io import load_adapter, save_adapter
+from lmforge.peft.io import save_adapter, verify_base
 from lmforge.peft.model import ParameterReport, PeftModel, apply_peft
-from lmforge.utils.io import atomic_dir
+from lmforge.tasks.model import FORMAT, HEAD_FILE, TASK_FILE, TaskModel, load_task_model, read_task_meta
+from lmforge.tasks.model import save_task_model
+from lmforge.tokenization import Tokenizer
+from lmforge.utils.io import atomic_dir, atomic_write_text
+
+PEFT_BASE_DIR = "base"  # PEFT runs: a snapshot of a base model that lives in no folder
+PEFT_FILE = "peft.json"  # PEFT runs: the method and the base's identity, checked on resume
 
 
 def is_peft_task_model(model: nn.Module) -> bool:
@@ -130,12 +138,6 @@ def base_reference(base: str | Path, folder: str | Path) -> str:
     return str(base)
 
 
-def resolve_base(reference: str, folder: str | Path) -> Path:
-    """The base folder a PEFT task folder's ``reference`` names (relative ones are relative to the folder)."""
-    path = Path(reference)
-    return path if path.is_absolute() else (Path(folder) / path).resolve()
-
-
 def save_peft_task_model(model: nn.Module, path: str | Path, base: str | Path, tokenizer=None,
                          extra: dict | None = None) -> Path:
     """Write a PEFT task folder (see the module docstring) atomically and return its path.
@@ -147,8 +149,6 @@ def save_peft_task_model(model: nn.Module, path: str | Path, base: str | Path, t
         tokenizer: saved beside (an object with ``save(folder)``).
         extra: more entries for ``task.json`` (e.g. the step and metric of a best checkpoint).
     """
-    from lmforge.tasks.model import FORMAT, HEAD_FILE, TASK_FILE
-
     path = Path(path)
     with atomic_dir(path) as tmp:
         # save_adapter is atomic on its own: stage it inside our folder, so that the head joins atomically.
@@ -167,39 +167,11 @@ def save_peft_task_model(model: nn.Module, path: str | Path, base: str | Path, t
     return path
 
 
-def load_peft_task_model(path: str | Path, meta: dict, spec, device: str = "cpu") -> nn.Module:
-    """Rebuild a PEFT task model from its folder (in eval mode): base from the recorded place, adapter, head.
-
-    Raises:
-        lmforge.checkpoint.CheckpointError: the base folder is gone.
-        lmforge.peft.AdapterMismatchError: the base there is not the one the adapter was trained on.
-    """
-    from lmforge.checkpoint import CheckpointError
-    from lmforge.tasks.finetune import read_model_folder
-    from lmforge.tasks.model import TASK_FILE, build_task_model, load_head
-
-    path = Path(path)
-    reference = (meta.get("peft") or {}).get("base")
-    if not isinstance(reference, str) or not reference:
-        raise CheckpointError(f"{path / TASK_FILE}: a PEFT task folder must name its base model (peft.base)")
-    base = resolve_base(reference, path)
-    if not base.is_dir():
-        raise CheckpointError(f"{path / TASK_FILE}: its base model folder {base} is missing; the adapter needs "
-                              "the base it was trained on")
-    body, _ = read_model_folder(base, with_tokenizer=False)
-    model = build_task_model(body, spec)
-    model.body = load_adapter(model.body, path)
-    load_head(model, path, spec)
-    return model.eval().to(device)
-
-
 def merged_task_model(model: nn.Module) -> nn.Module:
     """A plain task model (Transformer body) with the active adapter merged in; ``model`` is used up.
 
     Only LoRA, QLoRA, (IA)^3 and BitFit fold into the weights (others raise ValueError).
     """
-    from lmforge.tasks.model import TaskModel
-
     body = model.body.merge_and_unload()
     return TaskModel(body, model.head, model.spec)
 
@@ -210,9 +182,6 @@ def merge_task_folder(source: str | Path, dest: str | Path) -> Path:
     ``lmforge evaluate``/``predict`` read it without the base folder or lmforge.peft; its predictions equal the
     adapter's up to float rounding (QLoRA: against the dequantised weights it was trained on).
     """
-    from lmforge.tasks.model import load_task_model, read_task_meta, save_task_model
-    from lmforge.tokenization import Tokenizer
-
     source = Path(source)
     meta = read_task_meta(source) or {}
     if not meta.get("peft"):
@@ -221,3 +190,31 @@ def merge_task_folder(source: str | Path, dest: str | Path) -> Path:
     tokenizer = Tokenizer.load(source) if (source / "tokenizer.json").is_file() else None
     extra = {k: v for k, v in meta.items() if k not in ("format", "version", "spec", "peft")}
     return save_task_model(model.eval(), dest, tokenizer, extra=extra)
+
+
+# ------------------------------------------------------------------------------------------- PEFT runs
+def peft_base(source, random_init: bool, body: nn.Module, out: Path, tokenizer) -> Path:
+    """The folder holding a PEFT run's base: ``source`` when it is a folder used as it is, else a snapshot of
+    ``body`` written to ``OUT/base`` (a preset's or a random initialisation's weights exist nowhere else)."""
+    if isinstance(source, (str, Path)) and Path(source).is_dir() and not random_init:
+        return Path(source).resolve()
+    return checkpoint.save(body, out / PEFT_BASE_DIR, tokenizer=tokenizer).resolve()
+
+
+def record_peft_run(out: Path, cfg: PeftConfig, peft_body, base: Path, resume: bool) -> None:
+    """Write ``OUT/peft.json`` (method, base folder and identity); on resume, check the run is the same.
+
+    A resumed PEFT run rebuilds its frozen base from the source, so a base folder that changed in between
+    would silently change the result: the identity recorded at the start catches that.
+    """
+    file = out / PEFT_FILE
+    if resume and file.is_file():
+        saved = json.loads(file.read_text(encoding="utf-8"))
+        if saved.get("peft") != cfg.to_dict():
+            raise ConfigError(f"{file}: this run trains {PeftConfig.from_dict(saved.get('peft')).options()}, "
+                              f"not {cfg.options()}; resume it with the same PEFT settings")
+        verify_base(saved.get("base_identity", {}), peft_body.base_identity, f"{out} (resume)")
+        return
+    record = {"peft": cfg.to_dict(), "base": str(base), "base_identity": peft_body.base_identity}
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(file, json.dumps(record, indent=2) + "\n")
