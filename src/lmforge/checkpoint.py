@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from lmforge.config import ConfigError
+from lmforge.errors import InputFileNotFound
 from lmforge.interop.hf import HFConversion, load_hf
 from lmforge.model_folder import (
     CONFIG_FILE,
@@ -175,7 +176,7 @@ def load_body(source, tokenizer=None, random_init: bool = False):
         if path.is_dir():
             body, tok = read_model_folder(path, with_tokenizer=tokenizer is None)
         elif path.exists() or "/" in str(source):
-            raise FileNotFoundError(f"{source}: not a model folder")
+            raise InputFileNotFound(f"{source}: not a model folder")
         else:
             body, tok = build_model(str(source)), None
     if tok is None and tokenizer is not None:

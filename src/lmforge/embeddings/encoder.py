@@ -41,7 +41,7 @@ from torch import nn
 
 import lmforge
 from lmforge.embeddings.pooling import POOLINGS, pool
-from lmforge.errors import UserInputError
+from lmforge.errors import InputFileNotFound, UserInputError
 from lmforge.nn.scalar_mix import ScalarMix
 from lmforge.tokenization import Tokenizer
 
@@ -95,7 +95,7 @@ class SentenceEncoder(nn.Module):
         """Model and tokenizer from one folder written by ``lmforge.save`` / ``lmforge convert``."""
         folder = Path(path)
         if not (folder / "tokenizer.json").is_file() and not (folder / "vocab.txt").is_file():
-            raise FileNotFoundError(f"{folder}: no tokenizer.json; embeddings need a model folder with its tokenizer")
+            raise InputFileNotFound(f"{folder}: no tokenizer.json; embeddings need a model folder with its tokenizer")
         settings = folder / "embedding.json"
         if "pooling" not in kwargs and settings.is_file():
             kwargs["pooling"] = json.loads(settings.read_text(encoding="utf-8")).get("pooling")
@@ -125,7 +125,7 @@ class SentenceEncoder(nn.Module):
         if layer == "scalar-mix":
             return self.scalar_mix(states)
         if not isinstance(layer, int) or not -len(states) <= layer < len(states):
-            raise ValueError(f"layer={layer!r}: use an int in [-{len(states)}, {len(states) - 1}] or 'scalar-mix'")
+            raise UserInputError(f"layer={layer!r}: use an int in [-{len(states)}, {len(states) - 1}] or 'scalar-mix'")
         return states[layer]
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, pooling: str = "mean",

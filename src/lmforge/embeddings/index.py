@@ -31,6 +31,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from lmforge.errors import InputFileNotFound, UserInputError
+
 EMBEDDINGS, DOCS, META, FAISS_FILE = "embeddings.npy", "docs.jsonl", "index.json", "hnsw.faiss"
 BACKENDS = ("exact", "faiss")
 
@@ -78,7 +80,7 @@ class VectorIndex:
         try:
             import faiss
         except ImportError as exc:
-            raise ValueError("backend 'faiss' needs faiss (pip install faiss-cpu); use backend 'exact'") from exc
+            raise UserInputError("backend 'faiss' needs faiss (pip install faiss-cpu); use backend 'exact'") from exc
         graph = faiss.IndexHNSWFlat(self.vectors.shape[1], 32, faiss.METRIC_INNER_PRODUCT)
         graph.hnsw.efConstruction = 200
         graph.add(self.vectors)
@@ -127,7 +129,7 @@ class VectorIndex:
     def load(cls, folder: str | Path) -> "VectorIndex":
         folder = Path(folder)
         if not (folder / META).is_file():
-            raise FileNotFoundError(f"{folder}: not an index folder (no {META}); build one with `lmforge index build`")
+            raise InputFileNotFound(f"{folder}: not an index folder (no {META}); build one with `lmforge index build`")
         meta = json.loads((folder / META).read_text(encoding="utf-8"))
         vectors = np.load(folder / EMBEDDINGS)
         with open(folder / DOCS, encoding="utf-8") as f:
@@ -146,14 +148,14 @@ def read_docs(file: str | Path) -> list[str]:
     """Documents from a file: ``.jsonl`` (field ``text``) or plain text, one document per non-empty line."""
     file = Path(file)
     if not file.is_file():
-        raise FileNotFoundError(f"{file}: not found")
+        raise InputFileNotFound(f"{file}: not found")
     lines = [line for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
     if file.suffix == ".jsonl":
         docs = []
         for number, line in enumerate(lines, 1):
             row = json.loads(line)
             if "text" not in row:
-                raise ValueError(f"{file}: line {number}: no 'text' field")
+                raise UserInputError(f"{file}: line {number}: no 'text' field")
             docs.append(row["text"])
         return docs
     return lines

@@ -23,6 +23,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from lmforge.errors import InputFileNotFound, UserInputError
+
 _WORD = re.compile(r"\w+(?:['’]\w+)*|[^\w\s]")
 
 
@@ -30,7 +32,7 @@ def read_sentences(file: str | Path, max_sentences: int | None = None) -> list[l
     """One sentence per non-empty line, split into words and punctuation."""
     file = Path(file)
     if not file.is_file():
-        raise FileNotFoundError(f"{file}: not found")
+        raise InputFileNotFound(f"{file}: not found")
     out = []
     with open(file, encoding="utf-8") as f:
         for line in f:
@@ -99,13 +101,13 @@ def static_neighbors(sentences: Sequence[Sequence[str]], word: str, *, k: int = 
         # workers=1 + a seed: gensim is deterministic only single-threaded
         w2v = Word2Vec(lowered, vector_size=dim, window=5, min_count=1, sg=1, epochs=20, seed=seed, workers=1)
         if word not in w2v.wv:
-            raise ValueError(f"{word!r} does not occur in the corpus")
+            raise UserInputError(f"{word!r} does not occur in the corpus")
         return [(w, float(c)) for w, c in w2v.wv.most_similar(word, topn=k)]
     if method != "ppmi":
         raise ValueError(f"method={method!r}: use auto, word2vec or ppmi")
     vocab, vectors = ppmi_svd_vectors(lowered, dim=dim)
     if word not in vocab:
-        raise ValueError(f"{word!r} does not occur in the corpus")
+        raise UserInputError(f"{word!r} does not occur in the corpus")
     unit = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
     cos = unit @ unit[vocab.index(word)]
     order = [i for i in np.argsort(-cos, kind="stable") if vocab[i] != word][:k]
@@ -126,7 +128,7 @@ def contextual_neighbors(encoder, sentences: Sequence[Sequence[str]], word: str,
     """
     found = occurrences(sentences, word)[:max_occurrences]
     if len(found) < 2:
-        raise ValueError(f"{word!r} occurs {len(found)} time(s) in the corpus; neighbours need at least 2")
+        raise UserInputError(f"{word!r} occurs {len(found)} time(s) in the corpus; neighbours need at least 2")
     used = sorted({s for s, _ in found})
     vectors = dict(zip(used, encoder.word_vectors([sentences[s] for s in used], layer=layer, batch_size=batch_size)))
     occ = np.stack([vectors[s][i] for s, i in found])  # (M, D)

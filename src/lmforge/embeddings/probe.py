@@ -32,6 +32,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from lmforge.errors import UserInputError
 from lmforge.nn.scalar_mix import ScalarMix
 
 
@@ -60,11 +61,11 @@ def probe_layers(encoder, train: Sequence[dict], eval: Sequence[dict], *, layers
         the scalar-mix row).
     """
     if not train or not eval:
-        raise ValueError("the probe needs training and evaluation sentences")
+        raise UserInputError("the probe needs training and evaluation sentences")
     x_train, y_train = _features(encoder, train, batch_size)
     x_eval, y_eval = _features(encoder, eval, batch_size)
     if len(set(y_train)) < 2:
-        raise ValueError("the training sentences hold a single tag: nothing to probe")
+        raise UserInputError("the training sentences hold a single tag: nothing to probe")
     rows = [{"layer": int(layer), **_fit_and_score(x_train[layer], y_train, x_eval[layer], y_eval, max_iter, C, seed)}
             for layer in (layers if layers is not None else range(x_train.shape[0]))]
     if scalar_mix:

@@ -47,7 +47,7 @@ from lmforge import checkpoint, datasets
 from lmforge.embeddings.encoder import SentenceEncoder, hidden_states
 from lmforge.embeddings.losses import EMBEDDING_LOSSES, loss_function
 from lmforge.embeddings.pooling import pool
-from lmforge.errors import UserInputError
+from lmforge.errors import InputFileNotFound, UserInputError
 from lmforge.tasks.data import ExampleBatches
 from lmforge.training.config import TrainConfig
 from lmforge.training.logging import METRICS_FILE, read_metrics
@@ -68,7 +68,7 @@ def read_rows(source: str | Path | Sequence[dict]) -> list[dict[str, Any]]:
         return datasets.load(name, split or "train")
     file = Path(text)
     if not file.is_file():
-        raise FileNotFoundError(f"{file}: not found (give a TSV/JSONL file or a data set such as bible-triplets:train)")
+        raise InputFileNotFound(f"{file}: not found (give a TSV/JSONL file or a data set such as bible-triplets:train)")
     if file.suffix == ".jsonl":
         return [json.loads(line) for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
     return datasets.read_tsv(file)
@@ -262,7 +262,7 @@ def evaluate_retrieval(encoder: SentenceEncoder, pairs: Sequence[dict], *, ks: S
     where = {t: i for i, t in enumerate(corpus)}
     positives = [p for p in pairs if float(p.get("label", positive_label)) >= positive_label]
     if not positives:
-        raise ValueError("retrieval evaluation needs pairs with label 1")
+        raise UserInputError("retrieval evaluation needs pairs with label 1")
     q = encoder.encode([p["text1"] for p in positives], pooling=pooling, layer=layer, batch_size=batch_size)
     d = encoder.encode(corpus, pooling=pooling, layer=layer, batch_size=batch_size)
     return retrieval_metrics(q @ d.T, np.array([where[p["text2"]] for p in positives]), ks)

@@ -39,7 +39,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from lmforge.config import ConfigError
-from lmforge.errors import LmforgeError
+from lmforge.errors import InputFileNotFound, LmforgeError
 from lmforge.model_folder import canonical_state
 from lmforge.peft.config import PeftConfig
 from lmforge.utils.io import atomic_dir
@@ -136,7 +136,7 @@ def read_adapter_config(path: str | Path) -> tuple[dict[str, Any], PeftConfig]:
     path = Path(path)
     cfg_file = path / ADAPTER_CONFIG
     if not path.is_dir() or not cfg_file.is_file():
-        raise FileNotFoundError(f"{path}: not an adapter folder (expected {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS})")
+        raise InputFileNotFound(f"{path}: not an adapter folder (expected {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS})")
     try:
         meta = json.loads(cfg_file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -154,7 +154,7 @@ def read_adapter_tensors(path: str | Path) -> dict[str, torch.Tensor]:
     """The tensors of adapter folder ``path`` (``adapter.safetensors``); errors name the file and the problem."""
     weights = Path(path) / ADAPTER_WEIGHTS
     if not weights.is_file():
-        raise FileNotFoundError(f"{weights}: missing; an adapter folder needs {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS}")
+        raise InputFileNotFound(f"{weights}: missing; an adapter folder needs {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS}")
     try:
         return load_file(str(weights))
     except (SafetensorError, OSError) as exc:

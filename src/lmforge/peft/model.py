@@ -37,11 +37,18 @@ import torch
 from torch import nn
 
 from lmforge.config import ConfigError
+from lmforge.errors import UserInputError
 from lmforge.generation import generate
 from lmforge.peft.bitfit import merge_needs_bias
 from lmforge.peft.config import PeftConfig
-from lmforge.peft.io import (ADAPTER_WEIGHTS, base_identity, read_adapter_config, read_adapter_tensors, save_adapter,
-                             verify_base)
+from lmforge.peft.io import (
+    ADAPTER_WEIGHTS,
+    base_identity,
+    read_adapter_config,
+    read_adapter_tensors,
+    save_adapter,
+    verify_base,
+)
 from lmforge.peft.layer import AdaptedModule, AdapterState
 from lmforge.peft.nf4 import NF4Linear
 from lmforge.peft.prompt import prepare, prepare_encode, remember, strip
@@ -220,14 +227,14 @@ class PeftModel(nn.Module):
         if missing or unexpected:
             parts = [f"{what} {', '.join(keys[:4])}{' ...' if len(keys) > 4 else ''}"
                      for what, keys in (("missing", missing), ("unexpected", unexpected)) if keys]
-            raise ValueError(f"{source}: does not fit adapter {name!r} ({self.peft_configs[name].method}): "
-                             + "; ".join(parts))
+            raise UserInputError(f"{source}: does not fit adapter {name!r} ({self.peft_configs[name].method}): "
+                                 + "; ".join(parts))
         with torch.no_grad():
             for key, p in params.items():
                 t = tensors[key]
                 if tuple(t.shape) != tuple(p.shape):
-                    raise ValueError(f"{source}: tensor {key!r} has shape {tuple(t.shape)}, "
-                                     f"adapter {name!r} needs {tuple(p.shape)}")
+                    raise UserInputError(f"{source}: tensor {key!r} has shape {tuple(t.shape)}, "
+                                         f"adapter {name!r} needs {tuple(p.shape)}")
                 p.copy_(t)
 
     def parameter_report(self) -> ParameterReport:
@@ -313,8 +320,8 @@ class PeftModel(nn.Module):
         """Adapter ``name``'s config; ValueError if its method does not fold into the weights."""
         cfg = self.peft_configs[name]
         if not cfg.mergeable:
-            raise ValueError(f"adapter {name!r} ({cfg.method}) cannot be merged: only {', '.join(MERGEABLE[:-1])} "
-                             f"and {MERGEABLE[-1]} fold into the weights")
+            raise UserInputError(f"adapter {name!r} ({cfg.method}) cannot be merged: only {', '.join(MERGEABLE[:-1])} "
+                                 f"and {MERGEABLE[-1]} fold into the weights")
         return cfg
 
     def unmerge(self) -> None:
@@ -330,9 +337,9 @@ class PeftModel(nn.Module):
         name = self._name(name)
         cfg = self._mergeable(name)
         if cfg.method == "bitfit" and (missing := merge_needs_bias(self, name)):
-            raise ValueError(f"adapter {name!r} (bitfit) adds biases to layers the base model has none for "
-                             f"({', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}); a plain model "
-                             "of this config cannot hold them")
+            raise UserInputError(f"adapter {name!r} (bitfit) adds biases to layers the base model has none for "
+                                 f"({', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}); a plain model "
+                                 "of this config cannot hold them")
         self.unmerge()
         base = self.base_model
         for path, layer in reversed(list(self.wrappers())):  # innermost first: outer paths stay valid

@@ -46,8 +46,8 @@ from lmforge.tasks.registry import build_task
 from lmforge.tasks.spec import TaskSpec
 from lmforge.tasks.trainer import FinetuneTrainer
 from lmforge.training.config import TrainConfig
-from lmforge.training.state import CheckpointManager, seed_all
-from lmforge.training.trainer import RunExistsError, TrainResult
+from lmforge.training.state import seed_all
+from lmforge.training.trainer import TrainResult, check_fresh_run
 
 # Fine-tuning's public names, importable from this entry point too (each part lives in the module named above).
 __all__ = ["FinetuneResult", "FinetuneTrainer", "Recipe", "ScaledAdamW", "build_finetune_optimizer", "finetune",
@@ -109,7 +109,7 @@ def finetune(model, spec: TaskSpec, train, eval=None, *, config: TrainConfig, re
     if peft is not None:
         if recipe.freeze_body:
             raise ConfigError("Recipe.freeze_body trains the head only; it cannot be combined with a PEFT adapter")
-        _check_fresh(out, config)  # before OUT/base or OUT/peft.json of an existing run can be touched
+        check_fresh_run(out, config.resume)  # before OUT/base or OUT/peft.json of an existing run can be touched
         if config.resume and (out / PEFT_BASE_DIR / "config.json").is_file():
             source, random_init = out / PEFT_BASE_DIR, False  # the snapshot this run's base was saved to
     body, tok = load_body(source, tokenizer, random_init)
@@ -158,13 +158,6 @@ def finetune(model, spec: TaskSpec, train, eval=None, *, config: TrainConfig, re
 
 
 # ------------------------------------------------------------------------------------------- helpers
-def _check_fresh(out: Path, config: TrainConfig) -> None:
-    steps = CheckpointManager(out / "checkpoints").steps()
-    if steps and not config.resume:
-        raise RunExistsError(f"{out} already holds a run (checkpoints up to step {steps[-1]}): resume it with "
-                             "--resume (resume=True) or choose another output folder")
-
-
 def _fit_steps(config: TrainConfig, batches_per_epoch: int, epochs: float | None,
                warmup_ratio: float | None) -> TrainConfig:
     changes: dict[str, Any] = {}

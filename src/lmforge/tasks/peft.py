@@ -49,11 +49,19 @@ from torch import nn
 
 from lmforge import checkpoint
 from lmforge.config import ConfigError
+from lmforge.errors import UserInputError
 from lmforge.peft.config import PeftConfig
 from lmforge.peft.io import save_adapter, verify_base
 from lmforge.peft.model import ParameterReport, PeftModel, apply_peft
-from lmforge.tasks.model import FORMAT, HEAD_FILE, TASK_FILE, TaskModel, load_task_model, read_task_meta
-from lmforge.tasks.model import save_task_model
+from lmforge.tasks.model import (
+    FORMAT,
+    HEAD_FILE,
+    TASK_FILE,
+    TaskModel,
+    load_task_model,
+    read_task_meta,
+    save_task_model,
+)
 from lmforge.tokenization import Tokenizer
 from lmforge.utils.io import atomic_dir, atomic_write_text
 
@@ -185,7 +193,7 @@ def merge_task_folder(source: str | Path, dest: str | Path) -> Path:
     source = Path(source)
     meta = read_task_meta(source) or {}
     if not meta.get("peft"):
-        raise ValueError(f"{source}: not a PEFT task folder (its task.json names no peft base)")
+        raise UserInputError(f"{source}: not a PEFT task folder (its task.json names no peft base)")
     model = merged_task_model(load_task_model(source))
     tokenizer = Tokenizer.load(source) if (source / "tokenizer.json").is_file() else None
     extra = {k: v for k, v in meta.items() if k not in ("format", "version", "spec", "peft")}
