@@ -4,6 +4,10 @@ Every module in this package that defines ``register(subparsers)`` adds one verb
 new file: nothing here needs editing. Each verb sets ``func`` on its parser; that function receives the
 parsed arguments and returns an exit code.
 
+Each verb declares its flags one ``add_argument`` call at a time, so parser declarations look alike from verb
+to verb (a duplicate-code scan pairs them by shape); they are data, not repeated logic, and stay beside the verb
+they describe.
+
 Errors: a :class:`lmforge.errors.LmforgeError` (bad input: a flag, a file, a field) is printed as one line,
 ``lmforge VERB: error: ...``, with exit code 2. Any other exception is a bug and keeps its traceback.
 
