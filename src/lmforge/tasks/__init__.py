@@ -16,6 +16,8 @@
     peft.py            PEFT on a task model: adapter + head, its folders, the record of a PEFT run
     mixture.py         the tables of a task or a text2text mixture, and each task's sampling rate
     finetune.py        finetune(): a model folder or preset, a task and data files in; a run folder out
+    settings.py        a run's settings (flags over OUT/finetune.yaml over the defaults), as plain data
+    run.py             run_finetune(settings): the pipeline a run needs (task, PEFT, instruct), then --merge
     inference.py       evaluate / predict a task folder on a data file
     registry.py        build_task: the Task class for each task name
     metrics.py         scikit-learn, scipy, seqeval, sacrebleu, rouge-score; SQuAD EM/F1; perplexity
