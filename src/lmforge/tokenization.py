@@ -63,6 +63,7 @@ from tokenizers import (
 )
 from tokenizers import Tokenizer as _Backend
 
+from lmforge.data.sources import iter_documents, resolve_inputs
 from lmforge.errors import LmforgeError
 from lmforge.utils.io import atomic_write_text
 
@@ -209,8 +210,6 @@ def train_tokenizer(
         >>> tok.special_token_ids()["cls_token_id"]  # doctest: +SKIP
         2
     """
-    from lmforge.data.sources import iter_documents, resolve_inputs
-
     if kind not in KINDS:
         raise TokenizerError(f"unknown tokenizer kind {kind!r}: choose one of {', '.join(KINDS)}")
     family = family or DEFAULT_FAMILY[kind]
