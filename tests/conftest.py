@@ -1,4 +1,4 @@
-"""Shared test fixtures: deterministic torch, fp32, tiny configs, and where test data lives.
+"""Fixtures for tests/: where test data lives (seeding and thread count are set in ../conftest.py).
 
 Tests read data shipped in the package (``lmforge.datasets``) or small files under ``tests/fixtures``, so a
 fresh clone needs nothing beside it. WNUT-16 is not redistributed: the tests that need it read the folder
@@ -11,29 +11,12 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 # CI keeps the project's shared data beside the checkout; a fresh clone has none and must not need it.
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 WNUT16_ENV = "LMFORGE_WNUT16_DIR"
 WNUT16_FILES = ("wnut16_train.conll", "wnut16_dev.conll", "wnut16_test.conll")
-
-
-@pytest.fixture(autouse=True)
-def _deterministic():
-    torch.manual_seed(0)
-    yield
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Every test model is tiny: one intra-op thread is fastest, and with two, OpenMP workers spin-wait
-    at barriers whenever another process holds a core (a 2 ms forward then takes a second)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture
