@@ -387,9 +387,20 @@ class StatefulLoader:
         prefetch_factor: batches each worker loads ahead.
 
     Example:
-        >>> loader = StatefulLoader(PackedDataset("data/corpus", 256, 8), num_workers=2)  # doctest: +SKIP
-        >>> for step, batch in enumerate(loader):  # batch: (8, 257)  # doctest: +SKIP
-        ...     if step == 100: torch.save(loader.state_dict(), "loader.pt")
+        >>> import pathlib, tempfile
+        >>> from lmforge.data.prepare import prepare
+        >>> from lmforge.tokenization import train_tokenizer
+        >>> d = pathlib.Path(tempfile.mkdtemp())
+        >>> _ = (d / "corpus.txt").write_text("".join(f"Document {i} is short.\\n\\n" for i in range(400)))
+        >>> tok = train_tokenizer([d / "corpus.txt"], vocab_size=300, family="gpt", show_progress=False)
+        >>> _ = prepare([d / "corpus.txt"], tok, d / "data", progress=False)
+        >>> loader = StatefulLoader(PackedDataset(d / "data", 16, 4), num_workers=2)
+        >>> for step, batch in enumerate(loader):  # batch: (4, 17)
+        ...     if step == 10: torch.save(loader.state_dict(), d / "loader.pt")
+        >>> resumed = StatefulLoader(PackedDataset(d / "data", 16, 4), num_workers=2)
+        >>> resumed.load_state_dict(torch.load(d / "loader.pt"))
+        >>> sum(1 for _ in resumed) == len(loader) - 11  # the rest of the epoch
+        True
     """
 
     def __init__(self, dataset: _ShardDataset, num_workers: int = 0, pin_memory: bool = False,
