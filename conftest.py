@@ -28,11 +28,19 @@ def _one_torch_thread():
 def _doctest_in_its_own_folder(request, monkeypatch):
     """Docstring examples make their folders with ``tempfile.mkdtemp()``, as a user would. Under pytest those
     folders, and anything written to a relative path, land in the example's own ``tmp_path``, which pytest
-    prunes, so a run leaves nothing in /tmp or in the working directory."""
+    prunes, so a run leaves nothing in /tmp or in the working directory.
+
+    Only ``mkdtemp`` moves, not ``tempfile.tempdir``: torch.compile keeps its kernel cache under the
+    temporary folder, and examples that compile should keep reusing it."""
     if type(request.node).__name__ != "DoctestItem":
         yield
         return
-    folder = request.getfixturevalue("tmp_path")
-    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    folder = str(request.getfixturevalue("tmp_path"))
+    make = tempfile.mkdtemp
+
+    def mkdtemp(suffix=None, prefix=None, dir=None):
+        return make(suffix, prefix, folder if dir is None else dir)
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
     monkeypatch.chdir(folder)
     yield
