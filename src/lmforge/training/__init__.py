@@ -12,21 +12,12 @@
     logging.py                   metrics.jsonl, TensorBoard, loss.png, progress bar
     pretrain.py                  the recipe behind `lmforge pretrain`: tokenizer + shards + objective + model
 
-Example:
-    >>> import pathlib, tempfile
-    >>> from lmforge.data.prepare import prepare
-    >>> from lmforge.tokenization import train_tokenizer
-    >>> d = pathlib.Path(tempfile.mkdtemp())
-    >>> _ = (d / "corpus.txt").write_text("".join(f"Document {i} is short.\\n\\n" for i in range(400)))
-    >>> tok = train_tokenizer([d / "corpus.txt"], vocab_size=300, family="gpt", show_progress=False)
-    >>> _ = prepare([d / "corpus.txt"], tok, d / "data", val_fraction=0.1, progress=False)
+Example (``data/corpus``: a folder made by ``lmforge data prepare``; the example of
+:mod:`lmforge.training.pretrain` runs this on a corpus it makes):
     >>> from lmforge.training import TrainConfig
     >>> from lmforge.training.pretrain import pretrain
-    >>> result = pretrain(TrainConfig(model="gpt-tiny", objective="clm", data=str(d / "data"), out=str(d / "run"),
-    ...                               overrides={"n_layers": 2}, max_steps=5, seq_len=16, batch_size=4,
-    ...                               progress=False))
-    >>> result.step, sorted(p.name for p in (d / "run").iterdir())
-    (5, ['checkpoints', 'config.yaml', 'loss.png', 'metrics.jsonl', 'model', 'tensorboard', 'tokenizer'])
+    >>> pretrain(TrainConfig(model="bert-tiny", objective="mlm", data="data/corpus", out="runs/bert",
+    ...                      overrides={"n_layers": 2}, max_steps=200))  # doctest: +SKIP
 """
 
 from __future__ import annotations
