@@ -56,7 +56,7 @@ def _unigram_cross_entropy(data: Path) -> float:
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> Path:
     if not CORPUS.is_file():
-        pytest.fail(f"{CORPUS} is missing: the package ships it")
+        pytest.fail(f"{CORPUS} is missing from the installed package")
     return tmp_path_factory.mktemp("learning")
 
 

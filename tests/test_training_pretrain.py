@@ -41,7 +41,7 @@ def prepared(root: Path, family: str) -> Path:
     data = root / family
     if not (data / "manifest.json").is_file():
         if not CORPUS.is_file():
-            pytest.fail(f"{CORPUS} is missing: the package ships it")
+            pytest.fail(f"{CORPUS} is missing from the installed package")
         text = root / "corpus.txt"
         if not text.is_file():
             text.write_text(gzip.decompress(CORPUS.read_bytes()).decode("utf-8")[:60_000], encoding="utf-8")
