@@ -8,10 +8,16 @@ The function ``prepare`` lives in :mod:`lmforge.data.prepare` and is not re-expo
 ``lmforge.data.prepare`` stays the module.
 
 Example:
+    >>> import pathlib, tempfile
     >>> from lmforge.data import PackedDataset
     >>> from lmforge.data.prepare import prepare
-    >>> prepare(["corpus.txt"], "my-tokenizer", "data/corpus")  # doctest: +SKIP
-    >>> batch = next(iter(PackedDataset("data/corpus", seq_len=128, batch_size=8)))  # (8, 129)  # doctest: +SKIP
+    >>> from lmforge.tokenization import train_tokenizer
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (d / "corpus.txt").write_text("".join(f"Document {i} is short.\\n\\n" for i in range(400)))
+    >>> tok = train_tokenizer([d / "corpus.txt"], vocab_size=300, family="gpt", show_progress=False)
+    >>> _ = prepare([d / "corpus.txt"], tok, d / "data", progress=False)
+    >>> next(iter(PackedDataset(d / "data", seq_len=16, batch_size=8))).shape  # (B, seq_len + 1)
+    torch.Size([8, 17])
 """
 
 import importlib
