@@ -25,6 +25,7 @@ QUICKSTART ?= quickstart-run
 demo: $(STAMP)
 	$(VENV)/bin/lmforge quickstart --out $(QUICKSTART)
 
+# tests/ and the docstring examples in src/lmforge (pyproject.toml: testpaths, --doctest-modules).
 test: $(STAMP)
 	$(PY) -m pytest -q
 

@@ -1,34 +1,38 @@
-"""Shared test fixtures: deterministic torch, fp32, tiny configs, and the shared data folder."""
+"""Fixtures for tests/: where test data lives (seeding and thread count are set in ../conftest.py).
+
+Tests read data shipped in the package (``lmforge.datasets``) or small files under ``tests/fixtures``, so a
+fresh clone needs nothing beside it. WNUT-16 is not redistributed: the tests that need it read the folder
+named by ``LMFORGE_WNUT16_DIR``, else ``../shared/data/ner`` beside the checkout (as in CI), and skip otherwise.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
-import torch
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-
-
-@pytest.fixture(autouse=True)
-def _deterministic():
-    torch.manual_seed(0)
-    yield
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Every test model is tiny: one intra-op thread is fastest, and with two, OpenMP workers spin-wait
-    at barriers whenever another process holds a core (a 2 ms forward then takes a second)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+# CI keeps the project's shared data beside the checkout; a fresh clone has none and must not need it.
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+WNUT16_ENV = "LMFORGE_WNUT16_DIR"
+WNUT16_FILES = ("wnut16_train.conll", "wnut16_dev.conll", "wnut16_test.conll")
 
 
 @pytest.fixture
-def shared_data() -> Path:
-    path = SHARED / "data"
-    if not path.is_dir():
-        pytest.fail(f"{path} is missing: tests expect ../shared beside the checkout")
-    return path
+def gpt2_dir() -> Path:
+    """OpenAI's GPT-2 byte-level BPE files (encoder.json, vocab.bpe; MIT, see tests/fixtures/README.md)."""
+    return FIXTURES / "gpt2"
+
+
+@pytest.fixture
+def wnut16_dir() -> Path:
+    """A folder holding wnut16_{train,dev,test}.conll; the test skips when there is none."""
+    given = os.environ.get(WNUT16_ENV)
+    folder = Path(given) if given else SHARED_DATA / "ner"
+    if not all((folder / name).is_file() for name in WNUT16_FILES):
+        if given:  # a folder the user named but that lacks the files is a mistake, not an absent data set
+            pytest.fail(f"{WNUT16_ENV}={given} does not hold {', '.join(WNUT16_FILES)}")
+        pytest.skip(f"WNUT-16 is not redistributed with lmforge: set {WNUT16_ENV} to a folder holding "
+                    f"{', '.join(WNUT16_FILES)}")
+    return folder

@@ -119,15 +119,30 @@ def component(module: str, package: str) -> str:
     return rest.split(".")[0]
 
 
+def layer_of(module: str, layers: dict[str, int], package: str) -> int:
+    """The layer of the most specific key of ``layers`` that names ``module`` or a package holding it: a key
+    such as ``"data.sources"`` places one module apart from its package (``"data"``)."""
+    rest = module[len(package) + 1:] if module != package else ""
+    parts = rest.split(".") if rest else []
+    for n in range(len(parts), 1, -1):
+        if ".".join(parts[:n]) in layers:
+            return layers[".".join(parts[:n])]
+    return layers[component(module, package)]
+
+
 def layer_violations(graph: dict[str, set[str]], layers: dict[str, int], package: str) -> list[tuple[str, str]]:
     """(importer, imported) pairs where a module imports from a higher layer than its own, sorted.
 
-    ``layers`` maps each top-level part (see :func:`component`) to its layer number, lowest first; a part it
-    does not name is a :class:`KeyError`, so a new package has to be placed before the check passes.
+    ``layers`` maps each top-level part (see :func:`component`) to its layer number, lowest first, and may
+    place single modules apart (see :func:`layer_of`); a part it does not name is a :class:`KeyError`, so a
+    new package has to be placed before the check passes. A package ``__init__`` that imports nothing of
+    ``package`` (its names resolve lazily) pulls no layer in, so running it is no dependency on its layer.
     """
+    packages = {name.rpartition(".")[0] for name in graph}
     return sorted(
         (src, dst)
         for src, targets in graph.items()
         for dst in targets
-        if layers[component(dst, package)] > layers[component(src, package)]
+        if not (dst in packages and not graph.get(dst))
+        and layer_of(dst, layers, package) > layer_of(src, layers, package)
     )

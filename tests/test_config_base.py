@@ -110,3 +110,13 @@ def test_cli_prints_user_errors_as_one_line_and_lets_bugs_raise(monkeypatch, cap
 def test_help_documents_the_exit_codes():
     text = cli_main.build_parser().format_help()
     assert "exit codes:" in text and "130" in text and "a bug in lmforge" in text
+
+
+def test_cli_exit_code_3_when_the_machine_refuses(monkeypatch, capsys):
+    import errno
+
+    from lmforge.errors import EXIT_ENVIRONMENT, EnvironmentFault
+
+    _cli_raising(monkeypatch, EnvironmentFault(errno.ENOSPC, "out/x.json: no space left on the device"))
+    assert cli_main.main(["boom"]) == EXIT_ENVIRONMENT == 3
+    assert capsys.readouterr().err == "lmforge boom: error: out/x.json: no space left on the device\n"

@@ -1,4 +1,8 @@
-"""Shipped demo data: contents equal the shared sources, loaders, sizes, and no run-time use of ../shared."""
+"""Shipped demo data: contents equal the shared sources, loaders, sizes, and no run-time use of ../shared.
+
+The shared sources are compared byte for byte when ../shared is beside the checkout (as in CI), and through
+their sha256 sums recorded in tests/fixtures/shared_data.sha256 otherwise.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from lmforge.cli.main import main
 from lmforge.data.sources import DataError, iter_documents
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED_SUMS = Path(__file__).resolve().parent / "fixtures" / "shared_data.sha256"
 PACKAGE = Path(datasets.__file__).resolve().parents[1]
 
 
@@ -54,13 +59,25 @@ def test_package_data_is_small_and_documented():
     assert shipped == registered
 
 
+def _recorded_shared_sums() -> dict[str, tuple[str, str]]:
+    """file name -> (path under shared/data, sha256), from tests/fixtures/shared_data.sha256."""
+    lines = [line.split() for line in SHARED_SUMS.read_text(encoding="utf-8").splitlines()
+             if line and not line.startswith("#")]
+    return {Path(rel).name: (rel, digest) for digest, rel in lines}
+
+
 def test_shipped_files_are_the_shared_files_byte_for_byte():
     sources_md = (datasets.FILES.parent / "SOURCES.md").read_text(encoding="utf-8")
-    for packed in sorted(datasets.FILES.glob("*.gz")):
+    recorded = _recorded_shared_sums()
+    packed_files = sorted(datasets.FILES.glob("*.gz"))
+    assert {p.name.removesuffix(".gz") for p in packed_files} == set(recorded)
+    for packed in packed_files:
         raw = gzip.decompress(packed.read_bytes())
-        original = next(SHARED.rglob(packed.name.removesuffix(".gz")))
-        assert raw == original.read_bytes(), packed.name
-        assert hashlib.sha256(raw).hexdigest() in sources_md
+        rel, digest = recorded[packed.name.removesuffix(".gz")]
+        assert hashlib.sha256(raw).hexdigest() == digest, packed.name
+        if SHARED.is_dir():  # the sources themselves, which also keeps the recorded sums honest
+            assert raw == (SHARED / rel).read_bytes(), packed.name
+        assert digest in sources_md
 
 
 def test_corpus_path_is_a_pretraining_input():
@@ -71,10 +88,10 @@ def test_corpus_path_is_a_pretraining_input():
     assert datasets.load("corpus")[0] == {"text": docs[0]}
 
 
-def test_wnut16_is_read_from_a_user_folder_only():
+def test_wnut16_is_read_from_a_user_folder_only(request):
     with pytest.raises(DataError, match="'wnut16' is not shipped with lmforge.*pass data_dir="):
         datasets.load("wnut16", "train")
-    rows = datasets.load("wnut16", "train", data_dir=SHARED / "ner")
+    rows = datasets.load("wnut16", "train", data_dir=request.getfixturevalue("wnut16_dir"))
     assert len(rows) == 1836 and set(rows[0]) == {"tokens", "tags"}
     assert all(len(r["tokens"]) == len(r["tags"]) for r in rows)
     assert {t.split("-", 1)[0] for r in rows for t in r["tags"]} == {"O", "B", "I"}

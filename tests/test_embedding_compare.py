@@ -85,7 +85,7 @@ def test_probe_with_scalar_mix_on_an_elmo_encoder(tmp_path):
                                   enc.encode(["the cat sat"], layer="scalar-mix"))
 
 
-def test_lmforge_probe_takes_a_bilm_folder_and_the_scalar_mix(shared_data, tmp_path, capsys):
+def test_lmforge_probe_takes_a_bilm_folder_and_the_scalar_mix(wnut16_dir, tmp_path, capsys):
     import json
 
     from lmforge.cli.main import main
@@ -94,7 +94,7 @@ def test_lmforge_probe_takes_a_bilm_folder_and_the_scalar_mix(shared_data, tmp_p
     torch.manual_seed(0)
     lm = BiLM(BiLMConfig(vocab_size=tok.vocab_size, d_embed=8, d_hidden=8, n_layers=2, dropout=0.0))
     folder = lmforge.save(lm, tmp_path / "elmo", tokenizer=tok)
-    ner = shared_data / "ner"
+    ner = wnut16_dir
     out = tmp_path / "probe"
     assert main(["probe", "--model", str(folder), "--train", str(ner / "wnut16_train.conll"), "--eval",
                  str(ner / "wnut16_dev.conll"), "--limit", "8", "--max-iter", "30", "--scalar-mix",

@@ -14,9 +14,9 @@ from lmforge.embeddings import SentenceEncoder
 from lmforge.embeddings.probe import probe_layers
 
 
-def test_probe_cli_end_to_end_on_wnut16_writes_table_and_png(shared_data, tmp_path, capsys):
+def test_probe_cli_end_to_end_on_wnut16_writes_table_and_png(wnut16_dir, tmp_path, capsys):
     folder = h.model_folder(tmp_path, "bert")
-    ner = shared_data / "ner"
+    ner = wnut16_dir
     out = tmp_path / "probe"
     assert main(["probe", "--model", str(folder), "--task", "tag", "--train", str(ner / "wnut16_train.conll"),
                  "--eval", str(ner / "wnut16_dev.conll"), "--limit", "12", "--out", str(out), "--max-iter", "50"]) == 0

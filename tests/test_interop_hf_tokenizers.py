@@ -23,8 +23,8 @@ TEXT = ("Hello  wörld! 🤗🎉👩‍👩‍👧 日本語のテキスト、�
 
 
 @pytest.fixture
-def gpt2_files(shared_data):
-    return shared_data / "tokenizers" / "gpt2"
+def gpt2_files(gpt2_dir):
+    return gpt2_dir
 
 
 def _reference(folder):

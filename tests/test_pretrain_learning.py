@@ -7,6 +7,7 @@ keep the whole path (tokenizer -> shards -> objective -> model -> trainer) hones
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from collections import Counter
@@ -15,11 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from lmforge import datasets
 from lmforge.cli.main import main
 from lmforge.data.prepare import prepare, read_manifest
 from lmforge.tokenization import train_tokenizer
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "corpus" / "austen.txt"
+# The Austen corpus as shipped in the package (byte for byte the shared source, see test_datasets.py).
+CORPUS = datasets.path("corpus")
 FAMILY = {"clm": ("gpt-tiny", "gpt", "byte-bpe"), "mlm": ("bert-tiny", "bert", "wordpiece"),
           "span-corruption": ("t5-tiny", "t5", "unigram"), "denoising": ("bart-tiny", "bart", "bpe")}
 SMALL = {"n_layers": 2, "d_model": 128, "n_heads": 4, "d_ff": 512, "max_seq_len": 128}
@@ -30,7 +33,7 @@ def _prepared(root: Path, family: str, kind: str) -> Path:
     if not (data / "manifest.json").is_file():
         text = root / "corpus.txt"
         if not text.is_file():
-            text.write_text(CORPUS.read_text(encoding="utf-8")[:400_000], encoding="utf-8")
+            text.write_text(gzip.decompress(CORPUS.read_bytes()).decode("utf-8")[:400_000], encoding="utf-8")
         tok = train_tokenizer([text], kind=kind, family=family, vocab_size=1024, show_progress=False)
         prepare([text], tok, data, val_fraction=0.05, progress=False)
     return data
@@ -53,7 +56,7 @@ def _unigram_cross_entropy(data: Path) -> float:
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> Path:
     if not CORPUS.is_file():
-        pytest.fail(f"{CORPUS} is missing: tests expect ../shared beside the checkout")
+        pytest.fail(f"{CORPUS} is missing from the installed package")
     return tmp_path_factory.mktemp("learning")
 
 

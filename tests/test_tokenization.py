@@ -15,8 +15,7 @@ from tokenizers import models, pre_tokenizers
 from lmforge.cli.main import main
 from lmforge.tokenization import FAMILIES, T5_SENTINELS, Tokenizer, TokenizerError, train_tokenizer
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-GPT2 = SHARED / "tokenizers" / "gpt2"
+GPT2 = Path(__file__).resolve().parent / "fixtures" / "gpt2"
 CONFIG_KEYS = {"pad_token_id", "bos_token_id", "eos_token_id", "unk_token_id", "mask_token_id", "cls_token_id",
                "sep_token_id", "decoder_start_token_id", "sentinel_token_ids"}
 

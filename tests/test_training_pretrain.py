@@ -6,19 +6,22 @@ The helpers here (``prepared``, ``TINY``, ``pretrain_args``) are shared with the
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
 import pytest
 
 import lmforge
+from lmforge import datasets
 from lmforge.cli.main import main
 from lmforge.data.prepare import prepare
 from lmforge.tokenization import Tokenizer, train_tokenizer
 from lmforge.training import TrainConfig
 from lmforge.training.pretrain import build_pretraining, objective_kwargs
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "corpus" / "austen.txt"
+# The Austen corpus as shipped in the package (byte for byte the shared source, see test_datasets.py).
+CORPUS = datasets.path("corpus")
 
 # family -> (tokenizer kind, vocabulary size). Sizes are tiny; T5's includes its 100 sentinels.
 FAMILIES = {"gpt": ("byte-bpe", 300), "bert": ("wordpiece", 200), "t5": ("unigram", 250), "bart": ("bpe", 200)}
@@ -38,10 +41,10 @@ def prepared(root: Path, family: str) -> Path:
     data = root / family
     if not (data / "manifest.json").is_file():
         if not CORPUS.is_file():
-            pytest.fail(f"{CORPUS} is missing: tests expect ../shared beside the checkout")
+            pytest.fail(f"{CORPUS} is missing from the installed package")
         text = root / "corpus.txt"
         if not text.is_file():
-            text.write_text(CORPUS.read_text(encoding="utf-8")[:60_000], encoding="utf-8")
+            text.write_text(gzip.decompress(CORPUS.read_bytes()).decode("utf-8")[:60_000], encoding="utf-8")
         kind, vocab = FAMILIES[family]
         tok = train_tokenizer([text], kind=kind, family=family, vocab_size=vocab, show_progress=False)
         prepare([text], tok, data, val_fraction=0.1, progress=False)

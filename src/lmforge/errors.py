@@ -32,3 +32,35 @@ class UserInputError(LmforgeError, ValueError):
 
 class InputFileNotFound(LmforgeError, FileNotFoundError):
     """A file or folder the user named does not exist (still a FileNotFoundError for callers that catch one)."""
+
+
+class EnvironmentFault(LmforgeError, OSError):
+    """The machine refused an operation the user can fix: a full disk, a read-only or unwritable folder,
+    a file where a folder should be. Also an :class:`OSError`, with the original ``errno``.
+
+    The message names the path, the operation and what to do; the CLI exits with
+    :data:`EXIT_ENVIRONMENT` so scripts can tell it from bad input (:data:`EXIT_USER`).
+    """
+
+    def __init__(self, errno_: int, message: str):
+        super().__init__(errno_, message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class IntegrityError(LmforgeError, ValueError):
+    """A file does not hold what its manifest, shard index or header says: damaged or mismatched."""
+
+
+class RunLocked(LmforgeError):
+    """Another live process holds the run folder's lock."""
+
+
+# Exit codes of the ``lmforge`` command: a script can tell a bug from input it can fix.
+EXIT_OK = 0
+EXIT_BUG = 1  # an unexpected exception: lmforge printed its traceback
+EXIT_USER = 2  # bad input: a flag, a config field, a data row, a damaged or mismatched file
+EXIT_ENVIRONMENT = 3  # the machine refused: disk full, read-only folder, a folder held by another run
+EXIT_INTERRUPTED = 130  # Ctrl-C

@@ -63,6 +63,7 @@ from tokenizers import (
 )
 from tokenizers import Tokenizer as _Backend
 
+from lmforge.data.sources import iter_documents, resolve_inputs
 from lmforge.errors import InputFileNotFound, LmforgeError
 from lmforge.utils.io import atomic_write_text
 
@@ -205,12 +206,13 @@ def train_tokenizer(
         The trained :class:`Tokenizer`.
 
     Example:
-        >>> tok = train_tokenizer(["corpus.txt"], kind="wordpiece", vocab_size=8000)  # doctest: +SKIP
-        >>> tok.special_token_ids()["cls_token_id"]  # doctest: +SKIP
+        >>> import tempfile, pathlib
+        >>> corpus = pathlib.Path(tempfile.mkdtemp()) / "corpus.txt"
+        >>> _ = corpus.write_text("The cat sat on the mat. Did the dog sit?\\n\\nThe dog sat on the log!\\n" * 50)
+        >>> tok = train_tokenizer([corpus], kind="wordpiece", family="bert", vocab_size=200, show_progress=False)
+        >>> tok.special_token_ids()["cls_token_id"]
         2
     """
-    from lmforge.data.sources import iter_documents, resolve_inputs
-
     if kind not in KINDS:
         raise TokenizerError(f"unknown tokenizer kind {kind!r}: choose one of {', '.join(KINDS)}")
     family = family or DEFAULT_FAMILY[kind]
@@ -280,9 +282,12 @@ class Tokenizer:
         sentinels: sentinel tokens (T5), in order ``<extra_id_0>, <extra_id_1>, ...``.
 
     Example:
-        >>> tok = Tokenizer.load("path/to/bert-folder")  # doctest: +SKIP
-        >>> batch = tok(["a b", "c"], padding=True, return_tensors="pt")  # doctest: +SKIP
-        >>> batch["input_ids"].shape  # (B, T)  # doctest: +SKIP
+        >>> import tempfile, pathlib
+        >>> corpus = pathlib.Path(tempfile.mkdtemp()) / "corpus.txt"
+        >>> _ = corpus.write_text("The cat sat on the mat. Did the dog sit?\\n\\nThe dog sat on the log!\\n" * 50)
+        >>> tok = train_tokenizer([corpus], kind="wordpiece", family="bert", vocab_size=200, show_progress=False)
+        >>> batch = tok(["a b", "c"], padding=True, return_tensors="pt")
+        >>> batch["input_ids"].shape  # (B, T)
         torch.Size([2, 4])
     """
 
@@ -328,8 +333,15 @@ class Tokenizer:
             omitted), plus ``"sentinel_token_ids"`` (a list, T5 only).
 
         Example:
+            >>> import tempfile, pathlib
+            >>> corpus = pathlib.Path(tempfile.mkdtemp()) / "corpus.txt"
+            >>> _ = corpus.write_text("The cat sat on the mat. Did the dog sit?\\n\\nThe dog sat on the log!\\n" * 50)
+            >>> tok = train_tokenizer([corpus], kind="wordpiece", family="bert", vocab_size=200, show_progress=False)
+            >>> from lmforge.config import ModelConfig
             >>> cfg = ModelConfig(vocab_size=len(tok), **{k: v for k, v in tok.special_token_ids().items()
-            ...                   if k.endswith("_token_id")})  # doctest: +SKIP
+            ...                   if k.endswith("_token_id")})
+            >>> cfg.pad_token_id, cfg.cls_token_id
+            (0, 2)
         """
         out: dict[str, Any] = {f"{r}_token_id": self.backend.token_to_id(self.roles[r])
                                for r in ROLES if r in self.roles}
@@ -343,9 +355,13 @@ class Tokenizer:
         at them; a full stop inside ``3.5`` splits too, an approximation that only reorders noise.
 
         Example:
-            >>> ids = tok.sentence_end_ids()  # doctest: +SKIP
-            >>> sorted(tok.decode([i]) for i in ids)[:3]  # doctest: +SKIP
-            ['!', '!"', '.']
+            >>> import tempfile, pathlib
+            >>> corpus = pathlib.Path(tempfile.mkdtemp()) / "corpus.txt"
+            >>> _ = corpus.write_text("The cat sat on the mat. Did the dog sit?\\n\\nThe dog sat on the log!\\n" * 50)
+            >>> tok = train_tokenizer([corpus], kind="wordpiece", family="bert", vocab_size=200, show_progress=False)
+            >>> ids = tok.sentence_end_ids()
+            >>> sorted(tok.decode([i]) for i in ids)
+            ['!', '.', '?']
         """
         specials = {self.backend.token_to_id(t) for t in [*self.roles.values(), *self.sentinels]}
         out = []
@@ -481,8 +497,12 @@ class Tokenizer:
             ``token_type_ids`` for pairs and the optional keys above.
 
         Example:
-            >>> b = tok.encode_batch(["a b c", "d"], padding=True, return_tensors="pt")  # doctest: +SKIP
-            >>> b["input_ids"].shape, b["attention_mask"][1].tolist()  # doctest: +SKIP
+            >>> import tempfile, pathlib
+            >>> corpus = pathlib.Path(tempfile.mkdtemp()) / "corpus.txt"
+            >>> _ = corpus.write_text("The cat sat on the mat. Did the dog sit?\\n\\nThe dog sat on the log!\\n" * 50)
+            >>> tok = train_tokenizer([corpus], kind="wordpiece", family="bert", vocab_size=200, show_progress=False)
+            >>> b = tok.encode_batch(["a b c", "d"], padding=True, return_tensors="pt")
+            >>> b["input_ids"].shape, b["attention_mask"][1].tolist()
             (torch.Size([2, 5]), [1, 1, 1, 0, 0])
         """
         if padding is True:

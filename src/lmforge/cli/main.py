@@ -9,7 +9,8 @@ to verb (a duplicate-code scan pairs them by shape); they are data, not repeated
 they describe.
 
 Errors: a :class:`lmforge.errors.LmforgeError` (bad input: a flag, a file, a field) is printed as one line,
-``lmforge VERB: error: ...``, with exit code 2. Any other exception is a bug and keeps its traceback.
+``lmforge VERB: error: ...``, with exit code 2 (3 when the machine refused: a full disk, a locked run folder).
+Any other exception is a bug and keeps its traceback.
 
 Example::
 
@@ -29,13 +30,23 @@ import warnings
 from pathlib import Path
 
 import lmforge
-from lmforge.errors import InputFileNotFound, LmforgeError, UserInputError
+from lmforge.errors import (
+    EXIT_ENVIRONMENT,
+    EXIT_INTERRUPTED,
+    EXIT_USER,
+    EnvironmentFault,
+    InputFileNotFound,
+    LmforgeError,
+    RunLocked,
+    UserInputError,
+)
 from lmforge.utils.runs import model_folder
 
 EXIT_CODES = """exit codes:
   0    success
   1    a bug in lmforge (its traceback is printed); bench and quickstart also return 1 when a part failed
   2    a problem with the input: a flag, a file, a folder (one line: lmforge COMMAND: error: ...)
+  3    the machine refused: a full disk, a read-only folder, a run folder held by another process
   130  interrupted (Ctrl-C); pretrain and finetune first save a checkpoint (143: the same for SIGTERM)"""
 
 # The CLI's name for a bad-input error; any LmforgeError is printed the same way.
@@ -108,10 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         # A user's error names the file/field to fix; a traceback would bury that. Anything else is a bug
         # and keeps its traceback (exit code 1).
         print(f"lmforge {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_ENVIRONMENT if isinstance(exc, (EnvironmentFault, RunLocked)) else EXIT_USER
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -8,17 +8,32 @@ The function ``prepare`` lives in :mod:`lmforge.data.prepare` and is not re-expo
 ``lmforge.data.prepare`` stays the module.
 
 Example:
+    >>> import pathlib, tempfile
     >>> from lmforge.data import PackedDataset
     >>> from lmforge.data.prepare import prepare
-    >>> prepare(["corpus.txt"], "my-tokenizer", "data/corpus")  # doctest: +SKIP
-    >>> batch = next(iter(PackedDataset("data/corpus", seq_len=128, batch_size=8)))  # (8, 129)  # doctest: +SKIP
+    >>> from lmforge.tokenization import train_tokenizer
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (d / "corpus.txt").write_text("".join(f"Document {i} is short.\\n\\n" for i in range(400)))
+    >>> tok = train_tokenizer([d / "corpus.txt"], vocab_size=300, family="gpt", show_progress=False)
+    >>> _ = prepare([d / "corpus.txt"], tok, d / "data", progress=False)
+    >>> next(iter(PackedDataset(d / "data", seq_len=16, batch_size=8))).shape  # (B, seq_len + 1)
+    torch.Size([8, 17])
 """
 
-from lmforge.data.loader import DocumentDataset, PackedDataset, ShardSet, StatefulLoader
-from lmforge.data.prepare import choose_dtype, read_manifest, verify
-from lmforge.data.sources import DataError, iter_documents, resolve_inputs
+import importlib
 
-__all__ = [
-    "DataError", "DocumentDataset", "PackedDataset", "ShardSet", "StatefulLoader", "choose_dtype",
-    "iter_documents", "read_manifest", "resolve_inputs", "verify",
-]
+# Names resolve on first use, so that importing the file readers (``lmforge.data.sources``, which the
+# tokenizer trainer uses) does not import the shard writer, which imports the tokenizer.
+_LAZY = {
+    "DocumentDataset": "loader", "PackedDataset": "loader", "ShardSet": "loader", "StatefulLoader": "loader",
+    "choose_dtype": "prepare", "read_manifest": "prepare", "verify": "prepare",
+    "DataError": "sources", "iter_documents": "sources", "resolve_inputs": "sources",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"lmforge.data.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'lmforge.data' has no attribute {name!r}")

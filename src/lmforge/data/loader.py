@@ -25,12 +25,29 @@ pure function of ``(seed, epoch, batch index, rank, world_size)``:
   the dataset itself (or via :class:`StatefulLoader`, which adds DataLoader workers) keeps the state.
 
 Example:
-    >>> ds = PackedDataset("data/corpus", seq_len=256, batch_size=8, seed=0)  # doctest: +SKIP
-    >>> batch = next(iter(ds)); batch.shape  # (B, seq_len + 1) int64  # doctest: +SKIP
-    torch.Size([8, 257])
-    >>> state = ds.state_dict()                  # e.g. saved in a checkpoint  # doctest: +SKIP
-    >>> ds2 = PackedDataset("data/corpus", seq_len=256, batch_size=8, seed=0)  # doctest: +SKIP
-    >>> ds2.load_state_dict(state); torch.equal(next(iter(ds2)), next(iter(ds)))  # doctest: +SKIP
+    >>> import pathlib, tempfile
+    >>> from lmforge.data.prepare import prepare
+    >>> from lmforge.tokenization import train_tokenizer
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (d / "corpus.txt").write_text("".join(f"Document {i} is short.\\n\\n" for i in range(400)))
+    >>> tok = train_tokenizer([d / "corpus.txt"], vocab_size=300, family="gpt", show_progress=False)
+    >>> _ = prepare([d / "corpus.txt"], tok, d / "data", progress=False)  # a folder like `lmforge data prepare`'s
+    >>> ds = PackedDataset(d / "data", seq_len=16, batch_size=4, seed=0)
+    >>> batch = next(iter(ds)); batch.shape  # (B, seq_len + 1) int64
+    torch.Size([4, 17])
+    >>> state = ds.state_dict()                  # e.g. saved in a checkpoint
+    >>> ds2 = PackedDataset(d / "data", seq_len=16, batch_size=4, seed=0)
+    >>> ds2.load_state_dict(state); torch.equal(next(iter(ds2)), next(iter(ds)))
+    True
+    >>> docs = DocumentDataset(d / "data", max_len=4, batch_size=3)  # documents of 6 tokens: cut into 4 + 2
+    >>> [x.shape for x in next(iter(docs))]
+    [torch.Size([2]), torch.Size([4]), torch.Size([2])]
+    >>> loader = StatefulLoader(PackedDataset(d / "data", 16, 4), num_workers=2)
+    >>> for step, batch in enumerate(loader):  # batch: (4, 17)
+    ...     if step == 10: torch.save(loader.state_dict(), d / "loader.pt")
+    >>> resumed = StatefulLoader(PackedDataset(d / "data", 16, 4), num_workers=2)
+    >>> resumed.load_state_dict(torch.load(d / "loader.pt"))
+    >>> sum(1 for _ in resumed) == len(loader) - 11  # the rest of the epoch
     True
 """
 
@@ -224,6 +241,8 @@ class PackedDataset(_ShardDataset):
     Example:
         >>> ds = PackedDataset("data/corpus", seq_len=128, batch_size=4)  # doctest: +SKIP
         >>> x = next(iter(ds)); inputs, targets = x[:, :-1], x[:, 1:]  # (4, 128) each  # doctest: +SKIP
+
+        The module's example runs this on a corpus it makes.
     """
 
     kind = "packed"
@@ -297,6 +316,8 @@ class DocumentDataset(_ShardDataset):
         >>> ds = DocumentDataset("data/corpus", max_len=510, batch_size=16)  # doctest: +SKIP
         >>> [x.shape for x in next(iter(ds))][:2]  # doctest: +SKIP
         [torch.Size([510]), torch.Size([87])]
+
+        The module's example runs this on a corpus it makes.
     """
 
     kind = "documents"
@@ -368,6 +389,8 @@ class StatefulLoader:
         >>> loader = StatefulLoader(PackedDataset("data/corpus", 256, 8), num_workers=2)  # doctest: +SKIP
         >>> for step, batch in enumerate(loader):  # batch: (8, 257)  # doctest: +SKIP
         ...     if step == 100: torch.save(loader.state_dict(), "loader.pt")
+
+        The module's example runs this, and resumes from the saved state, on a corpus it makes.
     """
 
     def __init__(self, dataset: _ShardDataset, num_workers: int = 0, pin_memory: bool = False,

@@ -28,9 +28,14 @@ encoding single-threaded and returning numpy arrays, was measured against this o
 5 interleaved runs each: no faster, and it pickles all text out and all ids back.)
 
 Example:
-    >>> manifest = prepare(["corpus/*.txt"], "my-tokenizer", "data/corpus", val_fraction=0.01)  # doctest: +SKIP
-    >>> manifest["splits"]["train"]["tokens"]  # doctest: +SKIP
-    2104331
+    >>> import pathlib, tempfile
+    >>> from lmforge.tokenization import train_tokenizer
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (d / "corpus.txt").write_text("".join(f"Document {i} is short.\\n\\n" for i in range(400)))
+    >>> tok = train_tokenizer([d / "corpus.txt"], vocab_size=300, family="gpt", show_progress=False)
+    >>> manifest = prepare([d / "*.txt"], tok, d / "data", val_fraction=0.01, progress=False)
+    >>> manifest["splits"]["train"]["documents"], manifest["splits"]["val"]["documents"]
+    (397, 3)
 """
 
 from __future__ import annotations

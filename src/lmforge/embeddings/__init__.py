@@ -14,7 +14,7 @@
 ELMo's biLM itself is a model: :mod:`lmforge.models.bilstm_lm`.
 
 Example:
-    >>> from lmforge.embeddings import SentenceEncoder                          # doctest: +SKIP
+    >>> from lmforge.embeddings import SentenceEncoder
     >>> enc = SentenceEncoder.load("runs/minilm")                               # doctest: +SKIP
     >>> enc.encode(["A man plays guitar.", "Someone plays music."]).shape       # doctest: +SKIP
     (2, 384)

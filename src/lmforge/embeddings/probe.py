@@ -18,11 +18,22 @@ the mix). The mixed vectors then go through the same probe as every other row, a
 learned weights (``mix_weights``, summing to one).
 
 Example:
-    >>> rows = probe_layers(enc, train_sentences, eval_sentences)          # doctest: +SKIP
-    >>> print(format_table(rows))                                          # doctest: +SKIP
-    layer  accuracy  macro_f1
-    0      0.9012    0.1234
-    ...
+    >>> import pathlib, tempfile, lmforge
+    >>> from lmforge.embeddings import SentenceEncoder
+    >>> from lmforge.tokenization import train_tokenizer
+    >>> tags = {"john": "B-per", "mary": "B-per", "paris": "B-loc", "london": "B-loc"}  # fixed by the word
+    >>> texts = ["john met mary in paris", "mary saw john in london", "paris is far from london"] * 10
+    >>> sentences = [{"tokens": t.split(), "tags": [tags.get(w, "O") for w in t.split()]} for t in texts]
+    >>> corpus = pathlib.Path(tempfile.mkdtemp()) / "corpus.txt"
+    >>> _ = corpus.write_text("\\n".join(texts))
+    >>> tok = train_tokenizer([corpus], kind="wordpiece", family="bert", vocab_size=100, show_progress=False)
+    >>> enc = SentenceEncoder(lmforge.build_model("bert-tiny", vocab_size=len(tok), n_layers=2), tok)  # untrained
+    >>> rows = probe_layers(enc, sentences[:21], sentences[21:])   # CoNLL sentences, e.g. WNUT-16's
+    >>> print(format_table(rows))  # doctest: +ELLIPSIS
+    layer      accuracy macro_f1
+    0          ...
+    1          ...
+    2          ...
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ Evaluation on held-out pairs:
       (the hard negatives included); recall@k and MRR of the paired text2.
 
 Example:
-    >>> from lmforge.embeddings import SentenceEncoder                         # doctest: +SKIP
+    >>> from lmforge.embeddings import SentenceEncoder
     >>> enc = SentenceEncoder.load("runs/minilm")                              # doctest: +SKIP
     >>> train_embedding(enc, "bible-triplets:train", loss="mnrl", out="runs/sbert", max_steps=200)  # doctest: +SKIP
     >>> evaluate_retrieval(enc, datasets.load("bible-paraphrase", "test"))  # doctest: +SKIP

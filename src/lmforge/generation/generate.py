@@ -192,7 +192,8 @@ def generate_text(
 ) -> list[str]:
     """Continuations of ``prompts`` (a string or a list); ``num_return_sequences`` texts per prompt.
 
-    Example:
+    Example (``model`` and ``tok``: a trained model and its tokenizer; the example of :func:`stream` runs
+    both functions on an untrained one):
         >>> generate_text(model, tok, ["Once upon a time"], max_new_tokens=20)  # doctest: +SKIP
         [' there was a ...']
     """
@@ -256,8 +257,18 @@ def stream(
     hypothesis only at the end, so it yields the whole text once.
 
     Example:
-        >>> for piece in stream(model, tok, "Once upon a time", max_new_tokens=20):  # doctest: +SKIP
-        ...     print(piece, end="", flush=True)
+        >>> import pathlib, tempfile, torch, lmforge
+        >>> from lmforge.tokenization import train_tokenizer
+        >>> corpus = pathlib.Path(tempfile.mkdtemp()) / "corpus.txt"
+        >>> _ = corpus.write_text("Once upon a time there was a cat.\\n" * 50)
+        >>> tok = train_tokenizer([corpus], kind="byte-bpe", family="gpt", vocab_size=300, show_progress=False)
+        >>> _ = torch.manual_seed(0)
+        >>> model = lmforge.build_model("gpt-tiny", vocab_size=len(tok), n_layers=1).eval()  # untrained: noise
+        >>> pieces = []
+        >>> for piece in stream(model, tok, "Once upon a time", max_new_tokens=20):
+        ...     pieces.append(piece)  # or show it at once: print(piece, end="", flush=True)
+        >>> "".join(pieces) == generate_text(model, tok, "Once upon a time", max_new_tokens=20)[0]
+        True
     """
     config = resolve_config(config, settings)
     if config.resolved_strategy == "beam" or config.num_return_sequences > 1:

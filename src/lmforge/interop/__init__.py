@@ -1,9 +1,11 @@
 """Interoperability with other libraries: Hugging Face ``transformers`` checkpoints (:mod:`.hf`).
 
 Example:
-    >>> import lmforge
-    >>> model = lmforge.from_hf("path/to/hf-folder")  # doctest: +SKIP
-    >>> lmforge.to_hf(model, "path/to/out")  # doctest: +SKIP
+    >>> import tempfile, lmforge
+    >>> folder = lmforge.to_hf(lmforge.build_model("llama-tiny", n_layers=1), tempfile.mkdtemp() + "/hf")
+    >>> model = lmforge.from_hf(folder)  # any HF folder with config.json and weights
+    >>> model.config.n_layers
+    1
 """
 
 from lmforge.interop.hf import (

@@ -335,9 +335,13 @@ def load_hf(source, *, architecture: str | None = None, dtype: torch.dtype | Non
         :class:`HFConversion` with ``model`` (eval mode), ``tokenizer``, ``task_head`` and ``notes``.
 
     Example:
-        >>> conv = load_hf("path/to/all-MiniLM-L6-v2")  # doctest: +SKIP
-        >>> conv.architecture, conv.model.config.d_model, conv.tokenizer.kind  # doctest: +SKIP
-        ('BertModel', 384, 'wordpiece')
+        >>> import tempfile, transformers
+        >>> folder = tempfile.mkdtemp()   # stands for a downloaded checkpoint such as all-MiniLM-L6-v2
+        >>> transformers.BertModel(transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
+        ...     num_attention_heads=2, intermediate_size=64)).save_pretrained(folder)
+        >>> conv = load_hf(folder)
+        >>> conv.architecture, conv.model.config.d_model, conv.tokenizer  # no tokenizer files in this folder
+        ('BertModel', 32, None)
     """
     if hasattr(source, "state_dict") and hasattr(source, "config") and not isinstance(source, (str, Path)):
         hf_config = source.config.to_dict()

@@ -19,7 +19,7 @@ embeds and searches, and probes each layer; then writes ``report.json`` and a se
 
 Example (about a minute on two CPU cores)::
 
-    >>> from lmforge.quickstart import run_quickstart                # doctest: +SKIP
+    >>> from lmforge.quickstart import run_quickstart
     >>> report = run_quickstart("quickstart-run", minutes=1)         # doctest: +SKIP
     >>> report["stages"]["finetune-bert"]["test"]["accuracy"]        # doctest: +SKIP
 """

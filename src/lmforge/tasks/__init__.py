@@ -23,8 +23,8 @@
     metrics.py         scikit-learn, scipy, seqeval, sacrebleu, rouge-score; SQuAD EM/F1; perplexity
 
 Example:
-    >>> from lmforge.tasks import TaskSpec, finetune, Recipe  # doctest: +SKIP
-    >>> from lmforge.training import TrainConfig  # doctest: +SKIP
+    >>> from lmforge.tasks import TaskSpec, finetune, Recipe
+    >>> from lmforge.training import TrainConfig
     >>> result = finetune("path/to/minilm", TaskSpec(task="classify"), "rt-sentiment:train",  # doctest: +SKIP
     ...                   "rt-sentiment:dev", config=TrainConfig(lr=5e-5, warmup=40, max_steps=400,
     ...                   batch_size=16, schedule="linear"), recipe=Recipe(layer_decay=0.9), out="runs/rt")

@@ -26,9 +26,15 @@ Consolidation (:func:`consolidate`, ``lmforge checkpoint consolidate``) turns an
 (``config.json`` + a single ``model.safetensors``) that :func:`lmforge.load` reads.
 
 Example:
-    >>> consolidate("runs/gpt/checkpoints/step-00000500", "runs/gpt-500")  # doctest: +SKIP
-    PosixPath('runs/gpt-500')
-    >>> lmforge.load("runs/gpt-500")  # doctest: +SKIP
+    >>> import pathlib, tempfile, torch, lmforge
+    >>> from lmforge.training.state import CheckpointManager
+    >>> run = pathlib.Path(tempfile.mkdtemp())   # stands for a run folder of `lmforge pretrain`
+    >>> model = lmforge.build_model("gpt-tiny", n_layers=1)
+    >>> _ = CheckpointManager(run / "checkpoints").save(500, model, torch.optim.AdamW(model.parameters()), {})
+    >>> consolidate(run / "checkpoints" / "step-00000500", run / "gpt-500").name
+    'gpt-500'
+    >>> lmforge.load(run / "gpt-500").config.n_layers
+    1
 """
 
 from __future__ import annotations

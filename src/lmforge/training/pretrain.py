@@ -26,9 +26,16 @@ The run folder is self-contained: ``config.yaml`` (these settings), ``tokenizer/
 ``metrics.jsonl``, ``tensorboard/``, ``loss.png`` and, at the end, ``model/`` (loadable by ``lmforge.load``).
 
 Example:
-    >>> cfg = TrainConfig(model="gpt-tiny", objective="clm", data="data/corpus", out="runs/gpt",
-    ...                   overrides={"n_layers": 2}, max_steps=100)  # doctest: +SKIP
-    >>> pretrain(cfg).model_dir  # doctest: +SKIP
+    >>> import pathlib, tempfile
+    >>> from lmforge.data.prepare import prepare
+    >>> from lmforge.tokenization import train_tokenizer
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (d / "corpus.txt").write_text("".join(f"Document {i} is short.\\n\\n" for i in range(400)))
+    >>> tok = train_tokenizer([d / "corpus.txt"], vocab_size=300, family="gpt", show_progress=False)
+    >>> _ = prepare([d / "corpus.txt"], tok, d / "data", val_fraction=0.1, progress=False)
+    >>> cfg = TrainConfig(model="gpt-tiny", objective="clm", data=str(d / "data"), out=str(d / "runs/gpt"),
+    ...                   overrides={"n_layers": 2}, max_steps=5, seq_len=16, batch_size=4, progress=False)
+    >>> pretrain(cfg).model_dir.relative_to(d)
     PosixPath('runs/gpt/model')
 """
 

@@ -265,9 +265,13 @@ class CheckpointManager:
         keep: how many of the newest checkpoints to keep (older ones are deleted after each save).
 
     Example:
-        >>> manager = CheckpointManager(Path(tempfile.mkdtemp()) / "checkpoints", keep=2)  # doctest: +SKIP
-        >>> manager.save(100, model, optimizer, {"step": 100})  # doctest: +SKIP
-        >>> manager.latest_valid()[0].name  # doctest: +SKIP
+        >>> import tempfile, lmforge
+        >>> model = lmforge.build_model("gpt-tiny", n_layers=1)
+        >>> optimizer = torch.optim.AdamW(model.parameters())
+        >>> manager = CheckpointManager(Path(tempfile.mkdtemp()) / "checkpoints", keep=2)
+        >>> manager.save(100, model, optimizer, {"step": 100}).name
+        'step-00000100'
+        >>> manager.latest_valid()[0].name
         'step-00000100'
     """
 

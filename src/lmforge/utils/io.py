@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Iterator
 from lmforge.errors import InputFileNotFound, UserInputError
 
+from lmforge.utils.faults import environment_errors
+
 
 def _fsync_dir(path: Path) -> None:
     # The rename itself lives in the directory entry; syncing the parent makes it durable.
@@ -32,20 +34,39 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
+def _umask() -> int:
+    # The process umask can only be read by setting it; set it straight back.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _user_mode(path: Path) -> None:
+    """Give a file or folder made by mkstemp/mkdtemp (0600/0700) the mode plain open()/mkdir() give."""
+    os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~_umask())
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: a temporary sibling, fsync, rename.
+
+    A full disk or an unwritable folder raises :class:`~lmforge.errors.EnvironmentFault` naming
+    ``path``, and the previous file (if any) is left as it was.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with environment_errors(path, "write"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            _user_mode(Path(tmp))
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
     _fsync_dir(path.parent)
 
 
@@ -84,23 +105,34 @@ def atomic_dir(path: str | Path, overwrite: bool = True) -> Iterator[Path]:
     path = Path(path)
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path}: already exists (pass overwrite=True to replace it)")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    with environment_errors(path, "create"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     try:
-        yield tmp
-        for child in tmp.iterdir():
-            if child.is_file():
-                with open(child, "rb") as f:
-                    os.fsync(f.fileno())
-        old = path.with_name(f".{path.name}.old")
-        if old.exists():
-            shutil.rmtree(old)
-        if path.exists():
-            os.replace(path, old)
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-        if old.exists():
-            shutil.rmtree(old)
+        with environment_errors(path, "write"):
+            yield tmp
+            _finish_dir(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _finish_dir(tmp: Path, path: Path) -> None:
+    """Make ``tmp``'s files durable, then swap it in for ``path`` (see :func:`atomic_dir`)."""
+    _user_mode(tmp)
+    for child in tmp.rglob("*"):
+        if child.is_file():
+            with open(child, "rb") as f:
+                os.fsync(f.fileno())
+            _user_mode(child)
+        elif child.is_dir():
+            _user_mode(child)
+    old = path.with_name(f".{path.name}.old")
+    if old.exists():
+        shutil.rmtree(old)
+    if path.exists():
+        os.replace(path, old)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+    if old.exists():
+        shutil.rmtree(old)

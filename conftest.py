@@ -1,0 +1,46 @@
+"""pytest setup shared by everything `make test` collects: tests/ and the docstring examples in src/lmforge."""
+
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _deterministic():
+    torch.manual_seed(0)
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Every test model is tiny: one intra-op thread is fastest, and with two, OpenMP workers spin-wait
+    at barriers whenever another process holds a core (a 2 ms forward then takes a second)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def _doctest_in_its_own_folder(request, monkeypatch):
+    """Docstring examples make their folders with ``tempfile.mkdtemp()``, as a user would. Under pytest those
+    folders, and anything written to a relative path, land in the example's own ``tmp_path``, which pytest
+    prunes, so a run leaves nothing in /tmp or in the working directory.
+
+    Only ``mkdtemp`` moves, not ``tempfile.tempdir``: torch.compile keeps its kernel cache under the
+    temporary folder, and examples that compile should keep reusing it."""
+    if type(request.node).__name__ != "DoctestItem":
+        yield
+        return
+    folder = str(request.getfixturevalue("tmp_path"))
+    make = tempfile.mkdtemp
+
+    def mkdtemp(suffix=None, prefix=None, dir=None):
+        return make(suffix, prefix, folder if dir is None else dir)
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    monkeypatch.chdir(folder)
+    yield
