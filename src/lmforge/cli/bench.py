@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,6 +37,7 @@ from lmforge.cli.main import UserError
 
 BENCHMARKS = ("train_step", "generate", "data_pipeline", "peft_memory")
 QUICK_FLAGS = {name: ["--quick"] for name in BENCHMARKS}  # every speed benchmark has its own --quick
+STEADY_TOLERANCE = 0.15  # the matmul peak may move this much between start and end (as train_step.py allows)
 
 
 @dataclass
@@ -187,6 +189,8 @@ def run(args) -> int:
     results: dict[str, dict[str, Any]] = {}
     rows: list[Row] = []
     failures: dict[str, str] = {}
+    began, start = datetime.now(timezone.utc), time.perf_counter()
+    probe_start = probe_machine(folder, args.timeout)
     for name in names:
         flags = QUICK_FLAGS.get(name, []) if args.quick else []
         print(f"lmforge bench: {name}.py {' '.join(flags)}".rstrip(), file=sys.stderr, flush=True)
@@ -208,12 +212,47 @@ def run(args) -> int:
             rows += found
             entry["rows"] = [asdict(r) for r in found]
         results[name] = entry
+    probe_end = probe_machine(folder, args.timeout)
     if args.json:
-        print(json.dumps({"quick": args.quick, "machine": _machine(), "benchmarks": results}))
+        print(json.dumps({"quick": args.quick, "command": command_line(args),
+                          "date": began.isoformat(timespec="seconds"), "seconds": round(time.perf_counter() - start, 1),
+                          "machine": machine_record(probe_start, probe_end), "benchmarks": results}))
     else:
         print(f"lmforge vs reference, measured side by side ({'--quick, ' if args.quick else ''}{_machine_line()})")
         print(table(rows, failures))
     return 1 if failures else 0
+
+
+def command_line(args) -> str:
+    """The command that reproduces this run, as a user would type it."""
+    words = ["lmforge", "bench"] + (["--quick"] if args.quick else []) + (["--json"] if args.json else [])
+    words += [f"--only {args.only}"] if args.only else []
+    return " ".join(words + ([f"--timeout {args.timeout:g}"] if args.timeout else []))
+
+
+def probe_machine(folder: Path, timeout: float | None) -> dict[str, Any] | None:
+    """The machine record of ``folder/common.py`` (torch threads, versions, a bf16 matmul peak measured now),
+    run in its own process like the benchmarks; None when the folder has no such script or it fails."""
+    script = folder / "common.py"
+    if not script.is_file():
+        return None
+    code, output, _ = run_script(script, [], echo=False, timeout=timeout)
+    return last_json(output) if code == 0 else None
+
+
+def machine_record(start: dict[str, Any] | None, end: dict[str, Any] | None) -> dict[str, Any]:
+    """What the run's JSON says of the machine: the probe taken before the benchmarks (else the basic record),
+    with the matmul peak and load average before and after, and whether the peak held (a busy host moves it)."""
+    info = {**_machine(), **(start or {})}
+    for key in ("bf16_matmul_gflops", "load_average"):
+        info.pop(key, None)
+        for when, probe in (("start", start), ("end", end)):
+            if probe and probe.get(key) is not None:
+                info[f"{key}_{when}"] = probe[key]
+    peaks = info.get("bf16_matmul_gflops_start"), info.get("bf16_matmul_gflops_end")
+    if None not in peaks:
+        info["steady"] = abs(peaks[1] / peaks[0] - 1.0) <= STEADY_TOLERANCE
+    return info
 
 
 def _machine() -> dict[str, Any]:
