@@ -23,7 +23,7 @@ from lmforge.embeddings.encoder import SentenceEncoder, default_pooling, embed_t
 from lmforge.embeddings.losses import cosine_similarity_loss, multiple_negatives_ranking_loss, triplet_loss
 from lmforge.embeddings.pooling import POOLINGS, ScalarMix, pool
 
-Encoder = SentenceEncoder  # the name the issue uses
+Encoder = SentenceEncoder  # the short name, kept as a public alias
 
 __all__ = ["Encoder", "POOLINGS", "ScalarMix", "SentenceEncoder", "cosine_similarity_loss", "default_pooling",
            "embed_texts", "multiple_negatives_ranking_loss", "pool", "triplet_loss"]
