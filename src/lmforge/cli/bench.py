@@ -13,6 +13,12 @@ benchmarks (finetune_quality.py, embedding_quality.py, pretrain_curves.py) train
 are run directly. The benchmarks live in the source checkout, not in the installed package: without a
 checkout, pass ``--dir``.
 
+With ``--json`` it prints one record instead of the table: every script's result and rows, the date, the exact
+command, its duration and the machine (CPU, cores, torch threads, library versions, and a bf16 matmul peak
+measured by ``benchmarks/common.py`` before and after the benchmarks, so a host that got busy shows).
+``python -m benchmarks.performance_doc RECORD`` renders that record into docs/performance.md and the README's
+table (``make bench-docs`` does both).
+
 Example::
 
     $ lmforge bench --quick              # a few minutes: fewer repeats, smaller sizes, no torch.compile
@@ -284,7 +290,9 @@ def register(subparsers) -> None:
                     "fine-tuning). Exit code 1 when a benchmark fails.")
     parser.add_argument("--quick", action="store_true",
                         help="pass each benchmark its --quick option (fewer repeats, smaller sizes, no compile)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object (every result) instead of the table")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON record instead of the table: every result, the date, the command and "
+                             "the machine (what benchmarks/performance_doc.py renders into docs/performance.md)")
     parser.add_argument("--only", metavar="NAMES", default=None,
                         help=f"comma-separated subset of {','.join(BENCHMARKS)}")
     parser.add_argument("--dir", metavar="DIR", default=None,
