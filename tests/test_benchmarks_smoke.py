@@ -26,7 +26,9 @@ SMOKE = {
 
 
 def _run(*argv: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    # One thread: on a busy machine (a test suite in parallel) a second, spin-waiting thread is far slower.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
