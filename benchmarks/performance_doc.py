@@ -179,7 +179,7 @@ each script in its own process and reads the JSON line it ends with; the whole r
 
 # Why the numbers look as they do: the reasoning behind the lmforge side of each ratio (no figures: they are above).
 WHY = """\
-## Why lmforge's training step is faster
+## Where lmforge's training step saves time
 
 Matmuls are most of a training step, and both implementations run them through the same kernels, so the margin
 over HF is in everything else:

@@ -59,3 +59,29 @@ def test_docstring_examples_of_the_shared_modules():
     for module in (common, performance_doc):
         failed, tried = doctest.testmod(module)
         assert tried and not failed, module.__name__
+
+
+def test_bench_json_record_has_the_date_the_command_and_the_machine_before_and_after(tmp_path, capsys):
+    from lmforge.cli.main import main
+
+    folder = tmp_path / "benchmarks"
+    folder.mkdir()
+    result = {"benchmark": "generate", "results": [
+        {"batch": 1, "new_tokens": 4, "hf_tok_s": 10.0, "lmforge_tok_s": 12.0, "ratio": 1.2, "identical": True}]}
+    (folder / "generate.py").write_text(f"print({json.dumps(json.dumps(result))})\n", encoding="utf-8")
+    # A stand-in for benchmarks/common.py: its machine record, with a peak that drops on the second call.
+    (folder / "common.py").write_text(
+        "import json, pathlib\n"
+        "p = pathlib.Path(__file__).with_suffix('.calls'); n = int(p.read_text()) if p.exists() else 0\n"
+        "p.write_text(str(n + 1))\n"
+        "print(json.dumps({'cpu': 'Test CPU', 'cores': 2, 'torch_threads': 2, 'load_average': 0.5 + n,\n"
+        "                  'bf16_matmul_gflops': 400.0 if n == 0 else 200.0}))\n", encoding="utf-8")
+    assert main(["bench", "--dir", str(folder), "--json", "--only", "generate", "--quiet"]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["command"] == "lmforge bench --json --only generate" and record["date"][:2] == "20"
+    machine = record["machine"]
+    assert machine["cpu"] == "Test CPU" and machine["torch_threads"] == 2
+    assert (machine["bf16_matmul_gflops_start"], machine["bf16_matmul_gflops_end"]) == (400.0, 200.0)
+    assert (machine["load_average_start"], machine["load_average_end"]) == (0.5, 1.5)
+    assert machine["steady"] is False and "bf16_matmul_gflops" not in machine
+    assert record["benchmarks"]["generate"]["rows"][0]["ratio"] == 1.2

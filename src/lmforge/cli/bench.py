@@ -196,7 +196,7 @@ def run(args) -> int:
     rows: list[Row] = []
     failures: dict[str, str] = {}
     began, start = datetime.now(timezone.utc), time.perf_counter()
-    probe_start = probe_machine(folder, args.timeout)
+    probe_start = probe_machine(folder, args.timeout) if args.json else None  # the record describes the machine
     for name in names:
         flags = QUICK_FLAGS.get(name, []) if args.quick else []
         print(f"lmforge bench: {name}.py {' '.join(flags)}".rstrip(), file=sys.stderr, flush=True)
@@ -218,8 +218,8 @@ def run(args) -> int:
             rows += found
             entry["rows"] = [asdict(r) for r in found]
         results[name] = entry
-    probe_end = probe_machine(folder, args.timeout)
     if args.json:
+        probe_end = probe_machine(folder, args.timeout)
         print(json.dumps({"quick": args.quick, "command": command_line(args),
                           "date": began.isoformat(timespec="seconds"), "seconds": round(time.perf_counter() - start, 1),
                           "machine": machine_record(probe_start, probe_end), "benchmarks": results}))
