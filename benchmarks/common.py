@@ -147,29 +147,23 @@ def _version(package: str) -> str | None:
 
 
 def machine_info(peak: bool = True) -> dict[str, Any]:
-    """The machine a benchmark ran on: CPU model, cores, torch threads, library versions, load average and,
-    with ``peak``, the bf16 matmul peak measured now. (The library's own machine-info collector should take
-    this job once it exists; this stays a thin wrapper until then.)"""
+    """The machine a benchmark ran on: lmforge's machine record (CPU model, cores, torch threads, load
+    average) plus library versions and, with ``peak``, the bf16 matmul peak measured now."""
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
+    from lmforge.utils.machine import machine_info as lmforge_machine
+
+    base = lmforge_machine(torch_details=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     info: dict[str, Any] = {
-        "cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "device": device,
-        "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
-        "python": platform.python_version(), "torch": torch.__version__, "transformers": _version("transformers"),
-        "tokenizers": _version("tokenizers"), "platform": platform.platform(),
-        "load_average": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        "cpu": base["cpu"], "cores": base["cpu_count"], "torch_threads": base["torch_threads"], "device": device,
+        "gpu": base.get("gpu"), "python": base["python"], "torch": torch.__version__,
+        "transformers": _version("transformers"), "tokenizers": _version("tokenizers"), "platform": base["platform"],
+        "load_average": base.get("load_average"),
     }
     if peak:
         info["bf16_matmul_gflops"] = round(matmul_peak(device), 1)
     return info
-
 
 if __name__ == "__main__":
     print(json.dumps(machine_info(peak="--no-peak" not in sys.argv[1:])))
