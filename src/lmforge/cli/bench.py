@@ -38,6 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+import lmforge
 from lmforge.cli.main import UserError
 from lmforge.utils.machine import machine_info
 
@@ -146,8 +147,6 @@ def table(rows: list[Row], failures: dict[str, str]) -> str:
 # ------------------------------------------------------------------------------------------- running
 def find_dir(given: str | None) -> Path:
     """The benchmarks folder: ``given``, or ``benchmarks/`` of the source checkout lmforge was imported from."""
-    import lmforge
-
     folder = Path(given) if given else Path(lmforge.__file__).resolve().parents[2] / "benchmarks"
     if not folder.is_dir() or not any((folder / f"{n}.py").is_file() for n in BENCHMARKS):
         where = f"--dir {given}" if given else f"{folder} (beside the lmforge source tree)"

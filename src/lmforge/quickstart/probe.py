@@ -28,6 +28,7 @@ import torch
 from lmforge.tasks.data import ExampleBatches
 from lmforge.tasks.model import build_task_model
 from lmforge.tasks.recipe import Recipe
+from lmforge.tasks.peft import apply_task_peft
 from lmforge.tasks.registry import build_task
 from lmforge.tasks.trainer import FinetuneTrainer
 from lmforge.training.pretrain import build_pretraining
@@ -99,8 +100,6 @@ def probe_finetuning(body: torch.nn.Module, tokenizer, spec, table, config, scra
     model = build_task_model(copy.deepcopy(body), spec)  # build_task_model strips the LM head in place
     peft_base = None
     if peft is not None:
-        from lmforge.tasks.peft import apply_task_peft
-
         apply_task_peft(model, peft, tokenizer=tokenizer)
         peft_base = scratch
     probe = config.updated({"out": str(scratch), "eval_every": 0, "save_every": 0, "progress": False,
