@@ -80,7 +80,8 @@ def finetune(model, spec: TaskSpec, train, eval=None, *, config: TrainConfig, re
              out: str | Path, tokenizer=None, random_init: bool = False, epochs: float | None = None,
              warmup_ratio: float | None = None, peft: PeftConfig | None = None,
              wrap: Callable[[nn.Module], nn.Module] | None = None,
-             log: Callable[[str], None] | None = None) -> FinetuneResult:
+             log: Callable[[str], None] | None = None,
+             on_start: Callable[[], None] | None = None) -> FinetuneResult:
     """Fine-tune ``model`` on a task and return the result (see :class:`FinetuneResult`).
 
     Args:
@@ -99,6 +100,8 @@ def finetune(model, spec: TaskSpec, train, eval=None, *, config: TrainConfig, re
         peft: train a PEFT adapter (and the head) instead of the whole model; see the module docstring.
         wrap: a function applied to the assembled TaskModel before training (after ``peft``).
         log: called with one-line progress notes (what is trained on what), e.g. ``print``.
+        on_start: writes the caller's run files once the Trainer has checked and locked ``out`` (see
+            :class:`~lmforge.training.Trainer`).
     """
     # Everything initialised here (a from-scratch body, the new head, PEFT weights) draws from the global
     # generators: seed them, or the same command gives a different model in every process.
@@ -150,7 +153,7 @@ def finetune(model, spec: TaskSpec, train, eval=None, *, config: TrainConfig, re
             + f" | {sum(len(s) for s in train_sets)} train / {len(eval_examples)} eval examples | "
             f"{config.max_steps} steps x {config.batch_size} | lr {config.lr:g} {config.schedule} | {trainable}")
     trainer = FinetuneTrainer(task_model, task, batches, config, recipe, out=out, eval_examples=eval_examples or None,
-                              tokenizer=tok, peft_base=base)
+                              tokenizer=tok, peft_base=base, on_start=on_start)
     params = {"trainable": report.trainable, "total": report.total} if report else trainer.parameter_counts()
     result = trainer.fit()
     counts = {"train": sum(len(s) for s in train_sets), "eval": len(eval_examples)}
