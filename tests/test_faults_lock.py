@@ -119,3 +119,24 @@ def test_a_kill_between_the_renames_of_a_folder_swap_is_recovered_by_the_next_ru
         assert snapshot(out / "model") == old_model and not (out / ".model.old").exists()
     assert main(longer) == 0
     assert (out / "model" / "model.safetensors").is_file() and not list(out.glob(".*.old"))
+
+
+def test_a_held_folder_refuses_data_prepare_and_quickstart(data_root, tmp_path, capsys, monkeypatch):  # noqa: F811
+    from lmforge.quickstart import runner
+    from test_quickstart import _fake_stages
+
+    data = prepared(data_root, "gpt")
+    monkeypatch.setattr(runner, "STAGES", tuple(_fake_stages([])))
+    commands = {
+        "data": ["data", "prepare", "--tokenizer", str(data / "tokenizer"), "--out", str(tmp_path / "data"),
+                 "--no-progress", str(data_root / "corpus.txt")],
+        "qs": ["quickstart", "--out", str(tmp_path / "qs"), "--minutes", "1", "--no-progress"],
+    }
+    for name, args in commands.items():
+        with RunFolderLock(tmp_path / name):
+            before = snapshot(tmp_path / name)
+            capsys.readouterr()
+            assert main(args) == EXIT_ENVIRONMENT, name
+            assert locked_out(capsys.readouterr().err, os.getpid()), name
+            assert snapshot(tmp_path / name) == before
+        assert main(args) == 0, name  # the lock gone, the same command runs

@@ -77,3 +77,26 @@ def test_finetune_resume_with_another_batch_size_leaves_the_run_untouched(tmp_pa
     refused(["finetune", "--out", str(out), "--resume", "--batch-size", "8", *common], out, capsys, "batch")
     refused(["finetune", "--out", str(out), "--resume", "--peft", "lora", *common], out, capsys, "--peft")
     assert main(["finetune", "--out", str(out), "--resume", "--max-steps", "3", *common]) == 0
+
+
+def test_data_prepare_rerun_with_other_settings_leaves_the_folder_untouched(data_root, tmp_path, capsys):  # noqa: F811
+    data = prepared(data_root, "gpt")  # its corpus.txt and tokenizer
+    corpus, out = data_root / "corpus.txt", tmp_path / "data"
+    common = ["data", "prepare", "--tokenizer", str(data / "tokenizer"), "--out", str(out), "--no-progress"]
+    assert main([*common, "--val-fraction", "0.1", str(corpus)]) == 0
+    refused([*common, "--val-fraction", "0.2", str(corpus)], out, capsys, "prepared with different val_fraction")
+
+
+def test_quickstart_with_other_minutes_leaves_the_folder_untouched(tmp_path, capsys, monkeypatch):
+    from lmforge.quickstart import runner
+    from test_quickstart import _fake_stages
+
+    monkeypatch.setattr(runner, "STAGES", tuple(_fake_stages([])))
+    out = tmp_path / "qs"
+    assert main(["quickstart", "--out", str(out), "--minutes", "1", "--no-progress"]) == 0
+    refused(["quickstart", "--out", str(out), "--minutes", "2", "--no-progress"], out, capsys, "--minutes 1.0")
+    stranger = tmp_path / "stranger"
+    stranger.mkdir()
+    (stranger / "mine.txt").write_text("precious")
+    refused(["quickstart", "--out", str(stranger), "--minutes", "1", "--restart", "--no-progress"], stranger,
+            capsys, "refusing to delete it")
