@@ -100,3 +100,19 @@ def test_quickstart_with_other_minutes_leaves_the_folder_untouched(tmp_path, cap
     (stranger / "mine.txt").write_text("precious")
     refused(["quickstart", "--out", str(stranger), "--minutes", "1", "--restart", "--no-progress"], stranger,
             capsys, "refusing to delete it")
+
+
+def test_peft_merge_refused_over_an_existing_folder_leaves_it_untouched(tmp_path, capsys):
+    from peft_helpers import config, perturb, tiny_model
+
+    from lmforge.peft import apply_peft
+
+    model = apply_peft(tiny_model("gpt-tiny"), config("lora"))
+    perturb(model)
+    adapter = model.save_adapter(tmp_path / "adapter")
+    tiny_model("gpt-tiny", seed=7).save(tmp_path / "other")
+    out = tmp_path / "merged"
+    tiny_model("gpt-tiny", seed=3).save(out)  # a model already there, which --overwrite would replace
+    args = ["peft", "merge", "--base", str(tmp_path / "other"), "--adapter", str(adapter), "--out", str(out)]
+    refused(args + ["--overwrite"], out, capsys, "weights differ")
+    refused(args, out, capsys, "already exists")
