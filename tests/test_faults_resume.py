@@ -64,6 +64,10 @@ def test_resume_of_a_missing_folder_says_so(tmp_path, capsys):
     assert main(["pretrain", "--out", str(tmp_path / "empty"), "--resume"]) == 2
     assert "holds no run to resume" in capsys.readouterr().err
     assert list((tmp_path / "empty").iterdir()) == []
+    assert main(["finetune", "--out", str(missing), "--resume"]) == 2
+    assert "no such folder, so there is no run to resume" in capsys.readouterr().err and not missing.exists()
+    assert main(["finetune", "--out", str(tmp_path / "empty"), "--resume"]) == 2
+    assert "holds no run to resume (no finetune.yaml)" in capsys.readouterr().err
 
 
 def test_finetune_resume_with_another_batch_size_leaves_the_run_untouched(tmp_path, capsys):
