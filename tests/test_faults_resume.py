@@ -120,3 +120,16 @@ def test_peft_merge_refused_over_an_existing_folder_leaves_it_untouched(tmp_path
     args = ["peft", "merge", "--base", str(tmp_path / "other"), "--adapter", str(adapter), "--out", str(out)]
     refused(args + ["--overwrite"], out, capsys, "weights differ")
     refused(args, out, capsys, "already exists")
+
+
+def test_embedding_finetune_resume_with_another_batch_size_leaves_the_run_untouched(tmp_path, capsys):
+    import embedding_helpers as h
+
+    folder = h.model_folder(tmp_path, "bert")
+    out = tmp_path / "run"
+    common = ["finetune", "--model", str(folder), "--task", "embedding", "--loss", "triplet", "--train",
+              "bible-triplets:train", "--max-length", "32", "--precision", "fp32", "--device", "cpu",
+              "--no-progress", "--no-tensorboard", "--out", str(out)]
+    assert main([*common, "--max-steps", "2", "--save-every", "1", "--batch-size", "4"]) == 0
+    refused([*common, "--max-steps", "3", "--batch-size", "8", "--resume"], out, capsys, "batch")
+    assert main([*common, "--max-steps", "3", "--batch-size", "4", "--resume"]) == 0
