@@ -140,3 +140,26 @@ def test_a_held_folder_refuses_data_prepare_and_quickstart(data_root, tmp_path, 
             assert locked_out(capsys.readouterr().err, os.getpid()), name
             assert snapshot(tmp_path / name) == before
         assert main(args) == 0, name  # the lock gone, the same command runs
+
+
+def test_a_held_folder_refuses_a_peft_finetune_before_it_writes_its_base(tmp_path, capsys):
+    from lmforge import checkpoint
+    from tests import task_helpers as th
+
+    tok = th.tokenizer(tmp_path, "bert")
+    base = checkpoint.save(th.body("bert", tok), tmp_path / "base", tokenizer=tok)
+    train = th.write_sentiment(tmp_path / "train.tsv", 16)
+    out = tmp_path / "run"
+    # --random-init: the run's base exists nowhere else, so it is saved to OUT/base before the Trainer starts.
+    args = ["finetune", "--model", str(base), "--random-init", "--task", "classify", "--train", str(train),
+            "--out", str(out), "--max-steps", "2", "--batch-size", "8", "--peft", "lora", "--no-progress",
+            "--no-tensorboard", "--precision", "fp32"]
+    with RunFolderLock(out):
+        before = snapshot(out)
+        capsys.readouterr()
+        assert main(args) == EXIT_ENVIRONMENT
+        assert locked_out(capsys.readouterr().err, os.getpid())
+        assert snapshot(out) == before
+    assert main(args) == 0
+    assert (out / "base" / "config.json").is_file() and (out / "peft.json").is_file()
+    assert not (out / OWNER_FILE).exists()

@@ -193,12 +193,15 @@ class Trainer:
         dist: this process's place in the job, from :func:`lmforge.training.distributed.setup` (default: set up
             from ``config.strategy`` and ``config.device``). Build the datasets after it: they take their slice
             from the process group.
+        lock: the run folder's :class:`~lmforge.utils.lock.RunFolderLock`, held already by a caller that wrote
+            files of its own into ``out`` before the Trainer was built; the first ``fit()`` releases it at its end.
     """
 
     def __init__(self, model: torch.nn.Module, objective, train_data: Iterable, config: TrainConfig, *,
                  out: str | Path | None = None, eval_data: Iterable | None = None, eval_objective=None,
                  tokenizer=None, loss=None, model_files: dict[str, str] | None = None,
-                 dist: DistContext | None = None, on_start: Callable[[], None] | None = None) -> None:
+                 dist: DistContext | None = None, on_start: Callable[[], None] | None = None,
+                 lock: RunFolderLock | None = None) -> None:
         if out is None and config.out is None:
             raise ValueError("the Trainer needs a run folder: pass out=... or set config.out")
         self.config = config.validate()
@@ -241,8 +244,8 @@ class Trainer:
         self._signal: int | None = None
         self.on_start = on_start
         # One writer per run folder: held from the start of each fit() to its end (only the main rank writes).
-        self._lock = RunFolderLock(self.out) if self.dist.is_main else None
-        self._locked = False
+        self._lock = lock if lock is not None else RunFolderLock(self.out) if self.dist.is_main else None
+        self._locked = lock is not None
         self._nonfinite = 0  # optimizer steps in a row with a non-finite loss or gradient norm
         self._skipped_seen = 0
 
