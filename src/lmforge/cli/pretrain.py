@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from lmforge.cli.main import plain_warnings
+from lmforge.errors import InputFileNotFound, UserInputError
 from lmforge.training import config as tc
 from lmforge.training import distributed
 from lmforge.training.config import TrainConfig, read_settings, setting_names
@@ -48,6 +49,8 @@ OPTIONS = [
     ("min_lr_ratio", "end of linear/cosine decay, as a share of --lr"),
     ("weight_decay", "AdamW weight decay (not applied to biases, norms, embeddings)"),
     ("grad_clip", "clip the global gradient norm to this (0: off)"),
+    ("max_nonfinite_steps", "stop with an error after this many steps in a row with a non-finite loss or "
+                            "gradient norm (their updates are skipped; 0: never stop)"),
     ("eval_every", "evaluate on the val split every N steps (0: never)"),
     ("eval_batches", "batches per evaluation"),
     ("save_every", "write a checkpoint every N steps (and always at the end)"),
@@ -84,6 +87,13 @@ def _settings(args):
         config = TrainConfig()
     source = "command line" if not args.config else f"command line (over {args.config})"
     config = config.updated(given, source=source)
+    if config.resume and config.out and not args.config and not (Path(config.out) / "config.yaml").is_file() \
+            and not all((config.model, config.objective, config.data)):
+        if not Path(config.out).exists():
+            raise InputFileNotFound(f"--out {config.out}: no such folder, so there is no run to resume; check the "
+                                    "path, or start a run there without --resume")
+        raise UserInputError(f"--out {config.out}: holds no run to resume (no config.yaml); check the path, or "
+                             "start a run there without --resume")
     config.require("model", "objective", "data", "out", source=args.config or "a --config file")
     return config
 

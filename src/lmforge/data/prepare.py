@@ -55,6 +55,7 @@ import numpy as np
 from lmforge.data.sources import DataError, iter_documents, resolve_inputs
 from lmforge.tokenization import Tokenizer
 from lmforge.utils.io import atomic_write_bytes, atomic_write_text
+from lmforge.utils.lock import RunFolderLock
 from lmforge.errors import InputFileNotFound
 
 SPLITS = ("train", "val")
@@ -229,6 +230,17 @@ def prepare(
                    for p in paths],
     }
     fingerprint = _fingerprint(settings)
+    old = _check_foreign(out, fingerprint, settings, overwrite)  # reads only: a refused re-run writes nothing
+    if old is not None and old.get("fingerprint") == fingerprint and old.get("complete"):
+        return old  # finished: nothing to write, so no lock either (the folder may be read-only by now)
+    created = not out.exists()
+    with RunFolderLock(out):  # one writer per folder; _start checks again under the lock
+        return _prepare(out, fingerprint, settings, overwrite, created, tok, paths, np_dtype, val_fraction, seed,
+                        text_field, errors, shard_mb, batch_mb, progress)
+
+
+def _prepare(out, fingerprint, settings, overwrite, created, tok, paths, np_dtype, val_fraction, seed, text_field,
+             errors, shard_mb, batch_mb, progress) -> dict[str, Any]:
     manifest = _start(out, fingerprint, settings, overwrite)
     if manifest.get("complete"):
         return manifest
@@ -240,7 +252,6 @@ def prepare(
                       "special_token_ids": tok.special_token_ids(), "boundary_token_id": tok.boundary_id},
         "splits": {s: {} for s in SPLITS},
     })
-    created = not out.exists()
     try:
         _run(out, manifest, tok, paths, np_dtype, val_fraction, seed, text_field, errors, shard_mb, batch_mb,
              progress)
@@ -256,23 +267,32 @@ def prepare(
     return manifest
 
 
+def _check_foreign(out: Path, fingerprint: str, settings: dict[str, Any], overwrite: bool) -> dict[str, Any] | None:
+    """The manifest in ``out`` (None if there is none); refuse one of a preparation with other settings."""
+    path = out / MANIFEST
+    if not path.is_file():
+        return None
+    old = json.loads(path.read_text(encoding="utf-8"))
+    if old.get("fingerprint") != fingerprint and not overwrite:
+        before = old.get("settings", {})
+        changed = [k for k in settings if before.get(k) != settings[k]] or ["format"]
+        raise DataError(f"{out} holds shards prepared with different {', '.join(changed)}; "
+                        "pass --overwrite to replace them or choose another --out")
+    return old
+
+
 def _start(out: Path, fingerprint: str, settings: dict[str, Any], overwrite: bool) -> dict[str, Any]:
     """Load a resumable manifest from ``out`` (or start a fresh one); refuse a foreign preparation."""
     path = out / MANIFEST
-    if not path.is_file():
+    old = _check_foreign(out, fingerprint, settings, overwrite)
+    if old is None:
         _clean_temporaries(out)
         return {"chunks": []}
-    old = json.loads(path.read_text(encoding="utf-8"))
     if old.get("fingerprint") == fingerprint:
         _clean_temporaries(out)
         if old.get("complete"):
             return old
         return {"chunks": _verified_chunks(out, old)}
-    if not overwrite:
-        before = old.get("settings", {})
-        changed = [k for k in settings if before.get(k) != settings[k]] or ["format"]
-        raise DataError(f"{out} holds shards prepared with different {', '.join(changed)}; "
-                        "pass --overwrite to replace them or choose another --out")
     for name in (*SPLITS, "tokenizer"):
         shutil.rmtree(out / name, ignore_errors=True)
     path.unlink()

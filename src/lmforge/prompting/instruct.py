@@ -274,11 +274,11 @@ def finetune_instruct(model, tokenizer, train: Sequence | str | Path, config, *,
     collator = SFTCollator(tokenizer.pad_id, max_length, pack)
     batches = ExampleBatches(examples, config.batch_size, seed=config.seed)
     eval_batches = ExampleBatches(evals, config.batch_size, shuffle=False) if evals else None
-    trainer = Trainer(model, collator, batches, config, out=out, eval_data=eval_batches, tokenizer=tokenizer)
-    result = trainer.fit()
-    if result.model_dir is not None:
-        template.save(result.model_dir)
-    return result
+    # The template goes into OUT/model with the weights: one atomic folder, written while the run holds its lock.
+    files = {CHAT_TEMPLATE_FILE: json.dumps(asdict(template), indent=2) + "\n"}
+    trainer = Trainer(model, collator, batches, config, out=out, eval_data=eval_batches, tokenizer=tokenizer,
+                      model_files=files)
+    return trainer.fit()
 
 
 def finetune_instruct_from_settings(settings: dict[str, Any], *, pack: bool = False):

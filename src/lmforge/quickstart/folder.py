@@ -33,11 +33,13 @@ from typing import Any, Callable
 
 from lmforge.errors import LmforgeError, UserInputError
 from lmforge.utils.io import atomic_write_text
+from lmforge.utils.lock import LOCK_FILE, OWNER_FILE
 
 SETTINGS = "settings.json"
 STAGES = "stages"
 # The settings a re-run must repeat: its stages were planned and measured under them.
 COMPARED = ("minutes", "device")
+LOCK_FILES = (LOCK_FILE, OWNER_FILE)  # the run folder's lock (lmforge.utils.lock), not the run's own files
 
 
 class SettingsMismatch(LmforgeError, ValueError):
@@ -58,20 +60,25 @@ class RunFolder:
     def settings(self) -> dict[str, Any] | None:
         return _read_json(self.settings_file)
 
-    def start(self, settings: dict[str, Any]) -> None:
-        """Record ``settings`` in a new folder, or check that an existing run was started with the same ones.
+    def check(self, settings: dict[str, Any], restart: bool = False) -> None:
+        """What :meth:`start` (after :meth:`restart` when ``restart``) would refuse, found by reading only.
 
         Raises:
             SettingsMismatch: the folder holds a run started with other settings (the message says which, and
-                how to restart).
+                how to restart), or is not a quickstart folder.
         """
+        if restart:
+            if self.root.exists() and self.settings() is None and not self.has_stages():
+                raise SettingsMismatch(f"{self.root}: not a quickstart run folder (no {SETTINGS}); "
+                                       "refusing to delete it")
+            return
         saved = self.settings()
         if saved is None:
-            if self.root.exists() and any(p.name != STAGES for p in self.root.iterdir()) and not self.has_stages():
+            if self.root.exists() and any(p.name not in (STAGES, *LOCK_FILES) for p in self.root.iterdir()) \
+                    and not self.has_stages():
                 # Not a quickstart folder (no settings.json, other files): never write into a stranger's folder.
                 raise SettingsMismatch(f"{self.root}: exists and is not a quickstart run folder; "
                                        "choose another --out")
-            atomic_write_text(self.settings_file, json.dumps(settings, indent=2) + "\n")
             return
         for key in COMPARED:
             if saved.get(key) != settings.get(key):
@@ -80,14 +87,25 @@ class RunFolder:
                     f"{self.root} was started with {flag} {saved.get(key)}, not {settings.get(key)}; run it with "
                     f"{flag} {saved.get(key)} to resume, add --restart to start over, or choose another --out")
 
+    def start(self, settings: dict[str, Any]) -> None:
+        """Record ``settings`` in a new folder, or check that an existing run was started with the same ones.
+
+        Raises:
+            SettingsMismatch: as :meth:`check`.
+        """
+        self.check(settings)
+        if self.settings() is None:
+            atomic_write_text(self.settings_file, json.dumps(settings, indent=2) + "\n")
+
     def restart(self) -> None:
-        """Delete everything the quickstart wrote into the folder (it must be a quickstart folder)."""
+        """Delete everything the quickstart wrote into the folder (it must be a quickstart folder); the lock
+        files stay, since the caller holds the lock."""
         if not self.root.exists():
             return
-        if self.settings() is None and not self.has_stages():
-            raise SettingsMismatch(f"{self.root}: not a quickstart run folder (no {SETTINGS}); "
-                                   "refusing to delete it")
-        shutil.rmtree(self.root)
+        self.check({}, restart=True)
+        for child in self.root.iterdir():
+            if child.name not in LOCK_FILES:
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
 
     # ------------------------------------------------------------------ stages
     def stage_file(self, name: str) -> Path:

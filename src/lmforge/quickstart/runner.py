@@ -29,6 +29,7 @@ from lmforge.quickstart.folder import RunFolder
 from lmforge.quickstart.runs import drop_checkpoints
 from lmforge.quickstart.stages import STAGES, Stage
 from lmforge.errors import UserInputError
+from lmforge.utils.lock import RunFolderLock
 
 
 def resolve_device(device: str) -> str:
@@ -121,12 +122,20 @@ def run_quickstart(out: str | Path, minutes: float, device: str = "auto", *, res
 
 def _run(folder: RunFolder, minutes: float, device: str, restart: bool, progress: bool, stages: Sequence[Stage],
          clock: Callable[[], float] | None) -> dict[str, Any]:
+    settings = {"minutes": minutes, "device": device, "lmforge_version": lmforge.__version__,
+                "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    folder.check(settings, restart)  # reads only: a refused re-run leaves the folder as it was
+    with RunFolderLock(folder.root):  # one writer per folder; restart and start check again under the lock
+        if restart:
+            folder.restart()
+        folder.start(settings)
+        return _run_stages(folder, minutes, device, progress, stages, clock)
+
+
+def _run_stages(folder: RunFolder, minutes: float, device: str, progress: bool, stages: Sequence[Stage],
+                clock: Callable[[], float] | None) -> dict[str, Any]:
     import torch
 
-    if restart:
-        folder.restart()
-    folder.start({"minutes": minutes, "device": device, "lmforge_version": lmforge.__version__,
-                  "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
     results = folder.results()
     spent = sum(r.get("seconds", 0.0) for r in results.values())
     budget = Budget(minutes * 60, dict(WEIGHTS), spent_before=spent, clock=clock)

@@ -40,14 +40,16 @@ from lmforge.tasks.data import ExampleBatches, Table
 from lmforge.tasks.mixture import mixture_rates, task_tables
 from lmforge.tasks.model import build_task_model
 from lmforge.tasks.optim import ScaledAdamW, build_finetune_optimizer, layer_groups
-from lmforge.tasks.peft import PEFT_BASE_DIR, apply_task_peft, parameter_report, peft_base, record_peft_run
+from lmforge.tasks.peft import PEFT_BASE_DIR, PEFT_FILE, apply_task_peft, parameter_report, peft_base, record_peft_run
 from lmforge.tasks.recipe import Recipe
 from lmforge.tasks.registry import build_task
 from lmforge.tasks.spec import TaskSpec
 from lmforge.tasks.trainer import FinetuneTrainer
 from lmforge.training.config import TrainConfig
+from lmforge.training.distributed import launcher_env
 from lmforge.training.state import seed_all
 from lmforge.training.trainer import TrainResult, check_fresh_run
+from lmforge.utils.lock import RunFolderLock
 
 # Fine-tuning's public names, importable from this entry point too (each part lives in the module named above).
 __all__ = ["FinetuneResult", "FinetuneTrainer", "Recipe", "ScaledAdamW", "build_finetune_optimizer", "finetune",
@@ -80,7 +82,8 @@ def finetune(model, spec: TaskSpec, train, eval=None, *, config: TrainConfig, re
              out: str | Path, tokenizer=None, random_init: bool = False, epochs: float | None = None,
              warmup_ratio: float | None = None, peft: PeftConfig | None = None,
              wrap: Callable[[nn.Module], nn.Module] | None = None,
-             log: Callable[[str], None] | None = None) -> FinetuneResult:
+             log: Callable[[str], None] | None = None,
+             on_start: Callable[[], None] | None = None) -> FinetuneResult:
     """Fine-tune ``model`` on a task and return the result (see :class:`FinetuneResult`).
 
     Args:
@@ -99,19 +102,37 @@ def finetune(model, spec: TaskSpec, train, eval=None, *, config: TrainConfig, re
         peft: train a PEFT adapter (and the head) instead of the whole model; see the module docstring.
         wrap: a function applied to the assembled TaskModel before training (after ``peft``).
         log: called with one-line progress notes (what is trained on what), e.g. ``print``.
+        on_start: writes the caller's run files once the Trainer has checked and locked ``out`` (see
+            :class:`~lmforge.training.Trainer`).
     """
     # Everything initialised here (a from-scratch body, the new head, PEFT weights) draws from the global
     # generators: seed them, or the same command gives a different model in every process.
     seed_all(config.seed)
     recipe = recipe or Recipe()
     out = Path(out)
-    source = model
+    source, lock = model, None
     if peft is not None:
         if recipe.freeze_body:
             raise ConfigError("Recipe.freeze_body trains the head only; it cannot be combined with a PEFT adapter")
         check_fresh_run(out, config.resume)  # before OUT/base or OUT/peft.json of an existing run can be touched
-        if config.resume and (out / PEFT_BASE_DIR / "config.json").is_file():
+        if not (config.resume and (out / PEFT_FILE).is_file()) and launcher_env()[0] == 0:
+            # OUT/base and OUT/peft.json are written before the Trainer exists: lock the folder for them (the
+            # Trainer keeps the lock for the run), then check again, now that no other process can write.
+            lock = RunFolderLock(out).acquire()
+    try:
+        if lock is not None:
+            check_fresh_run(out, config.resume)
+        if peft is not None and config.resume and (out / PEFT_BASE_DIR / "config.json").is_file():
             source, random_init = out / PEFT_BASE_DIR, False  # the snapshot this run's base was saved to
+        return _finetune(source, spec, train, eval, config, recipe, out, tokenizer, random_init, epochs,
+                         warmup_ratio, peft, wrap, log, on_start, lock)
+    finally:
+        if lock is not None:
+            lock.release()  # a no-op once the Trainer's fit has released it
+
+
+def _finetune(source, spec, train, eval, config, recipe, out, tokenizer, random_init, epochs, warmup_ratio, peft,
+              wrap, log, on_start, lock) -> FinetuneResult:
     body, tok = load_body(source, tokenizer, random_init)
     cfg = body.config
     train_tables, eval_tables = task_tables(spec, train, eval)
@@ -150,7 +171,7 @@ def finetune(model, spec: TaskSpec, train, eval=None, *, config: TrainConfig, re
             + f" | {sum(len(s) for s in train_sets)} train / {len(eval_examples)} eval examples | "
             f"{config.max_steps} steps x {config.batch_size} | lr {config.lr:g} {config.schedule} | {trainable}")
     trainer = FinetuneTrainer(task_model, task, batches, config, recipe, out=out, eval_examples=eval_examples or None,
-                              tokenizer=tok, peft_base=base)
+                              tokenizer=tok, peft_base=base, on_start=on_start, lock=lock)
     params = {"trainable": report.trainable, "total": report.total} if report else trainer.parameter_counts()
     result = trainer.fit()
     counts = {"train": sum(len(s) for s in train_sets), "eval": len(eval_examples)}

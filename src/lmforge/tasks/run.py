@@ -3,7 +3,8 @@
 :func:`run_finetune` routes a run to supervised fine-tuning of a decoder on instructions (``task: instruct``,
 :mod:`lmforge.prompting.instruct`) or to task fine-tuning (:func:`lmforge.tasks.finetune.finetune`), with or
 without a PEFT adapter. A task run writes ``OUT/finetune.yaml`` first, so ``--resume`` finds its settings, and
-refuses a folder that already holds another run. With ``merge`` it then folds the adapter into ``OUT/merged``.
+refuses a folder that already holds another run; it writes the file only once every check has passed and the
+Trainer holds the folder's lock, so a refused run leaves the folder as it was. With ``merge`` it then folds the adapter into ``OUT/merged``.
 
 Example (a sketch: it trains)::
 
@@ -71,14 +72,13 @@ def run_finetune(settings: dict[str, Any], *, pack: bool = False,
                                    source="command line")
     out = Path(settings["out"])
     check_fresh_run(out, config.resume)
-    out.mkdir(parents=True, exist_ok=True)
-    save_settings(settings)
     peft = PeftConfig.from_dict(settings["peft"], source=f"{out / SETTINGS_FILE}: peft") if settings["peft"] else None
     if peft is not None and recipe.freeze_body:
         raise UserInputError("--freeze-body trains the head only; it cannot be combined with --peft")
     result = finetune(settings["model"], spec, settings["train"], settings["eval"], config=config, recipe=recipe,
                       out=out, tokenizer=settings["tokenizer"], random_init=settings["random_init"],
-                      epochs=epochs, warmup_ratio=warmup_ratio, peft=peft, log=log)
+                      epochs=epochs, warmup_ratio=warmup_ratio, peft=peft, log=log,
+                      on_start=lambda: save_settings(settings))
     train = result.train
     run = FinetuneRun(out, train.step, Path(train.model_dir) if train.model_dir else None, best=result.best,
                       stopped_by=train.stopped_by)

@@ -203,6 +203,13 @@ def finetune_settings(given: dict[str, Any]) -> dict[str, Any]:
         settings["merge"] = True
     if settings["merge"]:
         check_merge(settings["peft"])
+    if given.get("resume") and settings["out"] and not saved and not settings["model"]:
+        out = Path(settings["out"])
+        if not out.exists():
+            raise InputFileNotFound(f"--out {out}: no such folder, so there is no run to resume; check the path, "
+                                    "or start a run there without --resume")
+        raise UserInputError(f"--out {out}: holds no run to resume (no {SETTINGS_FILE}); check the path, or start "
+                             "a run there without --resume")
     for key, flag in (("model", "--model"), ("out", "--out")):
         if not settings[key]:
             raise UserInputError(f"missing {flag}")

@@ -40,6 +40,7 @@ _LAZY = {
     "RunExistsError": "trainer",
     "Trainer": "trainer",
     "TrainResult": "trainer",
+    "TrainingDiverged": "trainer",
 }
 
 __all__ = sorted(_LAZY)

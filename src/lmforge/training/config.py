@@ -52,7 +52,8 @@ class TrainConfig(ConfigBase):
         batch: ``batch_size`` sequences per micro-batch, ``grad_accum`` micro-batches per optimizer step,
             ``seq_len`` model input length (default: the model's ``max_seq_len``), ``max_steps`` optimizer steps.
         optimizer: AdamW ``lr``, ``betas``, ``eps``, ``weight_decay`` (not applied to the parameter kinds in
-            ``no_decay``), ``grad_clip`` (max global L2 norm; 0 = off).
+            ``no_decay``), ``grad_clip`` (max global L2 norm; 0 = off), ``max_nonfinite_steps`` (stop the run
+            when this many optimizer steps in a row have a non-finite loss or gradient norm; 0 = never).
         schedule: ``schedule``, ``warmup`` steps, ``min_lr_ratio`` (end of linear/cosine decay, as a share of
             ``lr``), ``cut_frac`` and ``stlr_ratio`` (slanted triangular).
         speed: ``precision``, ``compile``, ``activation_checkpointing``, ``device``, ``num_workers``.
@@ -85,6 +86,7 @@ class TrainConfig(ConfigBase):
     weight_decay: float = 0.01
     no_decay: list[str] = field(default_factory=lambda: list(NO_DECAY_KINDS))
     grad_clip: float = 1.0
+    max_nonfinite_steps: int = 3
     # --- schedule ------------------------------------------------------------------------------
     schedule: str = "cosine"
     warmup: int = 0
@@ -145,7 +147,7 @@ class TrainConfig(ConfigBase):
         for key in ("max_steps", "batch_size", "grad_accum", "eval_batches", "keep_checkpoints"):
             if getattr(self, key) < 1:
                 raise bad(key, "must be >= 1")
-        for key in ("warmup", "eval_every", "save_every", "num_workers", "seed"):
+        for key in ("warmup", "eval_every", "save_every", "num_workers", "seed", "max_nonfinite_steps"):
             if getattr(self, key) < 0:
                 raise bad(key, "must be >= 0")
         if self.seq_len is not None and self.seq_len < 2:

@@ -20,7 +20,9 @@ This is where the pieces meet; the Trainer itself stays ignorant of objectives a
 
 * **Ranks.** Under torchrun (``strategy`` ddp/fsdp) the process group is joined first, so that the datasets
   take this rank's slice; the training objective's seed is :func:`~lmforge.training.distributed.rank_seed`, so
-  ranks mask differently. Only rank 0 writes ``config.yaml`` and ``tokenizer/``.
+  ranks mask differently. Only rank 0 writes ``config.yaml`` and ``tokenizer/``, and only when the Trainer
+  starts, after its resume checks passed and it holds the run folder's lock: a refused resume leaves the
+  folder as it was.
 
 The run folder is self-contained: ``config.yaml`` (these settings), ``tokenizer/``, ``checkpoints/``,
 ``metrics.jsonl``, ``tensorboard/``, ``loss.png`` and, at the end, ``model/`` (loadable by ``lmforge.load``).
@@ -201,14 +203,15 @@ def build_pretraining(config: TrainConfig) -> PretrainRun:
 
     config = _absolute(config)
     out = Path(config.out)
-    trainer = Trainer(model, objective, train_data, config, eval_data=eval_data, eval_objective=eval_objective,
-                      tokenizer=tokenizer, dist=ctx)
-    if not config.resume:
-        trainer.check_fresh()  # before config.yaml is rewritten: refusing must leave the old run untouched
-    if ctx.is_main:
-        out.mkdir(parents=True, exist_ok=True)
+
+    def write_run_files() -> None:  # by the Trainer, once the run folder is checked and locked
         config.save(out / "config.yaml")
         tokenizer.save(out / "tokenizer")
+
+    trainer = Trainer(model, objective, train_data, config, eval_data=eval_data, eval_objective=eval_objective,
+                      tokenizer=tokenizer, dist=ctx, on_start=write_run_files)
+    if not config.resume:
+        trainer.check_fresh()  # refuse early, before the model is trained or anything is written
     return PretrainRun(config, tokenizer, model, trainer)
 
 

@@ -64,7 +64,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
@@ -72,7 +72,7 @@ from torch import nn
 import lmforge
 from lmforge import checkpoint as model_checkpoint
 from lmforge.config import ConfigError
-from lmforge.errors import LmforgeError, UserInputError
+from lmforge.errors import LmforgeError, RunLocked, UserInputError
 from lmforge.objectives.base import IGNORE_INDEX
 from lmforge.training import dist_checkpoint, distributed
 from lmforge.training.activation_checkpointing import enable_activation_checkpointing
@@ -91,6 +91,7 @@ from lmforge.training.state import (
     seed_all,
     to_json,
 )
+from lmforge.utils.lock import RunFolderLock
 
 MODEL_DIR = "model"
 SIGNAL_ECHO_S = 1.0  # with several ranks, a repeated SIGINT this soon after the first is torchrun passing it on
@@ -107,6 +108,10 @@ def check_fresh_run(out: str | Path, resume: bool = False) -> None:
     if steps and not resume:
         raise RunExistsError(f"{out} already holds a run (checkpoints up to step {steps[-1]}): resume it with "
                              "--resume (resume=True) or choose another output folder")
+
+
+class TrainingDiverged(LmforgeError):
+    """The loss or the gradient norm stayed non-finite for ``max_nonfinite_steps`` optimizer steps in a row."""
 
 
 @dataclass
@@ -182,15 +187,21 @@ class Trainer:
             ``model.forward``.
         model_files: name -> text of further files written into the final model folder (e.g. the pooling
             settings of a sentence encoder).
+        on_start: called once (on the main rank) when the run starts, after the resume checks passed and
+            the run folder is locked, before the first step: writes the caller's own run files (config,
+            settings, tokenizer), so that a refused run leaves the folder as it was.
         dist: this process's place in the job, from :func:`lmforge.training.distributed.setup` (default: set up
             from ``config.strategy`` and ``config.device``). Build the datasets after it: they take their slice
             from the process group.
+        lock: the run folder's :class:`~lmforge.utils.lock.RunFolderLock`, held already by a caller that wrote
+            files of its own into ``out`` before the Trainer was built; the first ``fit()`` releases it at its end.
     """
 
     def __init__(self, model: torch.nn.Module, objective, train_data: Iterable, config: TrainConfig, *,
                  out: str | Path | None = None, eval_data: Iterable | None = None, eval_objective=None,
                  tokenizer=None, loss=None, model_files: dict[str, str] | None = None,
-                 dist: DistContext | None = None) -> None:
+                 dist: DistContext | None = None, on_start: Callable[[], None] | None = None,
+                 lock: RunFolderLock | None = None) -> None:
         if out is None and config.out is None:
             raise ValueError("the Trainer needs a run folder: pass out=... or set config.out")
         self.config = config.validate()
@@ -231,6 +242,12 @@ class Trainer:
         self._started = False
         self._last_saved: tuple[int, Path] | None = None
         self._signal: int | None = None
+        self.on_start = on_start
+        # One writer per run folder: held from the start of each fit() to its end (only the main rank writes).
+        self._lock = lock if lock is not None else RunFolderLock(self.out) if self.dist.is_main else None
+        self._locked = lock is not None
+        self._nonfinite = 0  # optimizer steps in a row with a non-finite loss or gradient norm
+        self._skipped_seen = 0
 
     def _fsdp_options(self) -> dict[str, Any]:
         cfg = self.config
@@ -309,11 +326,16 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         grad_norm = distributed.full_value(grad_norm)  # FSDP: a DTensor, the norm over every rank's shards
-        if math.isfinite(grad_norm):
+        loss_finite = stats["loss"] is None or math.isfinite(stats["loss"])
+        if math.isfinite(grad_norm) and loss_finite:
             self.optimizer.step()
-        else:  # one bad batch must not poison the weights and the Adam moments for the rest of the run
+        else:
+            # Skipped, as GradScaler skips an overflowing step: one bad batch must not poison the weights and
+            # the Adam moments, and a run that keeps diverging stops (fit) with weights still finite, so the
+            # newest checkpoint stays the last good one.
             self.skipped_steps += 1
-            warnings.warn(f"step {self.step + 1}: non-finite gradient norm; update skipped", stacklevel=2)
+            what = "gradient norm" if loss_finite else "loss"
+            warnings.warn(f"step {self.step + 1}: non-finite {what}; update skipped", stacklevel=2)
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.tokens_seen += tokens
@@ -423,7 +445,7 @@ class Trainer:
         state = dist_checkpoint.load_training_checkpoint(folder, self.checkpoint_module(), self.optimizer, raw,
                                                          self.dist)
         self.step, self.tokens_seen = state["step"], state["tokens"]
-        self.skipped_steps = state.get("skipped_steps", 0)
+        self.skipped_steps = self._skipped_seen = state.get("skipped_steps", 0)
         self._restore_rank_state(state)
         self._batches = None  # the next batch comes from the restored position
         self._last_saved = (self.step, folder)
@@ -486,8 +508,8 @@ class Trainer:
         """Raise RunExistsError if ``OUT`` already holds checkpoints (a fresh run would clobber them)."""
         check_fresh_run(self.out)
 
-    def _begin(self) -> None:
-        self.out.mkdir(parents=True, exist_ok=True)
+    def _check_start(self) -> None:
+        """Resume from ``OUT`` or check that it holds no run: only reads, so a refusal leaves ``OUT`` untouched."""
         if self.config.resume:
             if self.resume():
                 return
@@ -497,17 +519,69 @@ class Trainer:
         # (and each rank its own masks; rank 0 those of a single-process run).
         seed_all(distributed.rank_seed(self.config.seed, self.dist.rank))
 
+    def _checkpoint_listing(self) -> tuple[list[int], str | None]:
+        latest = self.checkpoints.root / "latest"
+        return self.checkpoints.steps(), latest.read_text(encoding="utf-8") if latest.is_file() else None
+
+    def _begin(self) -> None:
+        # Check, lock, re-check, write: the checks come first so that a refused run writes nothing (not
+        # even the lock file); the lock then makes this the only writer, and if another writer changed the
+        # checkpoints between the check and the lock, the check is made again.
+        seen = self._checkpoint_listing()
+        self._check_start()
+        self._acquire_lock()
+        if self._checkpoint_listing() != seen:
+            self._check_start()
+        self.out.mkdir(parents=True, exist_ok=True)
+        if self.on_start is not None and self.dist.is_main:
+            self.on_start()
+
+    def _acquire_lock(self) -> None:
+        """Lock ``OUT`` on the main rank (the only one that writes); every rank fails if that fails."""
+        error = None
+        if self._lock is not None and not self._locked:
+            try:
+                self._lock.acquire()
+                self._locked = True
+            except LmforgeError as exc:
+                error = exc
+        if self.dist.world_size > 1:
+            message = self.dist.broadcast_json({"error": str(error) if error else None})["error"]
+            if message and error is None:
+                raise RunLocked(message)
+        if error is not None:
+            raise error
+
+    def _release_lock(self) -> None:
+        if self._lock is not None and self._locked:
+            self._lock.release()
+            self._locked = False
+
     def fit(self, steps: int | None = None) -> TrainResult:
         """Train until ``config.max_steps`` (or for at most ``steps`` more steps), then save a checkpoint.
 
         The first call resumes from ``OUT`` when ``config.resume`` is set, and refuses to overwrite an existing
         run otherwise. The schedule always spans ``config.max_steps``, so ``fit(steps=n)`` twice equals
-        ``fit()`` up to step ``2n``. Reaching ``max_steps`` also writes ``OUT/model``.
+        ``fit()`` up to step ``2n``. Reaching ``max_steps`` also writes ``OUT/model``. ``OUT`` is locked
+        (:class:`~lmforge.utils.lock.RunFolderLock`) for the duration of the call.
+
+        Raises:
+            RunLocked: another process is writing to ``OUT``.
+            TrainingDiverged: ``config.max_nonfinite_steps`` steps in a row had a non-finite loss or gradient
+                norm; nothing is saved, so the newest checkpoint is the last good one.
         """
+        try:
+            if not self._started:
+                self._begin()
+                self._started = True
+            else:
+                self._acquire_lock()
+            return self._fit(steps)
+        finally:
+            self._release_lock()
+
+    def _fit(self, steps: int | None) -> TrainResult:
         cfg = self.config
-        if not self._started:
-            self._begin()
-            self._started = True
         target = cfg.max_steps if steps is None else min(cfg.max_steps, self.step + steps)
         stopped_by = "max_steps" if target == cfg.max_steps else "steps"
         record: dict[str, Any] = {}
@@ -523,11 +597,13 @@ class Trainer:
                         record.update(self.evaluate())
                     if logger is not None:
                         logger.log(record)
+                    self._check_divergence(record)
                     signum = self._agreed_signal()
                     if signum is not None:
                         stopped_by = signal.Signals(signum).name
                         break
-                    if cfg.save_every and self.step % cfg.save_every == 0 and self.step < target:
+                    if cfg.save_every and self.step % cfg.save_every == 0 and self.step < target \
+                            and not self._nonfinite:  # the checkpoint after a good step stays the newest
                         self.save_checkpoint()
                         if logger is not None:
                             logger.plot()
@@ -539,6 +615,23 @@ class Trainer:
         model_dir = self.save_model() if self.step >= cfg.max_steps else None
         return TrainResult(self.step, stopped_by, self._last_saved[1] if self._last_saved else None, model_dir,
                            record)
+
+    def _check_divergence(self, record: dict[str, Any]) -> None:
+        """Count the steps in a row whose update was skipped for a non-finite loss or gradient norm; raise
+        TrainingDiverged at ``config.max_nonfinite_steps``. Every rank sees the same reduced numbers."""
+        loss = record.get("loss")
+        bad = self.skipped_steps > self._skipped_seen or (loss is not None and not math.isfinite(loss))
+        self._skipped_seen = self.skipped_steps
+        self._nonfinite = self._nonfinite + 1 if bad else 0
+        limit = self.config.max_nonfinite_steps
+        if limit and self._nonfinite >= limit:
+            last = str(self._last_saved[1]) if self._last_saved else "none (no checkpoint was saved)"
+            lr = record.get("lr", self.config.lr)
+            raise TrainingDiverged(
+                f"training diverged at step {self.step}: {self._nonfinite} steps in a row with a non-finite loss or "
+                f"gradient norm (loss {loss}, lr {lr:.3g}); the last good "
+                f"checkpoint is {last} and nothing newer was saved. Lower the learning rate (or raise the warmup), "
+                "or set max_nonfinite_steps (0: never stop)")
 
     def _agreed_signal(self) -> int | None:
         """The signal that stops the run, if any rank caught one: all ranks stop after the same step."""
