@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from lmforge.config import ModelConfig, resolve_config
-from lmforge.model_folder import WEIGHTS_FILE, load_weights, materialise, read_config
+from lmforge.model_folder import WEIGHTS_FILE, load_weights, materialise, read_config, verify_folder
 from lmforge.models.transformer import ModelOutput, Transformer
 from lmforge.nn.labels import shift_right
 
@@ -26,8 +26,11 @@ def build_model(config: ModelConfig | str, **overrides) -> Transformer:
     return Transformer(cfg)
 
 
-def load_transformer(path: str | Path) -> Transformer:
+def load_transformer(path: str | Path, verify: bool | None = None) -> Transformer:
     """A Transformer from an lmforge model folder, on the CPU in fp32 (train mode).
+
+    ``verify`` checks the folder's files against its manifest first (see
+    :func:`lmforge.model_folder.verify_folder`; None: the default, normally True).
 
     Nothing is allocated until the config has been read: the model is built on the meta device, then
     given storage and filled from the safetensors file. :func:`lmforge.checkpoint.load` loads every
@@ -35,6 +38,7 @@ def load_transformer(path: str | Path) -> Transformer:
     """
     path = Path(path)
     cfg = read_config(path)
+    verify_folder(path, verify)
     with torch.device("meta"):
         shell = Transformer(cfg)
     model = materialise(shell)

@@ -205,6 +205,7 @@ def save_task_model(model: TaskModel, path: str | Path, tokenizer=None, extra: d
         if model.head is not None:
             tensors = {k: v.detach().contiguous().cpu() for k, v in model.head.state_dict().items()}
             save_file(tensors, str(tmp / HEAD_FILE), metadata={"format": "pt"})
+        checkpoint.write_manifest(tmp)  # the body's, extended to task.json and the head
     return path
 
 

@@ -172,6 +172,7 @@ def save_peft_task_model(model: nn.Module, path: str | Path, base: str | Path, t
             save_file(tensors, str(tmp / HEAD_FILE), metadata={"format": "pt"})
         if tokenizer is not None:
             tokenizer.save(tmp)
+        checkpoint.write_manifest(tmp, tokenizer=checkpoint.tokenizer_identity(tokenizer) if tokenizer else None)
     return path
 
 
