@@ -23,6 +23,7 @@ from pathlib import Path
 
 import lmforge
 from lmforge import datasets
+from lmforge.cli._load_args import add_load_flags
 from lmforge.cli.main import UserError
 from lmforge.prompting import Template, Verbalizer, classify
 from lmforge.tokenization import Tokenizer
@@ -59,6 +60,7 @@ def register(subparsers) -> None:
                    help="multi-token answers: total or length-normalised log-likelihood")
     c.add_argument("--limit", type=int, default=None, metavar="N", help="classify only the first N examples")
     c.add_argument("--device", default="cpu", help="torch device")
+    add_load_flags(c)
     c.set_defaults(func=run_classify)
 
 
