@@ -108,8 +108,8 @@ def load_bilm(path: str | Path, device: str | torch.device = "cpu", dtype: torch
     path = Path(path)
     model = BiLM(bilm_config(path))
     if path.is_dir():
-        verify_folder(path, verify)
         load_weights(model, path / WEIGHTS_FILE)
+        verify_folder(path, verify)
     elif str(path) not in BILM_PRESETS:
         raise ConfigError(f"{path}: a BiLM model folder needs {CONFIG_FILE} and {WEIGHTS_FILE}")
     return _placed(model, device, dtype)
@@ -148,8 +148,9 @@ def read_model_folder(path: str | Path, with_tokenizer: bool = True, verify: boo
     if is_hf_folder(path):
         conv = _load_hf(path, tokenizer=True)
         return conv.model, conv.tokenizer if with_tokenizer else None
+    model = load(path, verify=verify)  # first: the manifest check covers tokenizer.json too
     tok = Tokenizer.load(path) if with_tokenizer and (path / TOKENIZER_FILE).is_file() else None
-    return load(path, verify=verify), tok
+    return model, tok
 
 
 def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,

@@ -38,11 +38,12 @@ def load_transformer(path: str | Path, verify: bool | None = None) -> Transforme
     """
     path = Path(path)
     cfg = read_config(path)
-    verify_folder(path, verify)
     with torch.device("meta"):
         shell = Transformer(cfg)
     model = materialise(shell)
     load_weights(model, path / WEIGHTS_FILE)
+    # After the structural checks, which name a missing file or a wrong shape more precisely than a hash.
+    verify_folder(path, verify)
     return model
 
 
