@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.lmforge-installed
 TORCH  := torch==2.13.0
 
-.PHONY: demo test install bench check-report clean
+.PHONY: demo test install bench bench-docs check-report clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ test: $(STAMP)
 # Every speed/memory benchmark in benchmarks/, one table of lmforge vs reference (`lmforge bench --quick`: minutes).
 bench: $(STAMP)
 	$(VENV)/bin/lmforge bench
+
+# The same run as one JSON record (docs/bench.json), rendered into docs/performance.md and the README's table.
+bench-docs: $(STAMP)
+	$(VENV)/bin/lmforge bench --json > docs/bench.json.new && mv docs/bench.json.new docs/bench.json
+	$(PY) -m benchmarks.performance_doc docs/bench.json
 
 # Opt-in: render the quickstart report in headless Chromium (apt-get install chromium) and check the screenshot
 # is not blank. Writes $(QUICKSTART)/report.png.

@@ -1,4 +1,4 @@
-"""Sentence-embedding quality on held-out Bible paraphrase pairs: the seeds' comparison (issue #10).
+"""Sentence-embedding quality on held-out Bible paraphrase pairs: static, MLM and SBERT-trained encoders compared.
 
 Rows (``--models`` picks a subset, by name or by group letter; default a,b,c,d):
 
@@ -39,19 +39,21 @@ trained on our own corpus, the order holds on both metrics.
 
 from __future__ import annotations
 
-import os
+import sys
+from pathlib import Path
 
-# Before numpy/torch start their thread pools: on a shared CPU, idle OpenMP/BLAS threads spin-wait at every
-# barrier, and two threads measured up to 50x slower than one (see --threads).
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if __package__ in (None, ""):  # run as a file (python benchmarks/embedding_quality.py): the checkout root is the import root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import quiet_transformers, single_thread_pools  # noqa: E402
+
+# Before numpy/torch start their thread pools (see --threads).
+single_thread_pools()
+quiet_transformers()
 
 import argparse  # noqa: E402
 import glob  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -125,7 +127,7 @@ def main() -> None:
     parser.add_argument("--split", default="test", help="held-out bible-paraphrase split (default: test)")
     parser.add_argument("--limit", type=int, default=None, help="use the first N pairs only")
     parser.add_argument("--models", default="a,b,c,d",
-                        help="comma-separated row names or group letters a,b,c,d,r (default: a,b,c,d, the issue's "
+                        help="comma-separated row names or group letters a,b,c,d,r (default: a,b,c,d, the main "
                              "comparison; r adds the random-init floor)")
     parser.add_argument("--mlm-model", default="/tmp/curves/mlm/model", metavar="DIR",
                         help="lmforge folder of a bert-tiny pre-trained with MLM only (default: %(default)s)")

@@ -33,26 +33,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
+import sys
 import time
+from pathlib import Path
 
-import torch
+if __package__ in (None, ""):  # run as a file (python benchmarks/generate.py): the checkout root is the import root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import quiet_transformers, sync, time_steps  # noqa: E402
 
-# The benchmark measures code, not a log flood from transformers.
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+quiet_transformers()
 
+import torch  # noqa: E402
 import transformers as hf  # noqa: E402
 
 import lmforge  # noqa: E402
 
 PROMPT_LEN = 32
 SHAPE = dict(vocab_size=8192, n_embd=384, n_layer=6, n_head=6)
-
-
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def build(device: str):
@@ -80,14 +77,6 @@ def runners(ref, ours, ids: torch.Tensor, new_tokens: int) -> dict:
     return {"hf": run_hf, "lmforge": run_eager, "compiled": run_compiled}
 
 
-def timed(fn, device: str) -> float:
-    sync(device)
-    start = time.perf_counter()
-    fn()
-    sync(device)
-    return time.perf_counter() - start
-
-
 def bench_batch(ref, ours, batch: int, new_tokens: int, repeats: int, device: str, compile: bool, cold: bool) -> dict:
     ids = torch.randint(0, SHAPE["vocab_size"], (batch, PROMPT_LEN), generator=torch.Generator().manual_seed(batch))
     runs = runners(ref, ours, ids.to(device), new_tokens)
@@ -105,12 +94,8 @@ def bench_batch(ref, ours, batch: int, new_tokens: int, repeats: int, device: st
     identical = torch.equal(expected, got)
     if compile:
         res["compiled_identical"] = torch.equal(expected, got_compiled) and torch.equal(expected, runs["compiled"]())
-    times = {name: [] for name in runs}
-    order = list(runs.items())
-    for r in range(repeats):
-        for name, fn in order[r % len(order):] + order[:r % len(order)]:  # rotate who goes first
-            times[name].append(timed(fn, device))
-    med = {name: statistics.median(t) for name, t in times.items()}
+    timed = time_steps(list(runs.values()), device, repeats=repeats, rotate=True)  # rotate who goes first
+    med = {name: seconds for name, (seconds, _) in zip(runs, timed)}
     tps = {name: batch * new_tokens / m for name, m in med.items()}
     res.update({
         "hf_tok_s": round(tps["hf"], 1), "lmforge_tok_s": round(tps["lmforge"], 1),

@@ -48,10 +48,12 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+if __package__ in (None, ""):  # run as a file (python benchmarks/peft_compare.py): the checkout root is the import root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch  # noqa: E402
 
-from finetune_quality import _config, _minilm
-from peft_memory import peak_bytes
+from benchmarks.common import peak_bytes  # noqa: E402
+from benchmarks.finetune_quality import _config, _minilm  # noqa: E402
 
 # method -> (default LR, PeftConfig fields or None for full fine-tuning)
 METHODS = {

@@ -32,38 +32,18 @@ import argparse
 import gc
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-import torch
+if __package__ in (None, ""):  # run as a file (python benchmarks/peft_memory.py): the checkout root is the import root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import peak_bytes, reset_peak, rss_bytes  # noqa: E402
+
+import torch  # noqa: E402
 
 CONFIGS = ("full", "lora")
-
-
-# ---------------------------------------------------------------------------------------- memory readings
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def reset_peak() -> bool:
-    """Reset VmHWM (peak RSS) to the current RSS; False if the kernel does not allow it."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def peak_bytes() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 # ---------------------------------------------------------------------------------------- one configuration
@@ -126,16 +106,16 @@ def qlora_bytes(preset: str) -> tuple[int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="bert-base")
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=None, help="default 16 (4 with --quick)")
+    parser.add_argument("--seq", type=int, default=None, help="default 128 (64 with --quick)")
+    parser.add_argument("--steps", type=int, default=None, help="default 3 (2 with --quick)")
     parser.add_argument("--quick", action="store_true", help="batch 4 x 64, 2 steps")
     parser.add_argument("--malloc-default", action="store_true",
                         help="keep glibc's adaptive mmap threshold (RSS then includes freed heap memory)")
     parser.add_argument("--worker", choices=CONFIGS, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.quick:
-        args.batch, args.seq, args.steps = 4, 64, 2
+    sizes = (4, 64, 2) if args.quick else (16, 128, 3)  # a size given explicitly wins (the smoke test's tiny runs)
+    args.batch, args.seq, args.steps = (given or size for given, size in zip((args.batch, args.seq, args.steps), sizes))
     if args.worker:
         print(json.dumps(worker(args)))
         return

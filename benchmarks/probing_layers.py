@@ -1,6 +1,6 @@
 """Per-layer linear probing on WNUT-16 NER: MiniLM (layers 0..6) against our ELMo-style biLM (`elmo-tiny`).
 
-The seeds' probing experiment (issue #10): freeze a model, take each layer's vector of every word (sub-words
+The probing experiment: freeze a model, take each layer's vector of every word (sub-words
 averaged), train a multinomial logistic-regression probe (lmforge.embeddings.probe) on the WNUT-16 training
 tweets and score the held-out ones: accuracy over all words, and macro-F1 over the entity tags (B-/I- of 10
 types; "O" left out, or predicting "O" everywhere would look good). One extra row per model is ELMo's scalar
@@ -38,19 +38,20 @@ Then::
 
 from __future__ import annotations
 
-import os
+import sys
+from pathlib import Path
 
-# Before numpy/torch load their thread pools: on a shared CPU, idle OpenMP/BLAS threads spin-wait at every
-# barrier, and two threads measured up to 50x slower than one (see --threads).
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+if __package__ in (None, ""):  # run as a file (python benchmarks/probing_layers.py): the checkout root is the import root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import quiet_transformers, single_thread_pools  # noqa: E402
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Before numpy/torch start their thread pools (see --threads).
+single_thread_pools()
+quiet_transformers()
 
 import argparse  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 

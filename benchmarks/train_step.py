@@ -19,15 +19,15 @@ matmul-bound steps most, so that run's ratios and MFU are unreliable), then a JS
 
 ``--nanogpt DIR`` times karpathy/nanoGPT's ``GPT`` (``DIR/model.py`` of a checkout, unmodified; nanoGPT is
 not a package, so it is never a dependency) on the GPT shape, interleaved with the same lmforge and HF
-steps and compiled in the same mode. The issue quotes nanoGPT's speed over HF, measured once on this
-machine, as the context of its targets; this measures that reference side by side, on the day.
+steps and compiled in the same mode: a second, independent reference for the GPT shape, measured side by
+side on the day rather than quoted from another run.
 
 The allocator matters on a CPU. glibc serves large blocks with mmap and returns them on free, so a
 step that allocates big temporaries page-faults them in again every step (the kernel zeroes each
 page). HF's fp32 logits and log-softmax take tens of thousands of faults per step here; lmforge's
 step far fewer. ``--malloc heap`` (glibc's ``mallopt``: no mmap, no trimming) keeps freed memory in
 the heap for both implementations, which removes most faults and narrows the ratio; the default
-measures what a process gets without tuning. Both are worth reading; the README reports both.
+measures what a process gets without tuning. Both are worth reading (docs/performance.md explains them).
 """
 
 from __future__ import annotations
@@ -39,19 +39,18 @@ import importlib.util
 import io
 import json
 import os
-import resource
-import statistics
 import sys
-import time
 import types
 from dataclasses import dataclass
+from pathlib import Path
 
-import torch
+if __package__ in (None, ""):  # run as a file (python benchmarks/train_step.py): the checkout root is the import root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import matmul_peak, quiet_transformers, steady, time_steps  # noqa: E402
 
-# The benchmark measures code, not a log flood from transformers.
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+quiet_transformers()
 
+import torch  # noqa: E402
 import transformers as hf  # noqa: E402
 
 from lmforge.config import ModelConfig  # noqa: E402
@@ -62,27 +61,6 @@ def device_and_dtype() -> tuple[str, torch.dtype]:
     if torch.cuda.is_available():
         return "cuda", torch.bfloat16
     return "cpu", torch.bfloat16
-
-
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def matmul_peak(device: str, n: int = 2048, repeats: int = 10) -> float:
-    """Median bf16 GFLOP/s of an n x n x n matmul: the MFU denominator."""
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ b
-    times = []
-    for _ in range(repeats):
-        sync(device)
-        t0 = time.perf_counter()
-        a @ b
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return 2 * n**3 / statistics.median(times) / 1e9
 
 
 # ---------------------------------------------------------------------------- the three shapes
@@ -161,25 +139,6 @@ def make_step(model: torch.nn.Module, batch: dict, device: str, compile_mode: st
     return step
 
 
-def time_steps(steps: list, device: str, warmup: int, repeats: int) -> list[tuple[float, float]]:
-    """For each step function, its median seconds per step and median minor page faults per step. The
-    steps take turns (a, b, a, b, ...), so the machine's slow drifts hit all of them alike."""
-    for _ in range(warmup):
-        for step in steps:
-            step()
-    times, faults = [[] for _ in steps], [[] for _ in steps]
-    for _ in range(repeats):
-        for step, t, f in zip(steps, times, faults):
-            sync(device)
-            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            t0 = time.perf_counter()
-            step()
-            sync(device)
-            t.append(time.perf_counter() - t0)
-            f.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
-    return [(statistics.median(t), statistics.median(f)) for t, f in zip(times, faults)]
-
-
 def nanogpt_file(checkout: str) -> str:
     """``checkout/model.py``, or exit with a message that says what to pass."""
     path = os.path.join(os.path.expanduser(checkout), "model.py")
@@ -209,13 +168,6 @@ def nanogpt_model(checkout: str, case: Case, seq: int) -> torch.nn.Module:
             return types.SimpleNamespace(loss=self.gpt(input_ids.contiguous(), labels.contiguous())[1])
 
     return NanoGPT()
-
-
-def steady(peak_start: float, peak_end: float, tolerance: float = 0.15) -> bool:
-    """Whether the matmul peak measured after the run is within ``tolerance`` of the one before it. On a
-    shared host the FMA units' throughput can drop mid-run (a busy neighbour); matmul-bound steps slow
-    more than memory-bound ones, so the ratios of such a run understate lmforge's and MFU is off."""
-    return abs(peak_end / peak_start - 1.0) <= tolerance
 
 
 def keep_freed_memory() -> None:

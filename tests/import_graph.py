@@ -135,14 +135,15 @@ def layer_violations(graph: dict[str, set[str]], layers: dict[str, int], package
 
     ``layers`` maps each top-level part (see :func:`component`) to its layer number, lowest first, and may
     place single modules apart (see :func:`layer_of`); a part it does not name is a :class:`KeyError`, so a
-    new package has to be placed before the check passes. A package ``__init__`` that imports nothing of
-    ``package`` (its names resolve lazily) pulls no layer in, so running it is no dependency on its layer.
+    new package has to be placed before the check passes. A package ``__init__`` that imports nothing above
+    the ground floor (its names resolve lazily) pulls no higher layer in, so running it is no dependency on
+    its layer.
     """
     packages = {name.rpartition(".")[0] for name in graph}
+    lazy = {p for p in packages if p in graph and all(layer_of(t, layers, package) == 0 for t in graph[p])}
     return sorted(
         (src, dst)
         for src, targets in graph.items()
         for dst in targets
-        if not (dst in packages and not graph.get(dst))
-        and layer_of(dst, layers, package) > layer_of(src, layers, package)
+        if dst not in lazy and layer_of(dst, layers, package) > layer_of(src, layers, package)
     )

@@ -5,27 +5,22 @@ The public API is imported lazily so that ``import lmforge`` stays fast for the 
 
 from __future__ import annotations
 
-import importlib
+from lmforge.utils.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "ModelConfig": ("lmforge.config", "ModelConfig"),
-    "list_presets": ("lmforge.config", "list_presets"),
-    "build_model": ("lmforge.models", "build_model"),
-    "Transformer": ("lmforge.models", "Transformer"),
-    "load": ("lmforge.checkpoint", "load"),
-    "save": ("lmforge.checkpoint", "save"),
-    "Tokenizer": ("lmforge.tokenization", "Tokenizer"),
-    "from_hf": ("lmforge.interop.hf", "from_hf"),
-    "to_hf": ("lmforge.interop.hf", "to_hf"),
+    "ModelConfig": "config",
+    "list_presets": "config",
+    "build_model": "models",
+    "Transformer": "models",
+    "load": "checkpoint",
+    "save": "checkpoint",
+    "Tokenizer": "tokenization",
+    "from_hf": "interop.hf",
+    "to_hf": "interop.hf",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        module, attr = _LAZY[name]
-        return getattr(importlib.import_module(module), attr)
-    raise AttributeError(f"module 'lmforge' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY)

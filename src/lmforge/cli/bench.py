@@ -13,6 +13,12 @@ benchmarks (finetune_quality.py, embedding_quality.py, pretrain_curves.py) train
 are run directly. The benchmarks live in the source checkout, not in the installed package: without a
 checkout, pass ``--dir``.
 
+With ``--json`` it prints one record instead of the table: every script's result and rows, the date, the exact
+command, its duration and the machine (CPU, cores, torch threads, library versions, and a bf16 matmul peak
+measured by ``benchmarks/common.py`` before and after the benchmarks, so a host that got busy shows).
+``python -m benchmarks.performance_doc RECORD`` renders that record into docs/performance.md and the README's
+table (``make bench-docs`` does both).
+
 Example::
 
     $ lmforge bench --quick              # a few minutes: fewer repeats, smaller sizes, no torch.compile
@@ -28,6 +34,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,6 +43,7 @@ from lmforge.utils.machine import machine_info
 
 BENCHMARKS = ("train_step", "generate", "data_pipeline", "peft_memory")
 QUICK_FLAGS = {name: ["--quick"] for name in BENCHMARKS}  # every speed benchmark has its own --quick
+STEADY_TOLERANCE = 0.15  # the matmul peak may move this much between start and end (as train_step.py allows)
 
 
 @dataclass
@@ -187,6 +195,8 @@ def run(args) -> int:
     results: dict[str, dict[str, Any]] = {}
     rows: list[Row] = []
     failures: dict[str, str] = {}
+    began, start = datetime.now(timezone.utc), time.perf_counter()
+    probe_start = probe_machine(folder, args.timeout) if args.json else None  # the record describes the machine
     for name in names:
         flags = QUICK_FLAGS.get(name, []) if args.quick else []
         print(f"lmforge bench: {name}.py {' '.join(flags)}".rstrip(), file=sys.stderr, flush=True)
@@ -209,11 +219,46 @@ def run(args) -> int:
             entry["rows"] = [asdict(r) for r in found]
         results[name] = entry
     if args.json:
-        print(json.dumps({"quick": args.quick, "machine": _machine(), "benchmarks": results}))
+        probe_end = probe_machine(folder, args.timeout)
+        print(json.dumps({"quick": args.quick, "command": command_line(args),
+                          "date": began.isoformat(timespec="seconds"), "seconds": round(time.perf_counter() - start, 1),
+                          "machine": machine_record(probe_start, probe_end), "benchmarks": results}))
     else:
         print(f"lmforge vs reference, measured side by side ({'--quick, ' if args.quick else ''}{_machine_line()})")
         print(table(rows, failures))
     return 1 if failures else 0
+
+
+def command_line(args) -> str:
+    """The command that reproduces this run, as a user would type it."""
+    words = ["lmforge", "bench"] + (["--quick"] if args.quick else []) + (["--json"] if args.json else [])
+    words += [f"--only {args.only}"] if args.only else []
+    return " ".join(words + ([f"--timeout {args.timeout:g}"] if args.timeout else []))
+
+
+def probe_machine(folder: Path, timeout: float | None) -> dict[str, Any] | None:
+    """The machine record of ``folder/common.py`` (torch threads, versions, a bf16 matmul peak measured now),
+    run in its own process like the benchmarks; None when the folder has no such script or it fails."""
+    script = folder / "common.py"
+    if not script.is_file():
+        return None
+    code, output, _ = run_script(script, [], echo=False, timeout=timeout)
+    return last_json(output) if code == 0 else None
+
+
+def machine_record(start: dict[str, Any] | None, end: dict[str, Any] | None) -> dict[str, Any]:
+    """What the run's JSON says of the machine: the probe taken before the benchmarks (else the basic record),
+    with the matmul peak and load average before and after, and whether the peak held (a busy host moves it)."""
+    info = {**_machine(), **(start or {})}
+    for key in ("bf16_matmul_gflops", "load_average"):
+        info.pop(key, None)
+        for when, probe in (("start", start), ("end", end)):
+            if probe and probe.get(key) is not None:
+                info[f"{key}_{when}"] = probe[key]
+    peaks = info.get("bf16_matmul_gflops_start"), info.get("bf16_matmul_gflops_end")
+    if None not in peaks:
+        info["steady"] = abs(peaks[1] / peaks[0] - 1.0) <= STEADY_TOLERANCE
+    return info
 
 
 def _machine() -> dict[str, Any]:
@@ -235,7 +280,9 @@ def register(subparsers) -> None:
                     "fine-tuning). Exit code 1 when a benchmark fails.")
     parser.add_argument("--quick", action="store_true",
                         help="pass each benchmark its --quick option (fewer repeats, smaller sizes, no compile)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object (every result) instead of the table")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON record instead of the table: every result, the date, the command and "
+                             "the machine (what benchmarks/performance_doc.py renders into docs/performance.md)")
     parser.add_argument("--only", metavar="NAMES", default=None,
                         help=f"comma-separated subset of {','.join(BENCHMARKS)}")
     parser.add_argument("--dir", metavar="DIR", default=None,

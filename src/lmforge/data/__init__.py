@@ -20,7 +20,7 @@ Example:
     torch.Size([8, 17])
 """
 
-import importlib
+from lmforge.utils.lazy import lazy_exports
 
 # Names resolve on first use, so that importing the file readers (``lmforge.data.sources``, which the
 # tokenizer trainer uses) does not import the shard writer, which imports the tokenizer.
@@ -32,8 +32,4 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"lmforge.data.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'lmforge.data' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY)

@@ -25,7 +25,7 @@ from lmforge.embeddings.losses import cosine_similarity_loss, multiple_negatives
 from lmforge.embeddings.pooling import POOLINGS, pool
 from lmforge.nn.scalar_mix import ScalarMix
 
-Encoder = SentenceEncoder  # the name the issue uses
+Encoder = SentenceEncoder  # the short name, kept as a public alias
 
 __all__ = ["Encoder", "POOLINGS", "ScalarMix", "SentenceEncoder", "cosine_similarity_loss", "default_pooling",
            "embed_texts", "multiple_negatives_ranking_loss", "pool", "triplet_loss"]

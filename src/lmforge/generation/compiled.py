@@ -16,10 +16,10 @@ Where the time goes: a decode step multiplies one or a few rows by every weight,
 streaming the weights from memory (the tiny GPT: 55 MB of fp32 per token). On a CPU the graph is built
 for that (see :data:`CPU_OPTIONS`): the weights are compiled in as constants (inductor's freezing),
 pre-packed for inductor's C++ GEMM template, which streams them near the read bandwidth (MKL's kernels
-reach ~60% of it on the development machine's AMD EPYC); q/k/v are one GEMM; SDPA is decomposed into
-fused plain ops (its flash kernel costs more than the math for one query row); and the ~60 kernels of a
-step run with no per-op dispatch. Tiny GPT shape, fp32, one thread: ~3.4 ms per token against ~6.8 ms
-eager (``benchmarks/generate.py``).
+reach a smaller share of it); q/k/v are one GEMM; SDPA is decomposed into fused plain ops (its flash
+kernel costs more than the math for one query row); and the ~60 kernels of a step run with no per-op
+dispatch. ``benchmarks/generate.py`` measures the compiled path against the eager one and HF ``generate``
+(docs/performance.md).
 
 The compiled steps are kept per model (weakly: they go with it) and per (batch size, capacity, dtype,
 device), at most :data:`MAX_STEPS_PER_MODEL` of them (least recently used dropped). Each is a fresh
@@ -63,14 +63,14 @@ CAPACITY_BLOCK = 64  # capacities round up to this: at most one compile per 64 p
 MAX_STEPS_PER_MODEL = 4  # compiled (batch, capacity, ...) variants kept per model (each holds packed weights)
 SUPPORTED_POSITIONS = ("learned", "sinusoidal", "rope", "none")
 # Inductor settings of the step on a CPU: GEMMs by inductor's C++ template, whose pre-packed weights
-# stream near the read bandwidth (tiny GPT shape, one thread, fp32, weights from DRAM: the 25 GEMMs of
-# a token take 2.97 ms, against 5.2 ms with inductor's default packed MKL and 6.2 ms F.linear). Only
+# stream near the read bandwidth when they come from DRAM (faster than inductor's default packed MKL,
+# and than F.linear, for the one-row GEMMs of a decode step; see benchmarks/generate.py). Only
 # the template is tried ("CPP"): autotuning against ATen times each GEMM with its weight hot in cache,
 # where MKL wins, so it picks the slower kernel for the real, streaming case (and compiles twice as long).
 CPU_OPTIONS = {"max_autotune": True, "max_autotune_gemm_backends": "CPP"}
 FREEZE = True  # compile the weights in as constants (see _CompiledStep)
-# SDPA's CPU kernel (flash attention) costs ~0.1-0.6 ms per call for one query row; the plain math,
-# decomposed into ops inductor fuses, costs a fraction of that.
+# SDPA's CPU kernel (flash attention) has a fixed cost per call that dominates for one query row; the
+# plain math, decomposed into ops inductor fuses, costs a fraction of that.
 DECOMPOSE_SDPA = True
 
 # model -> OrderedDict[(batch, capacity, dtype, device), compiled step]

@@ -5,7 +5,7 @@
     encoder-decoder  src -> embed -> [encoder] ----------------.
                      tgt -> embed -> [causal stack + cross-attn] -> LM head          (T5, BART)
 
-Forward contract (later issues rely on it)::
+Forward contract (tasks, PEFT, generation and the Trainer rely on it)::
 
     out = model(input_ids, attention_mask=None, token_type_ids=None, decoder_input_ids=None,
                 decoder_attention_mask=None, past_key_values=None, use_cache=False, labels=None)

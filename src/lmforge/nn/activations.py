@@ -20,9 +20,9 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """GPT-2's GELU, ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, any shape.
 
     Under ``torch.compile`` it is written as ``x * sigmoid(2u)``, the same function
-    (``0.5 (1 + tanh(u)) = sigmoid(2u)``): the CPU's vectorised tanh is ~3x slower than its exp, and
-    inductor fuses this form, forward and backward, into kernels that take half the time of its
-    tanh lowering (tiny GPT, bf16: 6.5 -> 3.2 ms per FFN). Eager mode keeps ATen's single fused kernel,
+    (``0.5 (1 + tanh(u)) = sigmoid(2u)``): the CPU's vectorised tanh is much slower than its exp, and
+    inductor fuses this form, forward and backward, into kernels faster than its tanh lowering (the
+    compiled rows of ``benchmarks/train_step.py`` include it). Eager mode keeps ATen's single fused kernel,
     which beats the several kernels this form would launch there.
 
     Example:

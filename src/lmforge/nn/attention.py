@@ -192,7 +192,7 @@ class Attention(nn.Module):
         only the first half's keys, so the all-masked upper-right quarter of the scores is never
         computed. A quarter fewer score FLOPs and softmax elements. Only under torch.compile, which fuses
         the slices and the concatenation away; eagerly their copies cost what the quarter saves
-        (tiny GPT attention, forward + backward per layer: compiled 11.2 -> 9.2 ms, eager 9.4 vs 9.7 ms).
+        (the compiled GPT rows of ``benchmarks/train_step.py`` include it).
         q, k, v (B, H|Hkv, T, hd) -> (B, H, T, hd)."""
         c = q.shape[2] // 2
         first = self._weigh(self._probs(q[:, :, :c], k[:, :, :c], None, True, dropout), v[:, :, :c])  # (B, H, c, hd)
@@ -205,9 +205,9 @@ class Attention(nn.Module):
         return torch.bmm(probs.reshape(B * H, T, S), self._expand(v)).view(B, H, T, -1)
 
 
-# SDPA's CPU kernel (flash attention) is slow to train through in bf16: for the tiny GPT's attention
-# (8 x 6 heads x 256 x 256, head dim 64, one thread) forward + backward takes 102 ms against 65 ms
-# for plain batched matmuls and a softmax, and 400 vs 151 ms at 32 x 12 heads x 128. In fp32, and
+# SDPA's CPU kernel (flash attention) is slow to train through in bf16: its backward recomputes the
+# scores block by block with little parallelism, so at the scores' sizes of small models plain batched
+# matmuls and a softmax, forward and backward, take clearly less time. In fp32, and
 # without gradients, the fused kernel is as fast or faster, and for long sequences it is what keeps
 # the (B, H, T, S) scores out of memory; so only bf16/fp16 training steps whose scores stay small
 # take the matmul path (`benchmarks/train_step.py`).

