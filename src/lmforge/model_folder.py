@@ -77,7 +77,8 @@ def canonical_state(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], di
     return tensors, aliases
 
 
-def save(model: torch.nn.Module, path: str | Path, tokenizer=None, extra_files: dict[str, str] | None = None) -> Path:
+def save(model: torch.nn.Module, path: str | Path, tokenizer=None, extra_files: dict[str, str] | None = None,
+         manifest: bool = True) -> Path:
     """Write a model folder atomically and return its path.
 
     Args:
@@ -85,6 +86,7 @@ def save(model: torch.nn.Module, path: str | Path, tokenizer=None, extra_files: 
         path: destination folder; replaced as a whole if it exists.
         tokenizer: an object with ``save(folder)`` or a path to a tokenizer.json to copy along.
         extra_files: name -> text of further files to write into the folder.
+        manifest: write ``manifest.json`` (off only where an enclosing folder's manifest covers these files).
     """
     path = Path(path)
     tensors, aliases = canonical_state(model)
@@ -98,10 +100,11 @@ def save(model: torch.nn.Module, path: str | Path, tokenizer=None, extra_files: 
                 tokenizer.save(tmp)
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text, encoding="utf-8")
-        identity = None
-        if tokenizer is not None:
-            identity = tokenizer_identity(tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer.load(tmp))
-        write_manifest(tmp, tokenizer=identity)
+        if manifest:
+            identity = None
+            if tokenizer is not None:
+                identity = tokenizer_identity(tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer.load(tmp))
+            write_manifest(tmp, tokenizer=identity)
     return path
 
 

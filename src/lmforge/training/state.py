@@ -199,7 +199,7 @@ def write_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.opti
     tensors, optimizer_meta = optimizer_tensors(optimizer)
     payload = json.dumps({"format": FORMAT, "version": 1, **state, "optimizer": optimizer_meta}, indent=1)
     with atomic_dir(folder) as tmp:
-        model_checkpoint.save(model, tmp / MODEL_DIR)
+        model_checkpoint.save(model, tmp / MODEL_DIR, manifest=False)  # the checkpoint's manifest covers it
         save_file(tensors, str(tmp / OPTIMIZER_FILE), metadata={"format": "pt"})
         (tmp / STATE_FILE).write_text(payload + "\n", encoding="utf-8")
         write_manifest(tmp, state.get("step"))
