@@ -187,6 +187,17 @@ def test_cli_finetune_refuses_another_tokenizer_unless_allowed(folder, toks, tmp
     assert main([*argv, "--out", str(tmp_path / "b"), "--allow-tokenizer-mismatch"]) == 0
 
 
+def test_cli_prompt_refuses_another_tokenizer_unless_allowed(folder, toks, tmp_path, capsys):
+    other = toks[1].save(tmp_path / "bpe")
+    data = tmp_path / "test.jsonl"
+    data.write_text("".join(json.dumps({"text": t, "label": l}) + "\n" for t, l in th.sentiment_rows(4)))
+    argv = ["prompt", "classify", "--model", str(folder), "--tokenizer", str(other), "--template", "{x} It was {z}.",
+            "--verbalizer", '{"0": ["bad"], "1": ["great"]}', "--data", str(data)]
+    assert main(argv) == 2
+    assert f"than {other}" in capsys.readouterr().err
+    assert main([*argv, "--allow-tokenizer-mismatch"]) == 0
+
+
 # ------------------------------------------------------------------------------------------- peft merge
 @pytest.mark.parametrize("check_base", [True, False])
 def test_peft_merge_of_a_classification_lora_adapter_onto_its_base(folder, tmp_path, capsys, check_base):
