@@ -160,17 +160,17 @@ def read_manifest(folder: str | Path) -> dict[str, Any] | None:
 
 
 def verify_folder(folder: str | Path, verify: bool | None = None) -> dict[str, Any] | None:
-    """Check a saved folder against its manifest and return the manifest (None for a folder without one).
+    """Check a saved folder against its manifest and return the manifest (None: no manifest, or not checked).
 
     Args:
-        verify: hash the files (default: True, or what :func:`load_checks` set); False reads the manifest only.
+        verify: check the files (default: True, or what :func:`load_checks` set); False checks nothing.
 
     Raises:
         IntegrityError: a listed file is missing, has another size, or another sha256; the message names it.
     """
     folder = Path(folder)
     if not (_VERIFY.get() if verify is None else verify):
-        return read_manifest(folder) if (folder / MANIFEST_FILE).is_file() else None
+        return None
     manifest = read_manifest(folder)
     if manifest is None:
         warnings.warn(f"{folder}: no {MANIFEST_FILE} (saved by an older lmforge), so damaged files cannot be "
