@@ -26,7 +26,7 @@ from tests.helpers import tiny_config
 def test_save_load_round_trips_bit_exactly(tmp_path, cfg):
     model = Transformer(cfg).eval()
     path = model.save(tmp_path / "m")
-    assert sorted(p.name for p in path.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in path.iterdir()) == ["config.json", "manifest.json", "model.safetensors"]
     again = lmforge.load(path)
     a, b = model.state_dict(), again.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -36,9 +36,14 @@ from lmforge.model_folder import (
     WEIGHTS_FILE,
     CheckpointError,
     canonical_state,
+    check_tokenizer,
+    load_checks,
     load_weights,
     read_config,
     save,
+    tokenizer_identity,
+    verify_folder,
+    write_manifest,
 )
 from lmforge.models import build_model, load_transformer
 from lmforge.models.bilstm_lm import ARCH as BILM_ARCH
@@ -48,8 +53,9 @@ from lmforge.tokenization import Tokenizer
 from lmforge.utils.io import read_mapping_file
 
 __all__ = ["CONFIG_FILE", "TOKENIZER_FILE", "WEIGHTS_FILE", "CheckpointError", "bilm_config", "canonical_state",
-           "is_bilm", "is_hf_folder", "load", "load_bilm", "load_body", "load_weights", "read_config",
-           "read_model_folder", "save"]
+           "check_tokenizer", "is_bilm", "is_hf_folder", "load", "load_bilm", "load_body", "load_checks",
+           "load_weights", "read_config", "read_model_folder", "save", "tokenizer_identity", "verify_folder",
+           "write_manifest"]
 
 
 def _warn(message: str) -> None:
@@ -95,13 +101,15 @@ def bilm_config(spec: str | Path, **overrides: Any) -> BiLMConfig:
     return BiLMConfig.from_dict({**data, **overrides}, source=source if not overrides else "model overrides")
 
 
-def load_bilm(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> BiLM:
+def load_bilm(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+              verify: bool | None = None) -> BiLM:
     """A BiLM from a model folder (``config.json`` + ``model.safetensors``), in eval mode. :func:`load`
     calls this for folders whose config says ``arch: bilstm``; a preset name gives fresh weights."""
     path = Path(path)
     model = BiLM(bilm_config(path))
     if path.is_dir():
         load_weights(model, path / WEIGHTS_FILE)
+        verify_folder(path, verify)
     elif str(path) not in BILM_PRESETS:
         raise ConfigError(f"{path}: a BiLM model folder needs {CONFIG_FILE} and {WEIGHTS_FILE}")
     return _placed(model, device, dtype)
@@ -130,37 +138,46 @@ def _load_hf(path: Path, tokenizer: bool) -> HFConversion:
     return conv
 
 
-def read_model_folder(path: str | Path, with_tokenizer: bool = True):
+def read_model_folder(path: str | Path, with_tokenizer: bool = True, verify: bool | None = None):
     """(model, Tokenizer or None) from an lmforge model/task folder, a biLM folder or a Hugging Face folder.
 
     Notes on anything a Hugging Face conversion did not carry over are printed to stderr as warnings.
+    ``verify``: check the folder's manifest (see :func:`load`).
     """
     path = Path(path)
     if is_hf_folder(path):
         conv = _load_hf(path, tokenizer=True)
         return conv.model, conv.tokenizer if with_tokenizer else None
+    model = load(path, verify=verify)  # first: the manifest check covers tokenizer.json too
     tok = Tokenizer.load(path) if with_tokenizer and (path / TOKENIZER_FILE).is_file() else None
-    return load(path), tok
+    return model, tok
 
 
-def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
+def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+         verify: bool | None = None):
     """A model, in eval mode, from any folder kind or a preset name (see the module docstring).
 
     Returns an lmforge Transformer, or an ELMo :class:`~lmforge.models.bilstm_lm.BiLM` for a folder whose
     config records ``arch: bilstm`` (or the preset ``elmo-tiny``). A preset gives random weights.
+
+    Args:
+        verify: check an lmforge folder's files against its ``manifest.json`` (sizes and sha256) before
+            loading; None means True unless :func:`load_checks` (``--no-verify``) turned it off. Non-finite
+            weights are refused either way.
     """
     if is_bilm(path):
-        return load_bilm(path, device=device, dtype=dtype)
+        return load_bilm(path, device=device, dtype=dtype, verify=verify)
     if _is_preset_name(path):
         model = build_model(str(path))
     elif is_hf_folder(path):
         model = _load_hf(path, tokenizer=False).model
     else:
-        model = load_transformer(path)
+        model = load_transformer(path, verify=verify)
     return _placed(model, device, dtype)
 
 
-def load_body(source, tokenizer=None, random_init: bool = False):
+def load_body(source, tokenizer=None, random_init: bool = False, verify: bool | None = None,
+              allow_tokenizer_mismatch: bool | None = None):
     """(model, Tokenizer) in train mode from an lmforge model/task folder, a Hugging Face folder, a preset or
     a module.
 
@@ -168,19 +185,25 @@ def load_body(source, tokenizer=None, random_init: bool = False):
         source: a folder (lmforge ``config.json`` + weights, or an HF model folder), a preset name, or a model.
         tokenizer: a Tokenizer or a path to one (required for presets and modules, which have none).
         random_init: keep the architecture and tokenizer, re-initialise every weight (a from-scratch baseline).
+        verify: check the folder's manifest (see :func:`load`).
+        allow_tokenizer_mismatch: accept a ``tokenizer`` other than the one the folder records (refused by
+            default: the ids would mean other tokens).
     """
     if isinstance(source, nn.Module):
         body, tok = source, None
     else:
         path = Path(str(source))
         if path.is_dir():
-            body, tok = read_model_folder(path, with_tokenizer=tokenizer is None)
+            body, tok = read_model_folder(path, with_tokenizer=tokenizer is None, verify=verify)
         elif path.exists() or "/" in str(source):
             raise InputFileNotFound(f"{source}: not a model folder")
         else:
             body, tok = build_model(str(source)), None
     if tok is None and tokenizer is not None:
         tok = tokenizer if not isinstance(tokenizer, (str, Path)) else Tokenizer.load(tokenizer)
+        if not isinstance(source, nn.Module) and Path(str(source)).is_dir() and not is_hf_folder(source):
+            check_tokenizer(source, tok, tokenizer if isinstance(tokenizer, (str, Path)) else "the given tokenizer",
+                            allow_tokenizer_mismatch)
     if tok is None:
         raise ConfigError(f"{source}: no tokenizer found beside the model; pass one (--tokenizer DIR)")
     if tok.vocab_size > body.config.vocab_size:

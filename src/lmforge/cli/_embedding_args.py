@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from lmforge.cli._load_args import add_load_flags
 from lmforge.cli.main import UserError
 from lmforge.embeddings.pooling import POOLINGS
 
@@ -28,3 +29,4 @@ def add_model_flags(parser, *, pooling: bool = True) -> None:
     parser.add_argument("--max-length", type=int, default=None, help="truncate to this many tokens "
                         "(default: the model's max_seq_len)")
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    add_load_flags(parser)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 
+from lmforge.cli._load_args import add_load_flags
 from lmforge.interop.hf import convert_from_hf, convert_to_hf
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -52,6 +53,7 @@ def register(subparsers) -> None:
     dst.add_argument("dst", metavar="DST", help="Hugging Face model folder to write")
     dst.add_argument("--dtype", choices=DTYPES, help="cast the weights (default: as stored)")
     dst.add_argument("--overwrite", action="store_true", help="replace DST if it already exists")
+    add_load_flags(dst)
     dst.set_defaults(func=run_to_hf)
     parser.set_defaults(func=lambda args: parser.print_help() or 0)
 

@@ -19,6 +19,7 @@ import json
 import math
 import sys
 
+from lmforge.cli._load_args import add_load_flags
 from lmforge.cli.main import model_argument, plain_warnings
 from lmforge.tasks.inference import evaluate, table_lines
 from lmforge.tasks.spec import TASKS
@@ -49,6 +50,7 @@ def add_common(parser, output: bool) -> None:
         parser.add_argument("--" + key.replace("_", "-"), dest=key, type=kind, default=None, help=text)
     parser.add_argument("--batch-size", type=int, default=32, help="examples per forward pass (default 32)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    add_load_flags(parser)
 
 
 def overrides(args) -> dict:

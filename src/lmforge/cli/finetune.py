@@ -30,6 +30,7 @@ import argparse
 import signal
 import sys
 
+from lmforge.cli._load_args import add_load_flags
 from lmforge.cli.main import UserError, plain_warnings
 from lmforge.cli.pretrain import CHOICES, OPTIONS
 from lmforge.embeddings.losses import EMBEDDING_LOSSES
@@ -136,6 +137,7 @@ def register(subparsers) -> None:
     what = parser.add_argument_group("what to fine-tune")
     what.add_argument("--model", default=None, help="preset name, lmforge model folder or Hugging Face folder")
     what.add_argument("--tokenizer", default=None, help="tokenizer folder (needed for presets)")
+    add_load_flags(what, tokenizer=True)
     what.add_argument("--random-init", action="store_true", default=False,
                       help="keep the architecture and tokenizer but start from random weights (a baseline)")
     what.add_argument("--task", default=None, choices=(*TASKS, "instruct", "embedding"),

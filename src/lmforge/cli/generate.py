@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import lmforge
+from lmforge.cli._load_args import add_load_flags
 from lmforge.cli.main import UserError, model_argument
 from lmforge.errors import InputFileNotFound
 from lmforge.generation import GenerationConfig, generate_text, stream
@@ -71,6 +72,7 @@ def register(subparsers) -> None:
     parser.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
                         help="print a single output as it is generated (on by default)")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu (default) or cuda")
+    add_load_flags(parser)
     parser.set_defaults(func=run)
 
 

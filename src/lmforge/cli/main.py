@@ -30,6 +30,7 @@ import warnings
 from pathlib import Path
 
 import lmforge
+from lmforge.cli._load_args import load_checks_of
 from lmforge.errors import (
     EXIT_ENVIRONMENT,
     EXIT_INTERRUPTED,
@@ -114,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0 if args.command is None else 2
     try:
-        return int(args.func(args) or 0)
+        with load_checks_of(args):
+            return int(args.func(args) or 0)
     except LmforgeError as exc:
         # A user's error names the file/field to fix; a traceback would bury that. Anything else is a bug
         # and keeps its traceback (exit code 1).

@@ -18,9 +18,13 @@ import json
 from pathlib import Path
 
 from lmforge.checkpoint import load, save
+from lmforge.cli._load_args import add_load_flags
 from lmforge.cli.main import UserError, require_path
+from lmforge.errors import LmforgeError
 from lmforge.peft import load_adapter, read_adapter_config
 from lmforge.peft.hf_export import export_hf
+from lmforge.tasks.model import read_task_meta
+from lmforge.tasks.peft import merge_task_folder
 from lmforge.tokenization import Tokenizer
 
 
@@ -68,6 +72,7 @@ def _common(parser, out_help: str) -> None:
     parser.add_argument("--no-check-base", action="store_true",
                         help="skip the base weight checksum (the architecture is always checked)")
     parser.add_argument("--overwrite", action="store_true", help="replace OUT if it already exists")
+    add_load_flags(parser)
 
 
 def _load(args):
@@ -104,6 +109,9 @@ def run_info(args) -> int:
 
 
 def run_merge(args) -> int:
+    adapter = Path(args.adapter)
+    if adapter.is_dir() and (read_task_meta(adapter) or {}).get("peft"):
+        return _merge_task_folder(args, adapter)
     model = _load(args)
     name = model.active_adapter
     try:
@@ -116,6 +124,22 @@ def run_merge(args) -> int:
     save(merged.eval(), args.out, tokenizer=tokenizer)
     print(f"wrote {args.out}: {merged.config.name} with adapter {name!r} ({model.peft_configs[name].method}) merged; "
           f"{merged.num_parameters():,} parameters")
+    return 0
+
+
+def _merge_task_folder(args, adapter: Path) -> int:
+    """A task's adapter (``finetune --peft`` of a head task) belongs with its head: write a plain task folder."""
+    out = Path(args.out)
+    if out.exists() and not args.overwrite:
+        raise UserError(f"{out}: already exists (use --overwrite to replace it)")
+    try:
+        merge_task_folder(adapter, out, base=require_path(args.base, "--base", folder=True),
+                          check_base=not args.no_check_base)
+    except LmforgeError:
+        raise
+    except ValueError as exc:  # a method that does not fold into the weights
+        raise UserError(str(exc)) from exc
+    print(f"wrote {out}: task folder {adapter} with its adapter merged into the base {args.base}")
     return 0
 
 

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import lmforge
 from lmforge import datasets
+from lmforge.checkpoint import check_tokenizer
+from lmforge.cli._load_args import add_load_flags
 from lmforge.cli.main import UserError
 from lmforge.prompting import Template, Verbalizer, classify
 from lmforge.tokenization import Tokenizer
@@ -59,6 +61,7 @@ def register(subparsers) -> None:
                    help="multi-token answers: total or length-normalised log-likelihood")
     c.add_argument("--limit", type=int, default=None, metavar="N", help="classify only the first N examples")
     c.add_argument("--device", default="cpu", help="torch device")
+    add_load_flags(c, tokenizer=True)
     c.set_defaults(func=run_classify)
 
 
@@ -139,6 +142,8 @@ def run_classify(args) -> int:
     torch.manual_seed(0)
     model = lmforge.load(args.model, device=args.device)
     tokenizer = Tokenizer.load(tok_dir)
+    if args.tokenizer and Path(args.model).is_dir():
+        check_tokenizer(args.model, tokenizer, args.tokenizer)
     start = time.perf_counter()
     result = classify(model, tokenizer, template, verbalizer, rows, pool=pool, shots=args.shots,
                       selection=args.selection, order=args.order, separator=_unescape(args.separator),

@@ -64,7 +64,8 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from lmforge.data.prepare import read_manifest
 from lmforge.data.sources import DataError
-from lmforge.errors import UserInputError
+from lmforge.errors import IntegrityError, UserInputError
+from lmforge.utils.manifest import sha256_file
 
 
 def _default_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -83,12 +84,16 @@ class ShardSet:
 
     Memmaps are not pickled (a DataLoader worker opens its own), so the object is cheap to send.
 
+    The first time a shard is opened, its files are checked against the sha256 the manifest records, and its
+    token ids against the tokenizer's vocabulary: a damaged shard is an :class:`IntegrityError` naming it.
+
     Args:
         folder: output folder of ``lmforge data prepare``.
         split: ``"train"`` or ``"val"``.
+        verify: hash each shard when first opened (the vocabulary check is cheap and always made).
     """
 
-    def __init__(self, folder: str | Path, split: str = "train") -> None:
+    def __init__(self, folder: str | Path, split: str = "train", verify: bool = True) -> None:
         self.folder = Path(folder)
         manifest = read_manifest(self.folder)
         if split not in manifest["splits"]:
@@ -99,6 +104,8 @@ class ShardSet:
         if not self.shards:
             raise DataError(f"{folder}: split {split!r} is empty")
         self.dtype = np.dtype(manifest["dtype"])
+        self.verify = verify
+        self.vocab_size = (manifest.get("tokenizer") or {}).get("vocab_size")
         self.tokens = np.array([s["tokens"] for s in self.shards], dtype=np.int64)  # (S,)
         self.documents = np.array([s["documents"] for s in self.shards], dtype=np.int64)  # (S,)
         self._open: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -113,11 +120,30 @@ class ShardSet:
         """``(tokens (N,), offsets (D + 1,))`` memmaps of shard ``shard``."""
         if shard not in self._open:
             info = self.shards[shard]
+            if self.verify:
+                self._check_hashes(info)
             tokens = np.memmap(self.folder / info["bin"], dtype=self.dtype, mode="r", shape=(info["tokens"],))
             offsets = np.memmap(self.folder / info["idx"], dtype=np.uint64, mode="r",
                                 shape=(info["documents"] + 1,))
+            self._check_vocabulary(info, tokens)
             self._open[shard] = (tokens, offsets.astype(np.int64))
         return self._open[shard]
+
+    def _check_hashes(self, info: dict[str, Any]) -> None:
+        for key, want in (("bin", info.get("sha256")), ("idx", info.get("idx_sha256"))):
+            path = self.folder / info[key]
+            if want and path.is_file() and sha256_file(path) != want:
+                raise IntegrityError(f"{path}: sha256 differs from {self.folder}/manifest.json (the shard was altered "
+                                     "or damaged); run the same `lmforge data prepare` again into a new folder")
+
+    def _check_vocabulary(self, info: dict[str, Any], tokens: np.ndarray) -> None:
+        if not self.vocab_size or not len(tokens):
+            return
+        if int(tokens.max()) >= self.vocab_size:  # one vectorised pass over the memmap
+            position = int(np.argmax(tokens >= self.vocab_size))
+            raise IntegrityError(f"{self.folder / info['bin']}: token id {int(tokens[position])} at position {position}"
+                                 f" is outside the tokenizer's vocabulary of {self.vocab_size}; "
+                                 "the shard is damaged or was written with another tokenizer: prepare the data again")
 
     def lengths(self, shard: int) -> np.ndarray:
         """Token count of each document of ``shard``, shape (D,)."""

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from lmforge.config import ModelConfig, resolve_config
-from lmforge.model_folder import WEIGHTS_FILE, load_weights, materialise, read_config
+from lmforge.model_folder import WEIGHTS_FILE, load_weights, materialise, read_config, verify_folder
 from lmforge.models.transformer import ModelOutput, Transformer
 from lmforge.nn.labels import shift_right
 
@@ -26,8 +26,11 @@ def build_model(config: ModelConfig | str, **overrides) -> Transformer:
     return Transformer(cfg)
 
 
-def load_transformer(path: str | Path) -> Transformer:
+def load_transformer(path: str | Path, verify: bool | None = None) -> Transformer:
     """A Transformer from an lmforge model folder, on the CPU in fp32 (train mode).
+
+    ``verify`` checks the folder's files against its manifest first (see
+    :func:`lmforge.model_folder.verify_folder`; None: the default, normally True).
 
     Nothing is allocated until the config has been read: the model is built on the meta device, then
     given storage and filled from the safetensors file. :func:`lmforge.checkpoint.load` loads every
@@ -39,6 +42,8 @@ def load_transformer(path: str | Path) -> Transformer:
         shell = Transformer(cfg)
     model = materialise(shell)
     load_weights(model, path / WEIGHTS_FILE)
+    # After the structural checks, which name a missing file or a wrong shape more precisely than a hash.
+    verify_folder(path, verify)
     return model
 
 

@@ -20,7 +20,7 @@ Example:
     >>> model = apply_peft(base, PeftConfig(method="lora", r=2))
     >>> path = model.save_adapter(tempfile.mkdtemp() + "/lora")
     >>> sorted(p.name for p in path.iterdir())
-    ['adapter.safetensors', 'adapter_config.json']
+    ['adapter.safetensors', 'adapter_config.json', 'manifest.json']
     >>> load_adapter(lmforge.build_model("gpt-tiny", n_layers=1), path)  # a different random base
     Traceback (most recent call last):
     ...
@@ -40,7 +40,7 @@ from safetensors.torch import load_file, save_file
 
 from lmforge.config import ConfigError
 from lmforge.errors import InputFileNotFound, LmforgeError
-from lmforge.model_folder import canonical_state
+from lmforge.model_folder import canonical_state, verify_folder, write_manifest
 from lmforge.peft.config import PeftConfig
 from lmforge.utils.io import atomic_dir
 
@@ -128,6 +128,7 @@ def save_adapter(model, path: str | Path, name: str | None = None, fold_prefix: 
         (tmp / ADAPTER_CONFIG).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(tmp / ADAPTER_WEIGHTS),
                   metadata={"format": "pt"})
+        write_manifest(tmp)
     return path
 
 
@@ -150,11 +151,15 @@ def read_adapter_config(path: str | Path) -> tuple[dict[str, Any], PeftConfig]:
     return meta, PeftConfig.from_dict(meta.get("peft"), source=str(cfg_file))
 
 
-def read_adapter_tensors(path: str | Path) -> dict[str, torch.Tensor]:
-    """The tensors of adapter folder ``path`` (``adapter.safetensors``); errors name the file and the problem."""
+def read_adapter_tensors(path: str | Path, verify: bool | None = None) -> dict[str, torch.Tensor]:
+    """The tensors of adapter folder ``path`` (``adapter.safetensors``); errors name the file and the problem.
+
+    ``verify``: check the folder against its ``manifest.json`` first (see :func:`lmforge.model_folder.verify_folder`).
+    """
     weights = Path(path) / ADAPTER_WEIGHTS
     if not weights.is_file():
         raise InputFileNotFound(f"{weights}: missing; an adapter folder needs {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS}")
+    verify_folder(path, verify)
     try:
         return load_file(str(weights))
     except (SafetensorError, OSError) as exc:

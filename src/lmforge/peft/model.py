@@ -392,7 +392,8 @@ def apply_peft(model: nn.Module, cfg: PeftConfig, name: str = "default", tokeniz
     return peft_model
 
 
-def load_adapter(model, path: str | Path, name: str | None = None, check_base: bool = True, activate: bool = True):
+def load_adapter(model, path: str | Path, name: str | None = None, check_base: bool = True, activate: bool = True,
+                 verify: bool | None = None):
     """Attach the adapter saved in folder ``path`` (see :mod:`lmforge.peft.io`) to ``model``; return the PeftModel.
 
     Args:
@@ -400,6 +401,7 @@ def load_adapter(model, path: str | Path, name: str | None = None, check_base: b
         name: the name to attach it under (default: the saved name).
         check_base: also verify the base weights' checksum (the architecture is always checked).
         activate: make it the active adapter.
+        verify: check the folder's ``manifest.json`` (default: yes, unless ``--no-verify``).
 
     Raises:
         AdapterMismatchError: the base differs from the adapter's; the message says how.
@@ -408,7 +410,7 @@ def load_adapter(model, path: str | Path, name: str | None = None, check_base: b
     meta, cfg = read_adapter_config(path)
     peft_model = model if isinstance(model, PeftModel) else PeftModel(model)
     verify_base(meta.get("base", {}), peft_model.base_identity, str(path), check_base)
-    tensors = read_adapter_tensors(path)
+    tensors = read_adapter_tensors(path, verify)
     name = name or meta.get("name") or "default"
     # The initialisation is overwritten by the stored tensors, so a text-initialised prompt needs no tokenizer.
     build = cfg.replace(prompt_init="random", prompt_init_text=None) if cfg.method == "prompt" else cfg

@@ -205,6 +205,7 @@ def save_task_model(model: TaskModel, path: str | Path, tokenizer=None, extra: d
         if model.head is not None:
             tensors = {k: v.detach().contiguous().cpu() for k, v in model.head.state_dict().items()}
             save_file(tensors, str(tmp / HEAD_FILE), metadata={"format": "pt"})
+        checkpoint.write_manifest(tmp)  # the body's, extended to task.json and the head
     return path
 
 
@@ -311,10 +312,12 @@ def resolve_base(reference: str, folder: str | Path) -> Path:
     return path if path.is_absolute() else (Path(folder) / path).resolve()
 
 
-def load_peft_task_model(path: str | Path, meta: dict, spec, device: str = "cpu") -> nn.Module:
+def load_peft_task_model(path: str | Path, meta: dict, spec, device: str = "cpu", base: str | Path | None = None,
+                         check_base: bool = True) -> nn.Module:
     """Rebuild a PEFT task model from its folder (in eval mode): base from the recorded place, adapter, head.
 
-    The folder is written by :func:`lmforge.tasks.peft.save_peft_task_model`.
+    The folder is written by :func:`lmforge.tasks.peft.save_peft_task_model`. ``base`` overrides the recorded
+    base folder; ``check_base=False`` skips the base weights' checksum (see :func:`lmforge.peft.load_adapter`).
 
     Raises:
         lmforge.checkpoint.CheckpointError: the base folder is gone.
@@ -323,14 +326,14 @@ def load_peft_task_model(path: str | Path, meta: dict, spec, device: str = "cpu"
 
     path = Path(path)
     reference = (meta.get("peft") or {}).get("base")
-    if not isinstance(reference, str) or not reference:
+    if base is None and (not isinstance(reference, str) or not reference):
         raise checkpoint.CheckpointError(f"{path / TASK_FILE}: a PEFT task folder must name its base model (peft.base)")
-    base = resolve_base(reference, path)
+    base = Path(base) if base is not None else resolve_base(reference, path)
     if not base.is_dir():
         raise checkpoint.CheckpointError(f"{path / TASK_FILE}: its base model folder {base} is missing; the adapter "
                                          "needs the base it was trained on")
     body, _ = checkpoint.read_model_folder(base, with_tokenizer=False)
     model = build_task_model(body, spec)
-    model.body = load_adapter(model.body, path)
+    model.body = load_adapter(model.body, path, check_base=check_base)
     load_head(model, path, spec)
     return model.eval().to(device)

@@ -58,10 +58,11 @@ from lmforge.tasks.model import (
     HEAD_FILE,
     TASK_FILE,
     TaskModel,
-    load_task_model,
+    load_peft_task_model,
     read_task_meta,
     save_task_model,
 )
+from lmforge.tasks.spec import TaskSpec
 from lmforge.tokenization import Tokenizer
 from lmforge.utils.io import atomic_dir, atomic_write_text
 
@@ -172,6 +173,7 @@ def save_peft_task_model(model: nn.Module, path: str | Path, base: str | Path, t
             save_file(tensors, str(tmp / HEAD_FILE), metadata={"format": "pt"})
         if tokenizer is not None:
             tokenizer.save(tmp)
+        checkpoint.write_manifest(tmp, tokenizer=checkpoint.tokenizer_identity(tokenizer) if tokenizer else None)
     return path
 
 
@@ -184,17 +186,24 @@ def merged_task_model(model: nn.Module) -> nn.Module:
     return TaskModel(body, model.head, model.spec)
 
 
-def merge_task_folder(source: str | Path, dest: str | Path) -> Path:
+def merge_task_folder(source: str | Path, dest: str | Path, base: str | Path | None = None,
+                      check_base: bool = True) -> Path:
     """Write ``dest``: the PEFT task folder ``source`` as a plain task folder, its adapter folded into the body.
 
     ``lmforge evaluate``/``predict`` read it without the base folder or lmforge.peft; its predictions equal the
     adapter's up to float rounding (QLoRA: against the dequantised weights it was trained on).
+
+    Args:
+        base: the base model folder (default: the one ``source`` records); its LM head, which a head task
+            drops, may be there: the adapter is checked against the body the task trained.
+        check_base: verify the base weights' checksum too (the architecture is always checked).
     """
     source = Path(source)
     meta = read_task_meta(source) or {}
     if not meta.get("peft"):
         raise UserInputError(f"{source}: not a PEFT task folder (its task.json names no peft base)")
-    model = merged_task_model(load_task_model(source))
+    spec = TaskSpec.from_dict(meta["spec"], source=str(source / "task.json"))
+    model = merged_task_model(load_peft_task_model(source, meta, spec, base=base, check_base=check_base))
     tokenizer = Tokenizer.load(source) if (source / "tokenizer.json").is_file() else None
     extra = {k: v for k, v in meta.items() if k not in ("format", "version", "spec", "peft")}
     return save_task_model(model.eval(), dest, tokenizer, extra=extra)

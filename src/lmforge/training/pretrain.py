@@ -199,6 +199,7 @@ def build_pretraining(config: TrainConfig) -> PretrainRun:
     torch.manual_seed(config.seed)  # the same seed, the same initial weights
     model = BiLM(model_config) if isinstance(model_config, BiLMConfig) else Transformer(model_config)
     if (Path(config.model) / model_checkpoint.WEIGHTS_FILE).is_file():
+        model_checkpoint.verify_folder(config.model)
         model_checkpoint.load_weights(model, Path(config.model) / model_checkpoint.WEIGHTS_FILE)
 
     config = _absolute(config)

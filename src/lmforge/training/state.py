@@ -35,7 +35,6 @@ Example:
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import random
@@ -53,6 +52,7 @@ from safetensors.torch import save_file
 from lmforge import checkpoint as model_checkpoint
 from lmforge.errors import LmforgeError
 from lmforge.utils.io import atomic_dir, atomic_write_text
+from lmforge.utils.manifest import sha256_file
 
 FORMAT = "lmforge-train-checkpoint"
 MODEL_DIR = "model"
@@ -184,17 +184,9 @@ def load_optimizer(optimizer: torch.optim.Optimizer, path: Path, meta: dict[str,
 
 
 # ---------------------------------------------------------------------------------- files
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def write_manifest(folder: Path, step: int | None, layout: str = "full") -> None:
     """Checksum every file of a (temporary) checkpoint folder into ``manifest.json``; the last file written."""
-    files = {p.relative_to(folder).as_posix(): _sha256(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+    files = {p.relative_to(folder).as_posix(): sha256_file(p) for p in sorted(folder.rglob("*")) if p.is_file()}
     manifest = {"format": FORMAT, "version": 1, "step": step, "files": files}
     if layout != "full":
         manifest["layout"] = layout
@@ -207,7 +199,7 @@ def write_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.opti
     tensors, optimizer_meta = optimizer_tensors(optimizer)
     payload = json.dumps({"format": FORMAT, "version": 1, **state, "optimizer": optimizer_meta}, indent=1)
     with atomic_dir(folder) as tmp:
-        model_checkpoint.save(model, tmp / MODEL_DIR)
+        model_checkpoint.save(model, tmp / MODEL_DIR, manifest=False)  # the checkpoint's manifest covers it
         save_file(tensors, str(tmp / OPTIMIZER_FILE), metadata={"format": "pt"})
         (tmp / STATE_FILE).write_text(payload + "\n", encoding="utf-8")
         write_manifest(tmp, state.get("step"))
@@ -236,7 +228,7 @@ def verify_checkpoint(folder: Path) -> dict[str, Any]:
         path = folder / name
         if not path.is_file():
             raise CorruptCheckpoint(f"{path}: missing")
-        if _sha256(path) != want:
+        if sha256_file(path) != want:
             raise CorruptCheckpoint(f"{path}: checksum mismatch (the file was truncated or altered)")
     try:
         return json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
