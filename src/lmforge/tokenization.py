@@ -65,7 +65,7 @@ from tokenizers import Tokenizer as _Backend
 
 from lmforge.data.sources import iter_documents, resolve_inputs
 from lmforge.errors import InputFileNotFound, LmforgeError
-from lmforge.utils.io import atomic_write_text
+from lmforge.utils.io import atomic_write_text, make_folder
 
 KINDS = ("bpe", "byte-bpe", "wordpiece", "unigram")
 SIDECAR = "lmforge_tokenizer.json"
@@ -567,7 +567,7 @@ class Tokenizer:
     def save(self, folder: str | Path) -> Path:
         """Write ``tokenizer.json`` and ``lmforge_tokenizer.json`` into ``folder`` (atomically, each file)."""
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
+        make_folder(folder)
         atomic_write_text(folder / "tokenizer.json", self.backend.to_str(pretty=True))
         atomic_write_text(folder / SIDECAR, json.dumps(self.sidecar(), indent=2) + "\n")
         return folder

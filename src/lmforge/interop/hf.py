@@ -392,10 +392,10 @@ def from_hf(source, *, architecture: str | None = None, dtype: torch.dtype | Non
 
 
 def _check_destination(path: Path, overwrite: bool) -> None:
+    if path.exists() and not path.is_dir():
+        raise HFConversionError(f"{path}: it is a file, not a folder; remove it or choose another path")
     if path.exists() and not overwrite:
         raise HFConversionError(f"{path}: already exists (use --overwrite / overwrite=True to replace it)")
-    if path.exists() and not path.is_dir():
-        raise HFConversionError(f"{path}: exists and is not a folder")
 
 
 def convert_from_hf(source, dst: str | Path, *, architecture: str | None = None, dtype: torch.dtype | None = None,

@@ -61,6 +61,7 @@ from lmforge.tokenization import Tokenizer
 from lmforge.training import distributed
 from lmforge.training.config import TrainConfig
 from lmforge.training.trainer import Trainer, TrainResult
+from lmforge.utils.io import make_folder
 
 FRAMING_TOKENS = 2  # room left in a document segment for the special tokens an objective wraps it in
 TOKEN_FIELDS = tuple(f.name for f in fields(ModelConfig) if f.name.endswith("_token_id"))
@@ -206,7 +207,7 @@ def build_pretraining(config: TrainConfig) -> PretrainRun:
     if not config.resume:
         trainer.check_fresh()  # before config.yaml is rewritten: refusing must leave the old run untouched
     if ctx.is_main:
-        out.mkdir(parents=True, exist_ok=True)
+        make_folder(out)
         config.save(out / "config.yaml")
         tokenizer.save(out / "tokenizer")
     return PretrainRun(config, tokenizer, model, trainer)

@@ -91,6 +91,7 @@ from lmforge.training.state import (
     seed_all,
     to_json,
 )
+from lmforge.utils.io import make_folder
 
 MODEL_DIR = "model"
 SIGNAL_ECHO_S = 1.0  # with several ranks, a repeated SIGINT this soon after the first is torchrun passing it on
@@ -487,7 +488,7 @@ class Trainer:
         check_fresh_run(self.out)
 
     def _begin(self) -> None:
-        self.out.mkdir(parents=True, exist_ok=True)
+        make_folder(self.out)
         if self.config.resume:
             if self.resume():
                 return

@@ -44,10 +44,14 @@ def as_fault(exc: OSError, path: str | Path, operation: str) -> EnvironmentFault
         return exc
     advice = ADVICE[exc.errno]
     if exc.errno in (errno.EEXIST, errno.ENOTDIR):
-        # mkdir(parents=True) says "exists" when a *parent* is a file: name the file in the way.
-        blocker = next((p for p in Path(path).parents if p.exists() and not p.is_dir()), None)
-        if blocker is not None:
-            advice = f"{blocker} is a file, not a folder; choose another path"
+        # mkdir says "exists" when the folder or a parent of it is a file: name the file in the way.
+        path = Path(path)
+        if path.exists() and not path.is_dir() and operation.endswith("folder"):
+            advice = "it is a file, not a folder; remove it or choose another path"
+        else:
+            blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+            if blocker is not None:
+                advice = f"{blocker} is a file, not a folder; choose another path"
     return EnvironmentFault(exc.errno, f"cannot {operation} {path}: {advice}")
 
 

@@ -14,13 +14,14 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
-from lmforge.errors import InputFileNotFound, UserInputError
+from typing import Callable, Iterator
 
+from lmforge.errors import InputFileNotFound, UserInputError
 from lmforge.utils.faults import environment_errors
 
 
@@ -74,6 +75,86 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def atomic_save_npy(path: str | Path, array) -> None:
+    """Write a NumPy array as a ``.npy`` file atomically (``np.save`` in place would truncate the old file first)."""
+    import io
+
+    import numpy as np
+
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def make_folder(path: str | Path) -> Path:
+    """Create the folder ``path`` (and its parents) if missing and return it.
+
+    A file in the way, a read-only disk or a full one raises :class:`~lmforge.errors.EnvironmentFault`
+    naming ``path``.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> taken = pathlib.Path(tempfile.mkdtemp()) / "taken"
+        >>> _ = taken.write_text("a file")
+        >>> try:
+        ...     make_folder(taken)
+        ... except OSError as exc:
+        ...     print(str(exc).replace(str(taken), "TAKEN"))
+        cannot create the folder TAKEN: it is a file, not a folder; remove it or choose another path
+    """
+    path = Path(path)
+    with environment_errors(path, "create the folder"):
+        path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextlib.contextmanager
+def removed_on_failure(path: str | Path, keep: Callable[[Path], bool] = lambda path: False) -> Iterator[Path]:
+    """Remove the folder ``path`` when the block fails, if the block created it and ``keep(path)`` is false.
+
+    A command that fails before its first step leaves no folder holding only its settings behind; a folder
+    that existed before is never removed, and ``keep`` spares one worth keeping (say, one with checkpoints
+    to resume from).
+    """
+    path = Path(path)
+    existed = path.exists()
+    try:
+        yield path
+    except BaseException:
+        if not existed and path.is_dir() and not keep(path):
+            shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
+def read_text_file(path: str | Path, what: str = "") -> str:
+    """The text of a UTF-8 file; a one-line error (prefixed by ``what``, e.g. a flag) names the file when it
+    is missing, is a folder or is not UTF-8 (with the byte offset of the first bad byte).
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> f = pathlib.Path(tempfile.mkdtemp()) / "p.txt"
+        >>> _ = f.write_bytes(b"caf\\xe9")
+        >>> try:
+        ...     read_text_file(f, "--prompt-file")
+        ... except UserInputError as exc:
+        ...     print(str(exc).replace(str(f), "p.txt"))
+        --prompt-file p.txt: not UTF-8 at byte 3 (b'\\xe9'); save it as UTF-8
+    """
+    path = Path(path)
+    name = f"{what} {path}" if what else str(path)
+    if path.is_dir():
+        raise UserInputError(f"{name}: is a folder, not a file; give a file")
+    if not path.is_file():
+        raise InputFileNotFound(f"{name}: no such file")
+    with environment_errors(path, "read"):
+        data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserInputError(f"{name}: not UTF-8 at byte {exc.start} ({data[exc.start:exc.start + 4]!r}); "
+                             "save it as UTF-8") from None
+
+
 def read_mapping_file(path: str | Path, what: str = "config") -> object:
     """Parse a .json or .yaml/.yml file; errors name the file (``what`` says what kind it should be).
 
@@ -103,6 +184,9 @@ def atomic_dir(path: str | Path, overwrite: bool = True) -> Iterator[Path]:
     sibling, never a partial one under ``path``.
     """
     path = Path(path)
+    if path.exists() and not path.is_dir():
+        with environment_errors(path, "write the folder"):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path))
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path}: already exists (pass overwrite=True to replace it)")
     with environment_errors(path, "create"):
