@@ -126,6 +126,21 @@ def removed_on_failure(path: str | Path, keep: Callable[[Path], bool] = lambda p
         raise
 
 
+def visible(name: str) -> str:
+    """``name`` as it reads, or its ``repr`` when it holds invisible characters (a BOM, a tab, trailing spaces).
+
+    Example:
+        >>> print(visible("label"), visible("\\ufefftext"), visible("text "))
+        label '\\ufefftext' 'text '
+    """
+    return name if name.isprintable() and name == name.strip() and name else repr(name)
+
+
+def strip_bom(header: list[str]) -> list[str]:
+    """A CSV/TSV header without the byte-order mark an editor may have put before its first name."""
+    return [header[0].removeprefix("\ufeff"), *header[1:]] if header else header
+
+
 def read_text_file(path: str | Path, what: str = "") -> str:
     """The text of a UTF-8 file; a one-line error (prefixed by ``what``, e.g. a flag) names the file when it
     is missing, is a folder or is not UTF-8 (with the byte offset of the first bad byte).
