@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import os
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from lmforge import checkpoint
 from lmforge.cli.main import main
 from lmforge.data.prepare import prepare
+from lmforge.tokenization import Tokenizer
 from tests import task_helpers as th
 
 FAST = ["--no-progress", "--no-tensorboard", "--precision", "fp32", "--batch-size", "4"]
@@ -135,3 +134,110 @@ def test_an_output_path_through_a_file_is_one_line(env, tmp_path, capsys, comman
     line = one_line_error(capsys)
     assert str(blocker) in line and "is a file" in line, line
     assert blocker.read_text() == "keep me"
+
+
+def test_a_full_disk_at_a_checkpoint_keeps_the_last_good_one_newest(env, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    assert main(pretrain_args(env, out, 2)) == 0
+    before = tree(out / "checkpoints")
+    replace = os.replace
+
+    def full_at_step_4(src, dst, *args, **kwargs):
+        if "step-00000004" in str(dst):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", full_at_step_4)
+    capsys.readouterr()
+    assert main(pretrain_args(env, out, 4, "--resume")) == 3
+    line = one_line_error(capsys)
+    assert f"cannot write {out / 'checkpoints' / 'step-00000004'}" in line and "no space left" in line, line
+    monkeypatch.undo()
+    assert tree(out / "checkpoints") == before
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step-00000002"
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_embed_output_that_is_a_folder_is_one_line(env, tmp_path, capsys):
+    (tmp_path / "v.npy").mkdir()
+    assert main(COMMANDS["embed"][0](env, tmp_path / "v.npy")) == 3
+    assert "it is a folder, not a file" in one_line_error(capsys)
+
+
+def test_finetune_that_fails_validation_removes_only_the_folder_it_created(env, tmp_path, capsys):
+    args = ["finetune", "--model", str(env["base"]), "--task", "classify", "--train", str(env["train"]),
+            "--label-column", "nope", "--max-steps", "1", *FAST]
+    assert main([*args, "--out", str(tmp_path / "new")]) == 2
+    assert "no column 'nope'" in one_line_error(capsys)
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    assert main([*args, "--out", str(tmp_path / "mine")]) == 2
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "mine"  # a folder that was there stays
+
+
+def test_pretrain_that_fails_before_its_first_step_removes_the_folder_it_created(env, tmp_path, monkeypatch,
+                                                                                 capsys):
+    with monkeypatch.context() as patch:
+        inject(patch, errno.ENOSPC)
+        assert main(pretrain_args(env, tmp_path / "run", 2)) == 3
+    one_line_error(capsys)
+    assert not (tmp_path / "run").exists()
+
+
+def test_convert_removes_the_leftovers_of_a_killed_conversion(env, tmp_path, capsys):
+    (tmp_path / ".hf.x1y2.tmp").mkdir()  # as a kill during the write leaves it
+    (tmp_path / ".hf.x1y2.tmp" / "model.safetensors").write_bytes(b"half")
+    (tmp_path / ".other.abc.tmp").mkdir()  # another output's: not this command's to remove
+    assert main(["convert", "to-hf", str(env["base"]), str(tmp_path / "hf")]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.abc.tmp", "hf"]
+
+
+def test_files_follow_the_umask_in_model_tokenizer_and_export_folders(env, tmp_path, capsys):
+    old = os.umask(0o022)
+    try:
+        tok = Tokenizer.load(env["root"] / "tok")
+        checkpoint.save(th.body("bert", tok), tmp_path / "model", tokenizer=tok)
+        assert main(COMMANDS["tokenizer train"][0](env, tmp_path / "tok")) == 0
+        assert main(["convert", "to-hf", str(env["base"]), str(tmp_path / "hf")]) == 0
+        assert main(COMMANDS["embed"][0](env, tmp_path / "v.npy")) == 0
+    finally:
+        os.umask(old)
+    modes = {str(p.relative_to(tmp_path)): p.stat().st_mode & 0o777 for p in tmp_path.rglob("*")}
+    assert {"model/config.json", "model/model.safetensors", "model/tokenizer.json", "tok/tokenizer.json",
+            "hf/model.safetensors", "hf/tokenizer.json", "v.npy"} <= set(modes)
+    assert {name: mode for name, mode in modes.items() if mode != (0o755 if (tmp_path / name).is_dir() else 0o644)} == {}
+
+
+# ------------------------------------------------------------------ smaller cases: input files
+def test_prompt_file_that_is_a_folder_or_not_utf8_is_named(env, tmp_path, capsys):
+    generate = ["generate", "--model", str(env["base"]), "--no-stream", "--prompt-file"]
+    assert main([*generate, str(tmp_path)]) == 2
+    assert f"--prompt-file {tmp_path}: is a folder, not a file" in one_line_error(capsys)
+    bad = tmp_path / "prompt.txt"
+    bad.write_bytes("café au lait".encode("utf-8") + b" \xff\xfe rest")
+    assert main([*generate, str(bad)]) == 2
+    assert f"--prompt-file {bad}: not UTF-8 at byte 14" in one_line_error(capsys)
+
+
+def test_embed_input_that_is_a_folder_or_not_utf8_is_named(env, tmp_path, capsys):
+    embed = ["embed", "--model", str(env["base"]), "--output", str(tmp_path / "v.npy"), "--input"]
+    assert main([*embed, str(tmp_path)]) == 2
+    assert f"--input {tmp_path}: is a folder, not a file; give a file" in one_line_error(capsys)
+    bad = tmp_path / "texts.txt"
+    bad.write_bytes(b"ok\n\x80bad\n")
+    assert main([*embed, str(bad)]) == 2
+    assert f"{bad}: not UTF-8 at byte 3" in one_line_error(capsys)
+    assert not (tmp_path / "v.npy").exists()
+
+
+def test_a_bom_before_a_tsv_header_is_dropped_and_invisible_names_are_shown(env, tmp_path, capsys):
+    tsv = tmp_path / "corpus.tsv"
+    tsv.write_text("\ufefftext\tlabel\nthe good film\t1\nthe bad film\t0\n", encoding="utf-8")
+    assert main(["data", "prepare", "--tokenizer", str(env["root"] / "tok"), "--out", str(tmp_path / "d"),
+                 "--no-progress", "--val-fraction", "0", str(tsv)]) == 0
+    capsys.readouterr()
+    tsv.write_text("\ufefftext\tlabel \nthe good film\t1\n", encoding="utf-8")
+    assert main(["data", "prepare", "--tokenizer", str(env["root"] / "tok"), "--out", str(tmp_path / "e"),
+                 "--no-progress", "--text-field", "label", str(tsv)]) == 2
+    assert "(columns: text, 'label ')" in one_line_error(capsys)

@@ -29,8 +29,7 @@ from lmforge.tasks.recipe import Recipe
 from lmforge.tasks.settings import SETTINGS_FILE, save_settings
 from lmforge.tasks.spec import TaskSpec
 from lmforge.training.config import TrainConfig
-from lmforge.training.state import CheckpointManager
-from lmforge.training.trainer import check_fresh_run
+from lmforge.training.trainer import check_fresh_run, run_started
 from lmforge.utils.io import make_folder, removed_on_failure
 
 MERGED_DIR = "merged"  # merge: a plain task folder with the PEFT adapter folded in
@@ -73,8 +72,8 @@ def run_finetune(settings: dict[str, Any], *, pack: bool = False,
                                    source="command line")
     out = Path(settings["out"])
     check_fresh_run(out, config.resume)
-    # A run that fails before its first checkpoint leaves no folder holding only its settings behind.
-    with removed_on_failure(out, keep=lambda folder: bool(CheckpointManager(folder / "checkpoints").steps())):
+    # A run that fails before its first step leaves no folder holding only its settings behind.
+    with removed_on_failure(out, keep=run_started):
         make_folder(out)
         save_settings(settings)
         peft = (PeftConfig.from_dict(settings["peft"], source=f"{out / SETTINGS_FILE}: peft")

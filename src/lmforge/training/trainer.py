@@ -78,7 +78,7 @@ from lmforge.training import dist_checkpoint, distributed
 from lmforge.training.activation_checkpointing import enable_activation_checkpointing
 from lmforge.training.config import TrainConfig
 from lmforge.training.distributed import DistContext
-from lmforge.training.logging import RunLogger
+from lmforge.training.logging import METRICS_FILE, RunLogger
 from lmforge.training.optim import build_optimizer
 from lmforge.training.precision import autocast, resolve_precision
 from lmforge.training.schedules import Schedule
@@ -108,6 +108,14 @@ def check_fresh_run(out: str | Path, resume: bool = False) -> None:
     if steps and not resume:
         raise RunExistsError(f"{out} already holds a run (checkpoints up to step {steps[-1]}): resume it with "
                              "--resume (resume=True) or choose another output folder")
+
+
+def run_started(out: str | Path) -> bool:
+    """Whether ``out`` holds a run that took a step (a checkpoint or a logged step): a command that fails keeps
+    such a folder, and removes one it created that holds only its settings (``lmforge.utils.io.removed_on_failure``)."""
+    metrics = Path(out) / METRICS_FILE
+    logged = metrics.is_file() and metrics.stat().st_size > 0
+    return logged or bool(CheckpointManager(Path(out) / "checkpoints").steps())
 
 
 @dataclass
