@@ -241,3 +241,23 @@ def test_a_bom_before_a_tsv_header_is_dropped_and_invisible_names_are_shown(env,
     assert main(["data", "prepare", "--tokenizer", str(env["root"] / "tok"), "--out", str(tmp_path / "e"),
                  "--no-progress", "--text-field", "label", str(tsv)]) == 2
     assert "(columns: text, 'label ')" in one_line_error(capsys)
+
+
+def test_a_task_data_file_that_is_not_utf8_is_named_with_its_byte_offset(env, tmp_path, capsys):
+    bad = tmp_path / "rows.tsv"
+    bad.write_bytes(b"text\tlabel\nab\xffc\t1\n")
+    assert main(["predict", "--model", str(env["task"]), "--data", str(bad), "--output", str(tmp_path / "p.jsonl")]) == 2
+    assert f"{bad}: not UTF-8 at byte 13 (b'\\xffc\\t1')" in one_line_error(capsys)
+    assert not (tmp_path / "p.jsonl").exists()
+
+
+def test_prompt_data_that_is_a_folder_or_not_utf8_is_one_line(tmp_path):
+    from lmforge.cli.prompt import read_rows
+    from lmforge.errors import LmforgeError
+
+    with pytest.raises(LmforgeError, match="is a folder, not a file"):
+        read_rows(str(tmp_path))
+    for name in ("rows.tsv", "rows.jsonl"):
+        (tmp_path / name).write_bytes(b"text\tlabel\n\xc3(\t1\n")
+        with pytest.raises(LmforgeError, match=f"{name}: not UTF-8 at byte 11"):
+            read_rows(str(tmp_path / name))

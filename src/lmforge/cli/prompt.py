@@ -15,6 +15,7 @@ key). Prints accuracy, macro F1 and the majority-class baseline, then one JSON l
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 import time
@@ -26,6 +27,7 @@ from lmforge import datasets
 from lmforge.cli.main import UserError
 from lmforge.prompting import Template, Verbalizer, classify
 from lmforge.tokenization import Tokenizer
+from lmforge.utils.io import not_utf8, read_text_file
 
 
 def register(subparsers) -> None:
@@ -76,13 +78,18 @@ def read_rows(source: str) -> list[dict]:
                             f"({', '.join(datasets.names())})")
         rows = datasets.load(name, split or "test")
     elif path.suffix in (".jsonl", ".json"):
-        with open(path, encoding="utf-8") as f:
-            try:
-                rows = [json.loads(line) for line in f if line.strip()]
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{source}: not valid JSON lines ({exc})") from None
+        try:
+            rows = [json.loads(line) for line in read_text_file(path).splitlines() if line.strip()]
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{source}: not valid JSON lines ({exc})") from None
+    elif path.is_dir():
+        raise UserError(f"{source}: is a folder, not a file; give a .tsv or .jsonl file")
     else:
-        rows = datasets.read_tsv(path)
+        try:
+            rows = datasets.read_tsv(path)
+        except UnicodeDecodeError:
+            data = path.read_bytes()
+            raise not_utf8(path, gzip.decompress(data) if path.suffix == ".gz" else data) from None
     if not rows:
         raise UserError(f"{source}: no rows")
     missing = [c for c in ("text", "label") if c not in rows[0]]

@@ -41,7 +41,7 @@ import numpy as np
 
 from lmforge import datasets
 from lmforge.errors import InputFileNotFound, LmforgeError, UserInputError
-from lmforge.utils.io import strip_bom, visible
+from lmforge.utils.io import not_utf8, strip_bom, visible
 
 FORMATS = ("tsv", "csv", "jsonl", "conll")
 
@@ -216,7 +216,11 @@ def read_table(source: str | Path, format: str | None = None) -> Table:
             raise TaskDataError(f"{path}: unknown format {kind!r}; choose one of {', '.join(FORMATS)}")
         readers = {"tsv": lambda p: _read_delimited(p, "\t"), "csv": lambda p: _read_delimited(p, ","),
                    "jsonl": _read_jsonl, "conll": _read_conll}
-        table = readers[kind](path)
+        try:
+            table = readers[kind](path)
+        except UnicodeDecodeError:
+            with _open(path) as f:
+                raise not_utf8(path, f.buffer.read()) from None
     if not table.rows:
         raise TaskDataError(f"{table.name}: no rows (the file is empty or holds only a header)")
     return table

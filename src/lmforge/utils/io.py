@@ -165,9 +165,18 @@ def read_text_file(path: str | Path, what: str = "") -> str:
         data = path.read_bytes()
     try:
         return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise not_utf8(name, data) from None
+
+
+def not_utf8(name: str | Path, data: bytes) -> UserInputError:
+    """The error for a file ``name`` whose bytes ``data`` are not UTF-8: it names the first bad byte's offset."""
+    try:
+        data.decode("utf-8")
+        start = len(data)
     except UnicodeDecodeError as exc:
-        raise UserInputError(f"{name}: not UTF-8 at byte {exc.start} ({data[exc.start:exc.start + 4]!r}); "
-                             "save it as UTF-8") from None
+        start = exc.start
+    return UserInputError(f"{name}: not UTF-8 at byte {start} ({data[start:start + 4]!r}); save it as UTF-8")
 
 
 def read_mapping_file(path: str | Path, what: str = "config") -> object:
