@@ -185,12 +185,15 @@ def test_pretrain_that_fails_before_its_first_step_removes_the_folder_it_created
     assert not (tmp_path / "run").exists()
 
 
-def test_convert_removes_the_leftovers_of_a_killed_conversion(env, tmp_path, capsys):
-    (tmp_path / ".hf.x1y2.tmp").mkdir()  # as a kill during the write leaves it
-    (tmp_path / ".hf.x1y2.tmp" / "model.safetensors").write_bytes(b"half")
-    (tmp_path / ".other.abc.tmp").mkdir()  # another output's: not this command's to remove
-    assert main(["convert", "to-hf", str(env["base"]), str(tmp_path / "hf")]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.abc.tmp", "hf"]
+@pytest.mark.parametrize("command, name", [("convert to-hf", "hf"), ("tokenizer train", "tok"), ("embed", "v.npy"),
+                                           ("predict", "p.jsonl")])
+def test_a_rerun_removes_the_leftovers_of_a_killed_write(env, tmp_path, capsys, command, name):
+    (tmp_path / f".{name}.x1y2abcd.tmp").mkdir()  # as a kill during the write leaves it
+    (tmp_path / f".{name}.x1y2abcd.tmp" / "model.safetensors").write_bytes(b"half")
+    (tmp_path / f".{name}.k3l4mnop.tmp").write_bytes(b"half")
+    (tmp_path / ".other.abcdefgh.tmp").mkdir()  # another output's: not this command's to remove
+    assert main(COMMANDS[command][0](env, tmp_path / name)) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.abcdefgh.tmp", name]
 
 
 def test_files_follow_the_umask_in_model_tokenizer_and_export_folders(env, tmp_path, capsys):
