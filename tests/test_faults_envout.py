@@ -264,3 +264,23 @@ def test_prompt_data_that_is_a_folder_or_not_utf8_is_one_line(tmp_path):
         (tmp_path / name).write_bytes(b"text\tlabel\n\xc3(\t1\n")
         with pytest.raises(LmforgeError, match=f"{name}: not UTF-8 at byte 11"):
             read_rows(str(tmp_path / name))
+
+
+def test_a_full_disk_in_the_metrics_log_is_one_line_naming_it(tmp_path, monkeypatch):
+    from lmforge.errors import EnvironmentFault
+    from lmforge.training import logging as run_logging
+
+    logger = run_logging.RunLogger(tmp_path, 0, 2, progress=False, tensorboard=False)
+
+    class FullDisk:
+        def write(self, text):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        flush = close = write
+
+    logger._file = FullDisk()
+    with pytest.raises(EnvironmentFault, match=f"cannot append to {tmp_path / 'metrics.jsonl'}: no space left"):
+        logger.log({"step": 1, "loss": 1.0})
+    monkeypatch.setattr(run_logging, "open", _raise(errno.EROFS), raising=False)
+    with pytest.raises(EnvironmentFault, match="metrics.jsonl: the file system is read-only"):
+        run_logging.RunLogger(tmp_path, 0, 2, progress=False, tensorboard=False)
