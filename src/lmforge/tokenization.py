@@ -576,7 +576,7 @@ class Tokenizer:
         files = {"tokenizer.json": self.backend.to_str(pretty=True),
                  SIDECAR: json.dumps(self.sidecar(), indent=2) + "\n"}
         names = {p.name for p in folder.iterdir()} if folder.is_dir() else None
-        if not folder.exists() or (names and names <= set(files)):
+        if not folder.exists() or (names and names <= set(files) and folder.resolve() != Path.cwd()):
             remove_stale_temporaries(folder.parent, folder.name)  # a killed earlier save's leftovers
             with atomic_dir(folder) as tmp:
                 for name, text in files.items():
