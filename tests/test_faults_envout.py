@@ -9,7 +9,10 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import subprocess
+import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -284,3 +287,21 @@ def test_a_full_disk_in_the_metrics_log_is_one_line_naming_it(tmp_path, monkeypa
     monkeypatch.setattr(run_logging, "open", _raise(errno.EROFS), raising=False)
     with pytest.raises(EnvironmentFault, match="metrics.jsonl: the file system is read-only"):
         run_logging.RunLogger(tmp_path, 0, 2, progress=False, tensorboard=False)
+
+
+def test_a_real_file_size_limit_in_embed_keeps_the_previous_array(env, tmp_path):
+    # RLIMIT_FSIZE makes the write itself fail (EFBIG), as a full disk does, in a child process.
+    out = tmp_path / "v.npy"
+    assert main(COMMANDS["embed"][0](env, out)) == 0
+    before = out.read_bytes()
+    script = textwrap.dedent(f"""
+        import resource, sys
+        from lmforge.cli.main import main
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200, 200))
+        sys.exit(main({COMMANDS["embed"][0](env, out)!r}))
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.strip().splitlines() == [f"lmforge embed: error: cannot write {out}: the file grew past this "
+                                                  "process's file-size limit (ulimit -f); raise it or write less"]
+    assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["v.npy"]
