@@ -305,3 +305,9 @@ def test_a_real_file_size_limit_in_embed_keeps_the_previous_array(env, tmp_path)
     assert result.stderr.strip().splitlines() == [f"lmforge embed: error: cannot write {out}: the file grew past this "
                                                   "process's file-size limit (ulimit -f); raise it or write less"]
     assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["v.npy"]
+
+
+def test_task_data_that_is_a_folder_is_named_as_one(env, tmp_path, capsys):
+    assert main(["predict", "--model", str(env["task"]), "--data", str(tmp_path), "--output",
+                 str(tmp_path / "p.jsonl")]) == 2
+    assert f"{tmp_path}: is a folder, not a file; give a .tsv" in one_line_error(capsys)

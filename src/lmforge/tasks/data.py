@@ -208,6 +208,8 @@ def read_table(source: str | Path, format: str | None = None) -> Table:
     if not path.exists() and ":" in text and "/" not in text and "\\" not in text:
         name, _, split = text.partition(":")
         table = _read_dataset(name, split or "train")
+    elif path.is_dir():
+        raise TaskDataError(f"{path}: is a folder, not a file; give a .tsv, .csv, .jsonl or .conll file")
     elif not path.is_file():
         raise InputFileNotFound(f"{path}: no such data file")
     else:
