@@ -257,16 +257,19 @@ def test_a_task_data_file_that_is_not_utf8_is_named_with_its_byte_offset(env, tm
     assert not (tmp_path / "p.jsonl").exists()
 
 
-def test_prompt_data_that_is_a_folder_or_not_utf8_is_one_line(tmp_path):
+def test_prompt_and_embedding_data_that_is_a_folder_or_not_utf8_is_one_line(tmp_path):
     from lmforge.cli.prompt import read_rows
+    from lmforge.embeddings.sbert import read_rows as read_pairs
     from lmforge.errors import LmforgeError
 
-    with pytest.raises(LmforgeError, match="is a folder, not a file"):
-        read_rows(str(tmp_path))
+    for read in (read_rows, read_pairs):
+        with pytest.raises(LmforgeError, match="is a folder, not a file"):
+            read(str(tmp_path))
     for name in ("rows.tsv", "rows.jsonl"):
         (tmp_path / name).write_bytes(b"text\tlabel\n\xc3(\t1\n")
-        with pytest.raises(LmforgeError, match=f"{name}: not UTF-8 at byte 11"):
-            read_rows(str(tmp_path / name))
+        for read in (read_rows, read_pairs):
+            with pytest.raises(LmforgeError, match=f"{name}: not UTF-8 at byte 11"):
+                read(str(tmp_path / name))
 
 
 def test_a_full_disk_in_the_metrics_log_is_one_line_naming_it(tmp_path, monkeypatch):

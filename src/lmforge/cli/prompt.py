@@ -15,7 +15,6 @@ key). Prints accuracy, macro F1 and the majority-class baseline, then one JSON l
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sys
 import time
@@ -27,7 +26,7 @@ from lmforge import datasets
 from lmforge.cli.main import UserError
 from lmforge.prompting import Template, Verbalizer, classify
 from lmforge.tokenization import Tokenizer
-from lmforge.utils.io import not_utf8, read_text_file
+from lmforge.utils.io import read_text_file
 
 
 def register(subparsers) -> None:
@@ -82,14 +81,8 @@ def read_rows(source: str) -> list[dict]:
             rows = [json.loads(line) for line in read_text_file(path).splitlines() if line.strip()]
         except json.JSONDecodeError as exc:
             raise UserError(f"{source}: not valid JSON lines ({exc})") from None
-    elif path.is_dir():
-        raise UserError(f"{source}: is a folder, not a file; give a .tsv or .jsonl file")
     else:
-        try:
-            rows = datasets.read_tsv(path)
-        except UnicodeDecodeError:
-            data = path.read_bytes()
-            raise not_utf8(path, gzip.decompress(data) if path.suffix == ".gz" else data) from None
+        rows = datasets.read_tsv(path)
     if not rows:
         raise UserError(f"{source}: no rows")
     missing = [c for c in ("text", "label") if c not in rows[0]]

@@ -53,7 +53,7 @@ from lmforge.training.config import TrainConfig
 from lmforge.training.logging import METRICS_FILE, read_metrics
 from lmforge.training.state import seed_all
 from lmforge.training.trainer import LossOutput, Trainer
-from lmforge.utils.io import atomic_write_text, make_folder
+from lmforge.utils.io import atomic_write_text, make_folder, read_text_file
 
 EMBEDDING_FILE = "embedding.json"  # pooling settings saved beside a trained model
 
@@ -67,10 +67,10 @@ def read_rows(source: str | Path | Sequence[dict]) -> list[dict[str, Any]]:
     if name in datasets.names() and not Path(text).exists():
         return datasets.load(name, split or "train")
     file = Path(text)
-    if not file.is_file():
+    if not file.exists():
         raise InputFileNotFound(f"{file}: not found (give a TSV/JSONL file or a data set such as bible-triplets:train)")
     if file.suffix == ".jsonl":
-        return [json.loads(line) for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return [json.loads(line) for line in read_text_file(file).splitlines() if line.strip()]
     return datasets.read_tsv(file)
 
 

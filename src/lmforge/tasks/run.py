@@ -29,8 +29,8 @@ from lmforge.tasks.recipe import Recipe
 from lmforge.tasks.settings import SETTINGS_FILE, save_settings
 from lmforge.tasks.spec import TaskSpec
 from lmforge.training.config import TrainConfig
-from lmforge.training.trainer import check_fresh_run, run_started
-from lmforge.utils.io import make_folder, removed_on_failure
+from lmforge.training.trainer import check_fresh_run
+from lmforge.utils.io import make_folder
 
 MERGED_DIR = "merged"  # merge: a plain task folder with the PEFT adapter folded in
 
@@ -72,17 +72,14 @@ def run_finetune(settings: dict[str, Any], *, pack: bool = False,
                                    source="command line")
     out = Path(settings["out"])
     check_fresh_run(out, config.resume)
-    # A run that fails before its first step leaves no folder holding only its settings behind.
-    with removed_on_failure(out, keep=run_started):
-        make_folder(out)
-        save_settings(settings)
-        peft = (PeftConfig.from_dict(settings["peft"], source=f"{out / SETTINGS_FILE}: peft")
-                if settings["peft"] else None)
-        if peft is not None and recipe.freeze_body:
-            raise UserInputError("--freeze-body trains the head only; it cannot be combined with --peft")
-        result = finetune(settings["model"], spec, settings["train"], settings["eval"], config=config, recipe=recipe,
-                          out=out, tokenizer=settings["tokenizer"], random_init=settings["random_init"],
-                          epochs=epochs, warmup_ratio=warmup_ratio, peft=peft, log=log)
+    make_folder(out)
+    save_settings(settings)
+    peft = PeftConfig.from_dict(settings["peft"], source=f"{out / SETTINGS_FILE}: peft") if settings["peft"] else None
+    if peft is not None and recipe.freeze_body:
+        raise UserInputError("--freeze-body trains the head only; it cannot be combined with --peft")
+    result = finetune(settings["model"], spec, settings["train"], settings["eval"], config=config, recipe=recipe,
+                      out=out, tokenizer=settings["tokenizer"], random_init=settings["random_init"],
+                      epochs=epochs, warmup_ratio=warmup_ratio, peft=peft, log=log)
     train = result.train
     run = FinetuneRun(out, train.step, Path(train.model_dir) if train.model_dir else None, best=result.best,
                       stopped_by=train.stopped_by)
