@@ -314,3 +314,10 @@ def test_task_data_that_is_a_folder_is_named_as_one(env, tmp_path, capsys):
     assert main(["predict", "--model", str(env["task"]), "--data", str(tmp_path), "--output",
                  str(tmp_path / "p.jsonl")]) == 2
     assert f"{tmp_path}: is a folder, not a file; give a .tsv" in one_line_error(capsys)
+
+
+def test_embedding_finetune_that_fails_before_a_step_removes_the_folder_it_created(env, tmp_path, capsys):
+    assert main(["finetune", "--task", "embedding", "--model", str(env["base"]), "--train", str(env["train"]),
+                 "--eval", str(tmp_path), "--out", str(tmp_path / "run"), "--max-steps", "1"]) == 2
+    assert "is a folder, not a file" in one_line_error(capsys)
+    assert not (tmp_path / "run").exists()
