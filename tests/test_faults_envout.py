@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -321,3 +322,22 @@ def test_embedding_finetune_that_fails_before_a_step_removes_the_folder_it_creat
                  "--eval", str(tmp_path), "--out", str(tmp_path / "run"), "--max-steps", "1"]) == 2
     assert "is a folder, not a file" in one_line_error(capsys)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS])
+def test_data_prepare_overwrite_keeps_the_old_shards_until_the_new_ones_are_complete(env, tmp_path, monkeypatch,
+                                                                                    capsys, code):
+    out = tmp_path / "data"
+    prepare([env["root"] / "corpus.txt"], env["root"] / "tok", out, progress=False)
+    (out / "notes.txt").write_text("mine")
+    before = tree(out)
+    args = ["data", "prepare", "--tokenizer", str(env["root"] / "tok"), "--out", str(out), "--no-progress",
+            "--overwrite", "--seed", "1", str(env["root"] / "corpus.txt")]
+    with monkeypatch.context() as patch:
+        inject(patch, code)
+        assert main(args) == 3
+    one_line_error(capsys)
+    assert tree(out) == before and sorted(p.name for p in tmp_path.iterdir()) == ["data"]
+    assert main(args) == 0  # and when it succeeds, the user's own files stay
+    assert json.loads((out / "manifest.json").read_text())["settings"]["seed"] == 1
+    assert (out / "notes.txt").read_text() == "mine"

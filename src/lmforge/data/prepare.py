@@ -54,7 +54,8 @@ import numpy as np
 
 from lmforge.data.sources import DataError, iter_documents, resolve_inputs
 from lmforge.tokenization import Tokenizer
-from lmforge.utils.io import atomic_write_bytes, atomic_write_text
+from lmforge.utils.io import atomic_write_bytes, atomic_write_text, replace_dir, staging_dir
+from lmforge.utils.lock import remove_stale_temporaries
 from lmforge.errors import InputFileNotFound
 
 SPLITS = ("train", "val")
@@ -232,6 +233,12 @@ def prepare(
     manifest = _start(out, fingerprint, settings, overwrite)
     if manifest.get("complete"):
         return manifest
+    final = None
+    if manifest.pop("replace", False):
+        # Replacing another preparation: build aside and swap in once complete, so a failure (a full disk,
+        # Ctrl-C) keeps the old shards.
+        remove_stale_temporaries(out.parent, out.name)
+        final, out = out, staging_dir(out)
     manifest.update({
         "format": FORMAT, "version": 1, "complete": False, "fingerprint": fingerprint, "dtype": np_dtype.name,
         "settings": settings,
@@ -246,14 +253,28 @@ def prepare(
              progress)
     except BaseException:
         _clean_temporaries(out)
-        if not manifest["chunks"]:  # nothing finished: leave no trace of this run
+        if final is not None:
+            shutil.rmtree(out, ignore_errors=True)
+        elif not manifest["chunks"]:  # nothing finished: leave no trace of this run
             if created:
                 shutil.rmtree(out, ignore_errors=True)
             else:
                 for name in (*SPLITS, "tokenizer"):
                     shutil.rmtree(out / name, ignore_errors=True)
         raise
+    if final is not None:
+        _keep_other_files(final, out)
+        replace_dir(out, final)
     return manifest
+
+
+def _keep_other_files(old: Path, new: Path) -> None:
+    """Copy what the user kept in an output folder being replaced (notes, say) into its replacement."""
+    for child in old.iterdir():
+        leftover = child.name.startswith(".") and child.name.endswith((".tmp", ".old"))
+        if child.name not in (*SPLITS, "tokenizer", MANIFEST) and not leftover and not (new / child.name).exists():
+            copy = shutil.copytree if child.is_dir() else shutil.copy2
+            copy(child, new / child.name)
 
 
 def _start(out: Path, fingerprint: str, settings: dict[str, Any], overwrite: bool) -> dict[str, Any]:
@@ -273,10 +294,7 @@ def _start(out: Path, fingerprint: str, settings: dict[str, Any], overwrite: boo
         changed = [k for k in settings if before.get(k) != settings[k]] or ["format"]
         raise DataError(f"{out} holds shards prepared with different {', '.join(changed)}; "
                         "pass --overwrite to replace them or choose another --out")
-    for name in (*SPLITS, "tokenizer"):
-        shutil.rmtree(out / name, ignore_errors=True)
-    path.unlink()
-    return {"chunks": []}
+    return {"chunks": [], "replace": True}  # the old shards stay until the new ones are complete
 
 
 def _run(out, manifest, tok, paths, np_dtype, val_fraction, seed, text_field, errors, shard_mb, batch_mb,

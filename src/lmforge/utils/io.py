@@ -225,6 +225,22 @@ def atomic_dir(path: str | Path, overwrite: bool = True) -> Iterator[Path]:
         raise
 
 
+def staging_dir(path: str | Path) -> Path:
+    """A new empty temporary sibling of the folder ``path`` to build its replacement in, for a build that does
+    not fit in one ``with`` block; :func:`replace_dir` swaps it in, and removing it abandons the build."""
+    path = Path(path)
+    with environment_errors(path, "create"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+
+
+def replace_dir(tmp: str | Path, path: str | Path) -> None:
+    """Swap the finished staging folder ``tmp`` (from :func:`staging_dir`) in for ``path``, as :func:`atomic_dir`
+    does."""
+    with environment_errors(path, "write"):
+        _finish_dir(Path(tmp), Path(path))
+
+
 def _finish_dir(tmp: Path, path: Path) -> None:
     """Make ``tmp``'s files durable, then swap it in for ``path`` (see :func:`atomic_dir`)."""
     _user_mode(tmp)
