@@ -65,7 +65,8 @@ from tokenizers import Tokenizer as _Backend
 
 from lmforge.data.sources import iter_documents, resolve_inputs
 from lmforge.errors import InputFileNotFound, LmforgeError
-from lmforge.utils.io import atomic_write_text
+from lmforge.utils.io import atomic_dir, atomic_write_text, make_folder
+from lmforge.utils.lock import remove_stale_temporaries
 
 KINDS = ("bpe", "byte-bpe", "wordpiece", "unigram")
 SIDECAR = "lmforge_tokenizer.json"
@@ -565,11 +566,25 @@ class Tokenizer:
                 "special_token_ids": self.special_token_ids(), "vocab_size": self.vocab_size}
 
     def save(self, folder: str | Path) -> Path:
-        """Write ``tokenizer.json`` and ``lmforge_tokenizer.json`` into ``folder`` (atomically, each file)."""
+        """Write ``tokenizer.json`` and ``lmforge_tokenizer.json`` into ``folder``.
+
+        A new folder, or one holding nothing but a tokenizer, is replaced as a whole, atomically: a failed or
+        killed save never pairs a new vocabulary with the old roles. In a folder with other files (a model
+        folder being staged) each file is written atomically.
+        """
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(folder / "tokenizer.json", self.backend.to_str(pretty=True))
-        atomic_write_text(folder / SIDECAR, json.dumps(self.sidecar(), indent=2) + "\n")
+        files = {"tokenizer.json": self.backend.to_str(pretty=True),
+                 SIDECAR: json.dumps(self.sidecar(), indent=2) + "\n"}
+        names = {p.name for p in folder.iterdir()} if folder.is_dir() else None
+        if not folder.exists() or (names and names <= set(files) and folder.resolve() != Path.cwd()):
+            remove_stale_temporaries(folder.parent, folder.name)  # a killed earlier save's leftovers
+            with atomic_dir(folder) as tmp:
+                for name, text in files.items():
+                    (tmp / name).write_text(text, encoding="utf-8")
+        else:
+            make_folder(folder)
+            for name, text in files.items():
+                atomic_write_text(folder / name, text)
         return folder
 
     @classmethod

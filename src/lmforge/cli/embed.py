@@ -19,11 +19,11 @@ from lmforge.cli._embedding_args import add_model_flags, parse_layer
 from lmforge.cli.main import UserError, require_path
 from lmforge.embeddings.encoder import load_encoder
 from lmforge.embeddings.index import read_docs
+from lmforge.utils.io import atomic_save_npy
+from lmforge.utils.lock import remove_stale_temporaries
 
 
 def run(args) -> int:
-    import numpy as np
-
     if not str(args.output).endswith(".npy"):
         raise UserError(f"--output {args.output}: use a .npy file name")
     texts = read_docs(require_path(args.input, "--input"))
@@ -33,8 +33,8 @@ def run(args) -> int:
     vectors = encoder.encode(texts, pooling=args.pooling, layer=parse_layer(args.layer), normalize=args.normalize,
                              batch_size=args.batch_size, progress=not args.quiet)
     out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    np.save(out, vectors)
+    remove_stale_temporaries(out.parent, out.name)  # a killed earlier run's half-written copy
+    atomic_save_npy(out, vectors)
     print(f"wrote {out}: {vectors.shape[0]} x {vectors.shape[1]} float32")
     return 0
 

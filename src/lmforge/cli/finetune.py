@@ -48,7 +48,9 @@ from lmforge.tasks.settings import (
 from lmforge.tasks.spec import LOSS_AVERAGES, POOLINGS, TASKS
 from lmforge.training import config as tc
 from lmforge.training.config import TrainConfig
+from lmforge.training.trainer import run_started
 from lmforge.utils.flags import add_dataclass_flags
+from lmforge.utils.io import removed_on_failure
 
 # (metavar, help) of the task-format flags: the TaskSpec fields lmforge.tasks.settings.TASK_KEYS names.
 TASK_FLAGS = {
@@ -78,6 +80,12 @@ EMBEDDING_DEFAULTS = {"lr": "2e-05", "max_steps": "one epoch"}
 
 def run(args) -> int:
     given = vars(args)
+    # A run that fails before its first step leaves no folder holding only its settings behind.
+    with removed_on_failure(given.get("out") or ".", keep=run_started):
+        return _run(given, args)
+
+
+def _run(given, args) -> int:
     if given.get("task") == "embedding":  # Sentence-BERT: its own recipe (lmforge.embeddings.sbert)
         if any(given.get(k) for k in (*PEFT_FLAGS, "merge")):
             raise UserError("--peft and --merge are not supported with --task embedding (it has its own recipe)")

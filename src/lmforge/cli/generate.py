@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import lmforge
 from lmforge.cli._load_args import add_load_flags
 from lmforge.cli.main import UserError, model_argument
-from lmforge.errors import InputFileNotFound
 from lmforge.generation import GenerationConfig, generate_text, stream
 from lmforge.tokenization import Tokenizer
+from lmforge.utils.io import read_text_file
 
 
 def register(subparsers) -> None:
@@ -79,9 +78,7 @@ def register(subparsers) -> None:
 def _prompts(args) -> list[str]:
     prompts = list(args.prompt)
     for name in args.prompt_file:
-        if name != "-" and not Path(name).is_file():
-            raise InputFileNotFound(f"--prompt-file {name}: no such file")
-        prompts.append(sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8"))
+        prompts.append(sys.stdin.read() if name == "-" else read_text_file(name, "--prompt-file"))
     if not prompts:
         raise UserError("give a prompt with --prompt TEXT or --prompt-file FILE")
     return prompts

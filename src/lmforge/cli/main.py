@@ -85,8 +85,11 @@ def require_path(path: str | Path, flag: str, folder: bool = False) -> Path:
     """``path`` if it exists (as a folder when ``folder``), else InputFileNotFound naming ``flag``: checked
     before a library call whose own error would not be a one-line user error."""
     path = Path(path)
+    wanted, other = ("folder", "file") if folder else ("file", "folder")
+    if path.exists() and path.is_dir() != folder:
+        raise UserInputError(f"{flag} {path}: is a {other}, not a {wanted}; give a {wanted}")
     if not (path.is_dir() if folder else path.is_file()):
-        raise InputFileNotFound(f"{flag} {path}: no such {'folder' if folder else 'file'}")
+        raise InputFileNotFound(f"{flag} {path}: no such {wanted}")
     return path
 
 

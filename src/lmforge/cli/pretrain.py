@@ -28,7 +28,9 @@ from lmforge.training import config as tc
 from lmforge.training import distributed
 from lmforge.training.config import TrainConfig, read_settings, setting_names
 from lmforge.training.pretrain import build_pretraining
+from lmforge.training.trainer import run_started
 from lmforge.utils.flags import add_dataclass_flags, key_values
+from lmforge.utils.io import removed_on_failure
 
 # (setting, help). Types, defaults and choices come from TrainConfig, so the two cannot drift apart. A setting
 # on by default is turned off by its --no- flag, and its help says what that flag does.
@@ -105,7 +107,9 @@ def run(args) -> int:
 def _run(args) -> int:
     with plain_warnings("pretrain"):
         config = _settings(args)
-        with distributed.session(config.strategy, config.device) as ctx:
+        # A run that fails before its first step leaves no folder holding only its settings behind.
+        with (removed_on_failure(config.out, keep=run_started),
+              distributed.session(config.strategy, config.device) as ctx):
             built = build_pretraining(config)
             config, model, trainer = built.config, built.model, built.trainer
             cfg = model.config

@@ -21,6 +21,7 @@ from lmforge.cli.main import UserError
 from lmforge.datasets import read_conll
 from lmforge.embeddings.encoder import load_encoder
 from lmforge.embeddings.probe import format_table, plot, probe_layers
+from lmforge.utils.io import atomic_write_text
 
 
 def run(args) -> int:
@@ -36,9 +37,8 @@ def run(args) -> int:
     table = format_table(rows)
     print(table)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "probe.txt").write_text(table + "\n", encoding="utf-8")
-    (out / "probe.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+    atomic_write_text(out / "probe.txt", table + "\n")
+    atomic_write_text(out / "probe.json", json.dumps(rows, indent=2) + "\n")
     png = plot(rows, out / "probe.png", title=f"{Path(args.model).name}: linear probe ({args.task})")
     print(f"wrote {out / 'probe.txt'}, {out / 'probe.json'}, {png}")
     return 0

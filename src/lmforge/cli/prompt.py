@@ -28,6 +28,7 @@ from lmforge.cli._load_args import add_load_flags
 from lmforge.cli.main import UserError
 from lmforge.prompting import Template, Verbalizer, classify
 from lmforge.tokenization import Tokenizer
+from lmforge.utils.io import read_text_file
 
 
 def register(subparsers) -> None:
@@ -79,11 +80,10 @@ def read_rows(source: str) -> list[dict]:
                             f"({', '.join(datasets.names())})")
         rows = datasets.load(name, split or "test")
     elif path.suffix in (".jsonl", ".json"):
-        with open(path, encoding="utf-8") as f:
-            try:
-                rows = [json.loads(line) for line in f if line.strip()]
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{source}: not valid JSON lines ({exc})") from None
+        try:
+            rows = [json.loads(line) for line in read_text_file(path).splitlines() if line.strip()]
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{source}: not valid JSON lines ({exc})") from None
     else:
         rows = datasets.read_tsv(path)
     if not rows:

@@ -54,8 +54,8 @@ import numpy as np
 
 from lmforge.data.sources import DataError, iter_documents, resolve_inputs
 from lmforge.tokenization import Tokenizer
-from lmforge.utils.io import atomic_write_bytes, atomic_write_text
-from lmforge.utils.lock import RunFolderLock
+from lmforge.utils.io import atomic_write_bytes, atomic_write_text, replace_dir, staging_dir
+from lmforge.utils.lock import LOCK_FILE, OWNER_FILE, RunFolderLock, remove_stale_temporaries
 from lmforge.errors import InputFileNotFound
 
 SPLITS = ("train", "val")
@@ -244,6 +244,12 @@ def _prepare(out, fingerprint, settings, overwrite, created, tok, paths, np_dtyp
     manifest = _start(out, fingerprint, settings, overwrite)
     if manifest.get("complete"):
         return manifest
+    final = None
+    if manifest.pop("replace", False):
+        # Replacing another preparation: build aside and swap in once complete, so a failure (a full disk,
+        # Ctrl-C) keeps the old shards.
+        remove_stale_temporaries(out.parent, out.name)
+        final, out = out, staging_dir(out)
     manifest.update({
         "format": FORMAT, "version": 1, "complete": False, "fingerprint": fingerprint, "dtype": np_dtype.name,
         "settings": settings,
@@ -257,13 +263,18 @@ def _prepare(out, fingerprint, settings, overwrite, created, tok, paths, np_dtyp
              progress)
     except BaseException:
         _clean_temporaries(out)
-        if not manifest["chunks"]:  # nothing finished: leave no trace of this run
+        if final is not None:
+            shutil.rmtree(out, ignore_errors=True)
+        elif not manifest["chunks"]:  # nothing finished: leave no trace of this run
             if created:
                 shutil.rmtree(out, ignore_errors=True)
             else:
                 for name in (*SPLITS, "tokenizer"):
                     shutil.rmtree(out / name, ignore_errors=True)
         raise
+    if final is not None:
+        _keep_other_files(final, out)
+        replace_dir(out, final)
     return manifest
 
 
@@ -281,9 +292,20 @@ def _check_foreign(out: Path, fingerprint: str, settings: dict[str, Any], overwr
     return old
 
 
+LOCK_FILES = (LOCK_FILE, OWNER_FILE)  # the run folder's own lock: never copied into its replacement
+
+
+def _keep_other_files(old: Path, new: Path) -> None:
+    """Copy what the user kept in an output folder being replaced (notes, say) into its replacement."""
+    for child in old.iterdir():
+        leftover = (child.name.startswith(".") and child.name.endswith((".tmp", ".old"))) or child.name in LOCK_FILES
+        if child.name not in (*SPLITS, "tokenizer", MANIFEST) and not leftover and not (new / child.name).exists():
+            copy = shutil.copytree if child.is_dir() else shutil.copy2
+            copy(child, new / child.name)
+
+
 def _start(out: Path, fingerprint: str, settings: dict[str, Any], overwrite: bool) -> dict[str, Any]:
     """Load a resumable manifest from ``out`` (or start a fresh one); refuse a foreign preparation."""
-    path = out / MANIFEST
     old = _check_foreign(out, fingerprint, settings, overwrite)
     if old is None:
         _clean_temporaries(out)
@@ -293,10 +315,7 @@ def _start(out: Path, fingerprint: str, settings: dict[str, Any], overwrite: boo
         if old.get("complete"):
             return old
         return {"chunks": _verified_chunks(out, old)}
-    for name in (*SPLITS, "tokenizer"):
-        shutil.rmtree(out / name, ignore_errors=True)
-    path.unlink()
-    return {"chunks": []}
+    return {"chunks": [], "replace": True}  # the old shards stay until the new ones are complete
 
 
 def _run(out, manifest, tok, paths, np_dtype, val_fraction, seed, text_field, errors, shard_mb, batch_mb,

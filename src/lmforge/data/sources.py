@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Iterator
 
 from lmforge.errors import InputFileNotFound, LmforgeError
+from lmforge.utils.io import strip_bom, visible
 
 FORMATS = {".txt": "txt", ".text": "txt", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".tsv": "tsv",
            ".parquet": "parquet"}
@@ -239,8 +240,9 @@ def _iter_csv(path: Path, stream: BinaryIO, errors: str, field: str, delimiter: 
     header = next(reader, None)
     if header is None:
         return
+    header = strip_bom(header)
     if field not in header:
-        raise DataError(f"{path}: no column {field!r} in the header (columns: {', '.join(header)}); "
+        raise DataError(f"{path}: no column {field!r} in the header (columns: {', '.join(map(visible, header))}); "
                         "choose the text column with --text-field")
     column = header.index(field)
     for row in reader:

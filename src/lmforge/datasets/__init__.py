@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.data.sources import DataError, iter_documents
-from lmforge.errors import InputFileNotFound
+from lmforge.errors import InputFileNotFound, UserInputError
+from lmforge.utils.io import not_utf8
 
 FILES = Path(__file__).parent / "files"
 SPLIT_ALIASES = {"validation": "dev", "valid": "dev", "val": "dev"}
@@ -133,8 +134,15 @@ def _open_text(file: Path) -> io.TextIOBase:
 
 def read_tsv(file: str | Path) -> list[dict[str, Any]]:
     """Rows of a TSV with a header (csv-module default quoting); ``label`` -> int, ``score`` -> float."""
-    with _open_text(Path(file)) as f:
-        rows = list(csv.DictReader(f, delimiter="\t"))
+    file = Path(file)
+    if file.is_dir():
+        raise UserInputError(f"{file}: is a folder, not a file; give a .tsv file")
+    try:
+        with _open_text(file) as f:
+            rows = list(csv.DictReader(f, delimiter="\t"))
+    except UnicodeDecodeError:
+        with _open_text(file) as f:
+            raise not_utf8(file, f.buffer.read()) from None
     for row in rows:
         if "label" in row:
             row["label"] = int(row["label"])

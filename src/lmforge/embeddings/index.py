@@ -32,6 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from lmforge.errors import InputFileNotFound, UserInputError
+from lmforge.utils.io import atomic_dir, read_text_file
 
 EMBEDDINGS, DOCS, META, FAISS_FILE = "embeddings.npy", "docs.jsonl", "index.json", "hnsw.faiss"
 BACKENDS = ("exact", "faiss")
@@ -112,17 +113,18 @@ class VectorIndex:
                 for row_ids, row_scores in zip(ids, scores)]
 
     def save(self, folder: str | Path) -> Path:
+        """Write the index folder atomically (a temporary sibling renamed into place) and return its path."""
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        np.save(folder / EMBEDDINGS, self.vectors)
-        with open(folder / DOCS, "w", encoding="utf-8") as f:
-            for i, text in enumerate(self.texts):
-                f.write(json.dumps({"id": i, "text": text}, ensure_ascii=False) + "\n")
         meta = {**self.meta, "count": len(self), "dim": int(self.vectors.shape[1]), "backend": self.backend}
-        (folder / META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        if self.backend == "faiss":
-            import faiss
-            faiss.write_index(self._graph, str(folder / FAISS_FILE))
+        with atomic_dir(folder) as tmp:
+            np.save(tmp / EMBEDDINGS, self.vectors)
+            with open(tmp / DOCS, "w", encoding="utf-8") as f:
+                for i, text in enumerate(self.texts):
+                    f.write(json.dumps({"id": i, "text": text}, ensure_ascii=False) + "\n")
+            (tmp / META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+            if self.backend == "faiss":
+                import faiss
+                faiss.write_index(self._graph, str(tmp / FAISS_FILE))
         return folder
 
     @classmethod
@@ -147,14 +149,15 @@ class VectorIndex:
 def read_docs(file: str | Path) -> list[str]:
     """Documents from a file: ``.jsonl`` (field ``text``) or plain text, one document per non-empty line."""
     file = Path(file)
-    if not file.is_file():
-        raise InputFileNotFound(f"{file}: not found")
-    lines = [line for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = [line for line in read_text_file(file).splitlines() if line.strip()]
     if file.suffix == ".jsonl":
         docs = []
         for number, line in enumerate(lines, 1):
-            row = json.loads(line)
-            if "text" not in row:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UserInputError(f"{file}: line {number}: not valid JSON ({exc})") from None
+            if not isinstance(row, dict) or "text" not in row:
                 raise UserInputError(f"{file}: line {number}: no 'text' field")
             docs.append(row["text"])
         return docs

@@ -38,6 +38,7 @@ Example:
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -45,6 +46,7 @@ import numpy as np
 
 from lmforge.errors import UserInputError
 from lmforge.nn.scalar_mix import ScalarMix
+from lmforge.utils.io import atomic_write_bytes
 
 
 def _features(encoder, sentences: Sequence[dict], batch_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -177,7 +179,8 @@ def plot(rows: Sequence[dict], path: str | Path, title: str = "linear probe per 
     ax.legend()
     fig.tight_layout()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=path.suffix.lstrip(".") or "png")
     plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())
     return path

@@ -53,7 +53,7 @@ from lmforge.training.config import TrainConfig
 from lmforge.training.logging import METRICS_FILE, read_metrics
 from lmforge.training.state import seed_all
 from lmforge.training.trainer import LossOutput, Trainer
-from lmforge.utils.io import atomic_write_text
+from lmforge.utils.io import atomic_write_text, make_folder, read_text_file
 
 EMBEDDING_FILE = "embedding.json"  # pooling settings saved beside a trained model
 
@@ -67,10 +67,10 @@ def read_rows(source: str | Path | Sequence[dict]) -> list[dict[str, Any]]:
     if name in datasets.names() and not Path(text).exists():
         return datasets.load(name, split or "train")
     file = Path(text)
-    if not file.is_file():
+    if not file.exists():
         raise InputFileNotFound(f"{file}: not found (give a TSV/JSONL file or a data set such as bible-triplets:train)")
     if file.suffix == ".jsonl":
-        return [json.loads(line) for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return [json.loads(line) for line in read_text_file(file).splitlines() if line.strip()]
     return datasets.read_tsv(file)
 
 
@@ -312,8 +312,7 @@ def finetune_embedding(model, train, *, out: str | Path, eval: str | Path | Sequ
     seed_all(seed)  # a random initialisation must not differ between a run and its resumption
     body, tok = checkpoint.load_body(model, tokenizer=tokenizer, random_init=random_init)
     encoder = SentenceEncoder(body, tok, max_length=max_length, pooling=pooling)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_folder(out)
     pairs = read_rows(eval) if eval is not None else None
     before = {}
     if pairs is not None:

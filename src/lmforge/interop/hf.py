@@ -54,6 +54,7 @@ from lmforge.models import load_transformer
 from lmforge.models.transformer import Transformer
 from lmforge.tokenization import Tokenizer, TokenizerError
 from lmforge.utils.io import atomic_dir
+from lmforge.utils.lock import remove_stale_temporaries
 
 HF_CONFIG = "config.json"
 HEAD_WEIGHTS, HEAD_CONFIG = "head.safetensors", "head.json"
@@ -392,10 +393,12 @@ def from_hf(source, *, architecture: str | None = None, dtype: torch.dtype | Non
 
 
 def _check_destination(path: Path, overwrite: bool) -> None:
+    if path.exists() and not path.is_dir():
+        raise HFConversionError(f"{path}: it is a file, not a folder; remove it or choose another path")
     if path.exists() and not overwrite:
         raise HFConversionError(f"{path}: already exists (use --overwrite / overwrite=True to replace it)")
-    if path.exists() and not path.is_dir():
-        raise HFConversionError(f"{path}: exists and is not a folder")
+    # A conversion killed mid-write left its temporary folder beside the destination; this one replaces it.
+    remove_stale_temporaries(path.parent, path.name)
 
 
 def convert_from_hf(source, dst: str | Path, *, architecture: str | None = None, dtype: torch.dtype | None = None,

@@ -50,6 +50,7 @@ from lmforge.generation import generate
 from lmforge.prompting.instruct import ChatTemplate, alpaca_to_messages
 from lmforge.prompting.verbalizer import score_continuations_batch
 from lmforge.tasks import metrics
+from lmforge.utils.io import atomic_write_text
 
 SPLITS = ("train", "dev", "test")
 PHRASINGS = ("seen", "unseen")
@@ -155,8 +156,7 @@ def build_demonstrations(split: str, *, kinds: Sequence[str] = tuple(KINDS), per
 def write_jsonl(rows: Sequence[dict], path: str | Path) -> Path:
     """One JSON object a line (UTF-8, not ASCII-escaped), the format ``lmforge finetune --task instruct`` reads."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     return path
 
 

@@ -47,6 +47,7 @@ from lmforge.tasks.data import ExampleBatches
 from lmforge.tokenization import Tokenizer
 from lmforge.training import Trainer
 from lmforge.training.config import TrainConfig
+from lmforge.utils.io import atomic_write_text
 
 CHAT_TEMPLATE_FILE = "chat_template.json"
 ROLES = ("system", "user", "assistant")
@@ -103,7 +104,7 @@ class ChatTemplate(ConfigBase):
 
     def save(self, folder: str | Path) -> Path:
         path = Path(folder) / CHAT_TEMPLATE_FILE
-        path.write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
+        atomic_write_text(path, json.dumps(asdict(self), indent=2) + "\n")
         return path
 
     @classmethod

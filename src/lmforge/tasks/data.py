@@ -41,6 +41,7 @@ import numpy as np
 
 from lmforge import datasets
 from lmforge.errors import InputFileNotFound, LmforgeError, UserInputError
+from lmforge.utils.io import not_utf8, strip_bom, visible
 
 FORMATS = ("tsv", "csv", "jsonl", "conll")
 
@@ -81,7 +82,8 @@ class Table:
         """Raise TaskDataError for the first column that the rows do not have."""
         for column in columns:
             if column is not None and column not in self.columns:
-                raise TaskDataError(f"{self.name}: no column {column!r}; the columns are: {', '.join(self.columns)}"
+                raise TaskDataError(f"{self.name}: no column {column!r}; the columns are: "
+                                    f"{', '.join(map(visible, self.columns))}"
                                     " (choose others with --text-column, --text-pair-column, --label-column, "
                                     "--target-column)")
 
@@ -113,9 +115,7 @@ def _read_delimited(path: Path, delimiter: str) -> Table:
             raise TaskDataError(f"{path.name}: the file is empty (expected a header line and rows)") from None
         except csv.Error as exc:
             raise TaskDataError(f"{path.name}: line 1: {exc}") from exc
-        header = [h.strip() for h in header]
-        if header and header[0].startswith("\ufeff"):
-            header[0] = header[0][1:]
+        header = [h.strip() for h in strip_bom(header)]
         if len(set(header)) != len(header):
             raise TaskDataError(f"{path.name}: line 1: repeated column names in the header {header}")
         rows, lines = [], []
@@ -208,6 +208,8 @@ def read_table(source: str | Path, format: str | None = None) -> Table:
     if not path.exists() and ":" in text and "/" not in text and "\\" not in text:
         name, _, split = text.partition(":")
         table = _read_dataset(name, split or "train")
+    elif path.is_dir():
+        raise TaskDataError(f"{path}: is a folder, not a file; give a .tsv, .csv, .jsonl or .conll file")
     elif not path.is_file():
         raise InputFileNotFound(f"{path}: no such data file")
     else:
@@ -216,7 +218,11 @@ def read_table(source: str | Path, format: str | None = None) -> Table:
             raise TaskDataError(f"{path}: unknown format {kind!r}; choose one of {', '.join(FORMATS)}")
         readers = {"tsv": lambda p: _read_delimited(p, "\t"), "csv": lambda p: _read_delimited(p, ","),
                    "jsonl": _read_jsonl, "conll": _read_conll}
-        table = readers[kind](path)
+        try:
+            table = readers[kind](path)
+        except UnicodeDecodeError:
+            with _open(path) as f:
+                raise not_utf8(path, f.buffer.read()) from None
     if not table.rows:
         raise TaskDataError(f"{table.name}: no rows (the file is empty or holds only a header)")
     return table

@@ -30,6 +30,7 @@ from lmforge.tasks.registry import build_task
 from lmforge.tasks.spec import GENERATIVE_TASKS, TaskSpec
 from lmforge.tokenization import Tokenizer
 from lmforge.utils.io import atomic_write_text
+from lmforge.utils.lock import remove_stale_temporaries
 from lmforge.errors import InputFileNotFound, UserInputError
 
 OVERRIDABLE = ("text_column", "text_pair_column", "label_column", "target_column", "task_prefix", "pair_prefix",
@@ -147,6 +148,7 @@ def write_predictions(rows: list[dict[str, Any]], output: str | Path) -> Path:
         text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     else:
         raise TaskDataError(f"{output}: write predictions to a .jsonl, .tsv or .csv file")
+    remove_stale_temporaries(output.parent, output.name)  # a killed earlier run's half-written copy
     atomic_write_text(output, text)
     return output
 

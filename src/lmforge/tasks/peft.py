@@ -233,5 +233,4 @@ def record_peft_run(out: Path, cfg: PeftConfig, peft_body, base: Path, resume: b
         verify_base(saved.get("base_identity", {}), peft_body.base_identity, f"{out} (resume)")
         return
     record = {"peft": cfg.to_dict(), "base": str(base), "base_identity": peft_body.base_identity}
-    out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(file, json.dumps(record, indent=2) + "\n")

@@ -33,7 +33,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from lmforge.utils.io import atomic_write_bytes, atomic_write_text
+from lmforge.utils.faults import environment_errors
+from lmforge.utils.io import atomic_write_bytes, atomic_write_text, make_folder
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -106,11 +107,13 @@ class RunLogger:
     def __init__(self, out: str | Path, start_step: int, max_steps: int, progress: bool = True,
                  tensorboard: bool = True) -> None:
         self.out = Path(out)
-        self.out.mkdir(parents=True, exist_ok=True)
+        make_folder(self.out)
         self.metrics_path = self.out / METRICS_FILE
         truncate_metrics(self.metrics_path, start_step)
-        self._file = open(self.metrics_path, "a", encoding="utf-8")
-        self._writer = self._tensorboard(start_step) if tensorboard else None
+        with environment_errors(self.metrics_path, "append to"):
+            self._file = open(self.metrics_path, "a", encoding="utf-8")
+        with environment_errors(self.out / TENSORBOARD_DIR, "write"):
+            self._writer = self._tensorboard(start_step) if tensorboard else None
         self._plot_warned = False
         self._start = time.perf_counter()
         self._tokens = 0
@@ -134,8 +137,9 @@ class RunLogger:
         self._tokens += record.get("tokens", 0)
         elapsed = time.perf_counter() - self._start
         record = {**record, "tokens_per_s": round(self._tokens / elapsed, 1) if elapsed > 0 else None}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        with environment_errors(self.metrics_path, "append to"):
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
         step = record["step"]
         if self._writer is not None:
             for key, value in record.items():

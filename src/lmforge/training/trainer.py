@@ -78,7 +78,7 @@ from lmforge.training import dist_checkpoint, distributed
 from lmforge.training.activation_checkpointing import enable_activation_checkpointing
 from lmforge.training.config import TrainConfig
 from lmforge.training.distributed import DistContext
-from lmforge.training.logging import RunLogger
+from lmforge.training.logging import METRICS_FILE, RunLogger
 from lmforge.training.optim import build_optimizer
 from lmforge.training.precision import autocast, resolve_precision
 from lmforge.training.schedules import Schedule
@@ -91,6 +91,7 @@ from lmforge.training.state import (
     seed_all,
     to_json,
 )
+from lmforge.utils.io import make_folder
 from lmforge.utils.lock import RunFolderLock
 
 MODEL_DIR = "model"
@@ -112,6 +113,14 @@ def check_fresh_run(out: str | Path, resume: bool = False) -> None:
 
 class TrainingDiverged(LmforgeError):
     """The loss or the gradient norm stayed non-finite for ``max_nonfinite_steps`` optimizer steps in a row."""
+
+
+def run_started(out: str | Path) -> bool:
+    """Whether ``out`` holds a run that took a step (a checkpoint or a logged step): a command that fails keeps
+    such a folder, and removes one it created that holds only its settings (``lmforge.utils.io.removed_on_failure``)."""
+    metrics = Path(out) / METRICS_FILE
+    logged = metrics.is_file() and metrics.stat().st_size > 0
+    return logged or bool(CheckpointManager(Path(out) / "checkpoints").steps())
 
 
 @dataclass
@@ -532,7 +541,7 @@ class Trainer:
         self._acquire_lock()
         if self._checkpoint_listing() != seen:
             self._check_start()
-        self.out.mkdir(parents=True, exist_ok=True)
+        make_folder(self.out)
         if self.on_start is not None and self.dist.is_main:
             self.on_start()
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import re
 from pathlib import Path
 from typing import Iterator
 
@@ -43,12 +44,31 @@ def as_fault(exc: OSError, path: str | Path, operation: str) -> EnvironmentFault
     if isinstance(exc, EnvironmentFault) or exc.errno not in ADVICE:
         return exc
     advice = ADVICE[exc.errno]
+    path = Path(path)
     if exc.errno in (errno.EEXIST, errno.ENOTDIR):
-        # mkdir(parents=True) says "exists" when a *parent* is a file: name the file in the way.
-        blocker = next((p for p in Path(path).parents if p.exists() and not p.is_dir()), None)
-        if blocker is not None:
-            advice = f"{blocker} is a file, not a folder; choose another path"
-    return EnvironmentFault(exc.errno, f"cannot {operation} {path}: {advice}")
+        # mkdir says "exists" when the folder or a parent of it is a file: name the file in the way.
+        if path.exists() and not path.is_dir() and operation.endswith("folder"):
+            advice = "it is a file, not a folder; remove it or choose another path"
+        else:
+            blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+            if blocker is not None:
+                advice = f"{blocker} is a file, not a folder; choose another path"
+    return EnvironmentFault(exc.errno, f"cannot {operation} {destination(path)}: {advice}")
+
+
+def destination(path: str | Path) -> Path:
+    """``path`` with each temporary folder of an atomic write (``.NAME.XXXXXXXX.tmp``) named as ``NAME``, the
+    destination the user chose: a write staged inside another (a model folder inside a checkpoint) fails there.
+
+    Example:
+        >>> str(destination("/runs/a/checkpoints/.step-00000004.k2j4_x9a.tmp/model"))
+        '/runs/a/checkpoints/step-00000004/model'
+    """
+    path = Path(path)
+    return Path(*(_TEMPORARY.sub(r"\1", part) for part in path.parts))
+
+
+_TEMPORARY = re.compile(r"^\.(.+)\.[A-Za-z0-9_]{8}\.tmp$")  # tempfile's names: 8 random characters
 
 
 @contextlib.contextmanager

@@ -14,13 +14,14 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
-from lmforge.errors import InputFileNotFound, UserInputError
+from typing import Callable, Iterator
 
+from lmforge.errors import InputFileNotFound, UserInputError
 from lmforge.utils.faults import environment_errors
 
 
@@ -74,6 +75,110 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def atomic_save_npy(path: str | Path, array) -> None:
+    """Write a NumPy array as a ``.npy`` file atomically (``np.save`` in place would truncate the old file first)."""
+    import io
+
+    import numpy as np
+
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def make_folder(path: str | Path) -> Path:
+    """Create the folder ``path`` (and its parents) if missing and return it.
+
+    A file in the way, a read-only disk or a full one raises :class:`~lmforge.errors.EnvironmentFault`
+    naming ``path``.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> taken = pathlib.Path(tempfile.mkdtemp()) / "taken"
+        >>> _ = taken.write_text("a file")
+        >>> try:
+        ...     make_folder(taken)
+        ... except OSError as exc:
+        ...     print(str(exc).replace(str(taken), "TAKEN"))
+        cannot create the folder TAKEN: it is a file, not a folder; remove it or choose another path
+    """
+    path = Path(path)
+    with environment_errors(path, "create the folder"):
+        path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextlib.contextmanager
+def removed_on_failure(path: str | Path, keep: Callable[[Path], bool] = lambda path: False) -> Iterator[Path]:
+    """Remove the folder ``path`` when the block fails, if the block created it and ``keep(path)`` is false.
+
+    A command that fails before its first step leaves no folder holding only its settings behind; a folder
+    that existed before is never removed, and ``keep`` spares one worth keeping (say, one with checkpoints
+    to resume from).
+    """
+    path = Path(path)
+    existed = path.exists()
+    try:
+        yield path
+    except BaseException:
+        if not existed and path.is_dir() and not keep(path):
+            shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
+def visible(name: str) -> str:
+    """``name`` as it reads, or its ``repr`` when it holds invisible characters (a BOM, a tab, trailing spaces).
+
+    Example:
+        >>> print(visible("label"), visible("\\ufefftext"), visible("text "))
+        label '\\ufefftext' 'text '
+    """
+    return name if name.isprintable() and name == name.strip() and name else repr(name)
+
+
+def strip_bom(header: list[str]) -> list[str]:
+    """A CSV/TSV header without the byte-order mark an editor may have put before its first name."""
+    return [header[0].removeprefix("\ufeff"), *header[1:]] if header else header
+
+
+def read_text_file(path: str | Path, what: str = "") -> str:
+    """The text of a UTF-8 file; a one-line error (prefixed by ``what``, e.g. a flag) names the file when it
+    is missing, is a folder or is not UTF-8 (with the byte offset of the first bad byte).
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> f = pathlib.Path(tempfile.mkdtemp()) / "p.txt"
+        >>> _ = f.write_bytes(b"caf\\xe9")
+        >>> try:
+        ...     read_text_file(f, "--prompt-file")
+        ... except UserInputError as exc:
+        ...     print(str(exc).replace(str(f), "p.txt"))
+        --prompt-file p.txt: not UTF-8 at byte 3 (b'\\xe9'); save it as UTF-8
+    """
+    path = Path(path)
+    name = f"{what} {path}" if what else str(path)
+    if path.is_dir():
+        raise UserInputError(f"{name}: is a folder, not a file; give a file")
+    if not path.is_file():
+        raise InputFileNotFound(f"{name}: no such file")
+    with environment_errors(path, "read"):
+        data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise not_utf8(name, data) from None
+
+
+def not_utf8(name: str | Path, data: bytes) -> UserInputError:
+    """The error for a file ``name`` whose bytes ``data`` are not UTF-8: it names the first bad byte's offset."""
+    try:
+        data.decode("utf-8")
+        start = len(data)
+    except UnicodeDecodeError as exc:
+        start = exc.start
+    return UserInputError(f"{name}: not UTF-8 at byte {start} ({data[start:start + 4]!r}); save it as UTF-8")
+
+
 def read_mapping_file(path: str | Path, what: str = "config") -> object:
     """Parse a .json or .yaml/.yml file; errors name the file (``what`` says what kind it should be).
 
@@ -103,6 +208,9 @@ def atomic_dir(path: str | Path, overwrite: bool = True) -> Iterator[Path]:
     sibling, never a partial one under ``path``.
     """
     path = Path(path)
+    if path.exists() and not path.is_dir():
+        with environment_errors(path, "write the folder"):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path))
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path}: already exists (pass overwrite=True to replace it)")
     with environment_errors(path, "create"):
@@ -115,6 +223,22 @@ def atomic_dir(path: str | Path, overwrite: bool = True) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def staging_dir(path: str | Path) -> Path:
+    """A new empty temporary sibling of the folder ``path`` to build its replacement in, for a build that does
+    not fit in one ``with`` block; :func:`replace_dir` swaps it in, and removing it abandons the build."""
+    path = Path(path)
+    with environment_errors(path, "create"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+
+
+def replace_dir(tmp: str | Path, path: str | Path) -> None:
+    """Swap the finished staging folder ``tmp`` (from :func:`staging_dir`) in for ``path``, as :func:`atomic_dir`
+    does."""
+    with environment_errors(path, "write"):
+        _finish_dir(Path(tmp), Path(path))
 
 
 def _finish_dir(tmp: Path, path: Path) -> None:

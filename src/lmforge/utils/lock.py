@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 from pathlib import Path
@@ -80,8 +81,9 @@ class RunFolderLock:
         self.release()
 
 
-def remove_stale_temporaries(folder: str | Path) -> list[Path]:
-    """Clean up after a writer that died mid-write; call only while holding the folder's lock.
+def remove_stale_temporaries(folder: str | Path, name: str | None = None) -> list[Path]:
+    """Clean up after a writer that died mid-write; call only while holding the folder's lock, or, with
+    ``name``, for the one output ``folder/name`` a command without a lock is about to write.
 
     The atomic-write helpers write ``.NAME.*.tmp`` siblings and rename them into place, and move a
     replaced folder aside to ``.NAME.old`` until its successor is in place. A ``.tmp`` left behind is
@@ -91,10 +93,11 @@ def remove_stale_temporaries(folder: str | Path) -> list[Path]:
     """
     folder = Path(folder)
     touched = []
-    for path in sorted(folder.glob(".*.tmp")):
+    stem = glob.escape(name) if name else "*"
+    for path in sorted(folder.glob(f".{stem}.*.tmp")):
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
         touched.append(path)
-    for old in sorted(folder.glob(".*.old")):
+    for old in sorted(folder.glob(f".{stem}.old")):
         current = old.with_name(old.name[1:-len(".old")])
         if current.exists():
             shutil.rmtree(old) if old.is_dir() else old.unlink(missing_ok=True)
