@@ -136,8 +136,19 @@ def peft_memory_detail(data: dict) -> str:
             f"({data['qlora_over_fp32']:.3f}×).")
 
 
+def verify_cost_detail(data: dict) -> str:
+    rows = [["`lmforge.load`, manifest checked (the default)", f"{data['load_verified_s']:.3f} s"],
+            ["`lmforge.load`, `--no-verify`", f"{data['load_unverified_s']:.3f} s"],
+            ["the manifest check alone", f"{data['verify_only_s']:.3f} s "
+             f"({data['folder_bytes'] / 1e6 / data['verify_only_s']:.0f} MB/s)"]]
+    return (table(["load", "median"], rows) +
+            f"\n\n`{data['preset']}` ({data['parameters'] / 1e6:.0f}M parameters, {data['folder_bytes'] / 1e6:.0f} MB "
+            f"folder), median of {data['repeats']}: checking costs {data['ratio']:.2f}× an unchecked load "
+            f"(+{data['load_verified_s'] - data['load_unverified_s']:.2f} s).")
+
+
 DETAILS = {"train_step": train_step_detail, "generate": generate_detail, "data_pipeline": data_pipeline_detail,
-           "peft_memory": peft_memory_detail}
+           "peft_memory": peft_memory_detail, "verify_cost": verify_cost_detail}
 
 # What each benchmark runs and against what: the method, which the figures above do not carry.
 METHODS = {
@@ -168,6 +179,13 @@ memory of the ready model, each configuration in a fresh process. **Reference**:
 model. The workers fix glibc's mmap threshold so that RSS follows live memory rather than the allocator's history.
 QLoRA is compared by the bytes of its NF4 base weights (double-quantised scales included) against fp32.""",
 }
+
+METHODS["verify_cost"] = """\
+`benchmarks/verify_cost.py`: what integrity checking adds to loading a model folder. A randomly initialised
+`gpt2` (124M parameters, fp32) is saved, then `lmforge.load(path)` (sizes and sha256 of every file checked
+against `manifest.json`) is timed against `lmforge.load(path, verify=False)` (`--no-verify`), interleaved and
+rotated after a warm-up, so both read from the page cache. Both include what every load does: reading the
+tensors and checking their shapes and that they are finite. **Reference**: the unchecked load."""
 
 COMMON_METHOD = """\
 Every benchmark measures lmforge and its reference **side by side in one process**, on the same inputs and

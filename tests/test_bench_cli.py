@@ -28,6 +28,8 @@ RESULTS = {
     "peft_memory": {"benchmark": "peft_memory", "preset": "bert-base", "runs": {"full": {"train_mb": 1000.0},
                     "lora": {"train_mb": 560.0}}, "lora_over_full": 0.56, "qlora_nf4_bytes": 2**20,
                     "fp32_bytes": 8 * 2**20, "qlora_over_fp32": 0.125},
+    "verify_cost": {"benchmark": "verify_cost", "preset": "gpt2", "parameters": 124_000_000, "folder_bytes": 5e8,
+                    "repeats": 5, "load_verified_s": 1.2, "load_unverified_s": 1.0, "verify_only_s": 0.3, "ratio": 1.2},
 }
 
 

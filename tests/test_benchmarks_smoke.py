@@ -22,6 +22,7 @@ SMOKE = {
     "generate": ["--batch-sizes", "1", "--new-tokens", "4", "--repeats", "1"],
     "data_pipeline": ["--mb", "0.2", "--repeats", "1"],
     "peft_memory": ["--preset", "bert-tiny", "--batch", "1", "--seq", "8", "--steps", "1"],
+    "verify_cost": ["--repeats", "1"],
 }
 
 

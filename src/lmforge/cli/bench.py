@@ -42,7 +42,7 @@ import lmforge
 from lmforge.cli.main import UserError
 from lmforge.utils.machine import machine_info
 
-BENCHMARKS = ("train_step", "generate", "data_pipeline", "peft_memory")
+BENCHMARKS = ("train_step", "generate", "data_pipeline", "peft_memory", "verify_cost")
 QUICK_FLAGS = {name: ["--quick"] for name in BENCHMARKS}  # every speed benchmark has its own --quick
 STEADY_TOLERANCE = 0.15  # the matmul peak may move this much between start and end (as train_step.py allows)
 
@@ -111,6 +111,12 @@ def _peft_memory(data: dict) -> list[Row]:
     return rows
 
 
+def _verify_cost(data: dict) -> list[Row]:
+    return [Row("verify_cost", f"load {data['preset']} ({data['parameters'] / 1e6:.0f}M), manifest checked",
+                f"{data['load_verified_s']:.2f} s", f"--no-verify {data['load_unverified_s']:.2f} s", data["ratio"],
+                "lower")]
+
+
 def _generic(name: str, data: dict) -> list[Row]:
     """A benchmark without an adapter: every top-level number named like a ratio."""
     return [Row(name, key, "-", "-", float(value), "higher") for key, value in data.items()
@@ -119,6 +125,7 @@ def _generic(name: str, data: dict) -> list[Row]:
 
 ADAPTERS: dict[str, Callable[[dict], list[Row]]] = {
     "train_step": _train_step, "generate": _generate, "data_pipeline": _data_pipeline, "peft_memory": _peft_memory,
+    "verify_cost": _verify_cost,
 }
 
 
