@@ -8,7 +8,9 @@ Every reader yields *documents* (strings), in file order:
     .csv / .tsv      one row (header line first; csv-module quoting)   the ``text_field`` column
     .parquet         one row                                           the ``text_field`` column
 
-Empty documents are skipped. Any of them may be compressed as ``.gz`` or ``.zst`` (``file.jsonl.zst``).
+Text is normalised as it is read (:func:`normalize_text`): a byte-order mark at the start of a file is dropped
+and CRLF and lone CR line ends become LF, so a file saved on Windows gives the same documents, and the same
+tokens, as its Unix twin. Empty documents are skipped. Any of them may be compressed as ``.gz`` or ``.zst`` (``file.jsonl.zst``).
 Bad input fails with a :class:`DataError` naming the file and the place: a non-UTF-8 byte (with its byte
 offset; ``errors="replace"`` substitutes U+FFFD instead), a JSON line without the field (with its line
 number), a missing column, a missing file or a glob that matches nothing.
@@ -50,6 +52,41 @@ csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
 
 class DataError(LmforgeError, ValueError):
     """Bad or unreadable input; the message names the file and the line or byte offset."""
+
+
+class TextNormalizer:
+    """Normalise text that arrives in pieces: drop a leading BOM (U+FEFF), turn CRLF and lone CR into LF.
+
+    A CR at the end of a piece is held back until the next one shows whether an LF follows it, so the result
+    does not depend on where the pieces were cut. ``final=True`` marks the last piece.
+
+    Example:
+        >>> norm = TextNormalizer()
+        >>> norm("\\ufeffa\\r"), norm("\\nb\\rc\\r", final=True)
+        ('a', '\\nb\\nc\\n')
+    """
+
+    def __init__(self) -> None:
+        self._start, self._cr = True, False
+
+    def __call__(self, text: str, final: bool = False) -> str:
+        if self._cr:
+            text, self._cr = "\r" + text, False
+        if self._start and text:
+            text, self._start = text.removeprefix("\ufeff"), False
+        if text.endswith("\r") and not final:
+            text, self._cr = text[:-1], True
+        return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def normalize_text(text: str) -> str:
+    """``text`` without a leading BOM and with LF line ends: what every lmforge reader does to input text.
+
+    Example:
+        >>> normalize_text("\\ufefffirst\\r\\nsecond\\rthird")
+        'first\\nsecond\\nthird'
+    """
+    return TextNormalizer()(text, final=True)
 
 
 def split_format(path: str | Path) -> tuple[str | None, str | None]:
@@ -151,6 +188,7 @@ def _iter_txt(path: Path, stream: BinaryIO, errors: str) -> Iterator[str]:
     # faster than a Python loop over lines, and the incremental decoder keeps multi-byte characters
     # that straddle two blocks intact.
     decoder = codecs.getincrementaldecoder("utf-8")(errors)
+    normalize = TextNormalizer()
     fed = newlines = 0
     head: list[str] = []  # pieces of the document in progress (a long document spans many blocks)
     tail = "\n"  # its trailing whitespace, where a boundary may begin; "\n" so leading blank lines split
@@ -158,7 +196,7 @@ def _iter_txt(path: Path, stream: BinaryIO, errors: str) -> Iterator[str]:
         block = stream.read(BLOCK)
         pending = len(decoder.getstate()[0])
         try:
-            text = decoder.decode(block, final=not block)
+            text = normalize(decoder.decode(block, final=not block), final=not block)
         except UnicodeDecodeError as exc:
             line = newlines + exc.object[: exc.start].count(b"\n") + 1
             raise DataError(_where(path, fed - pending + exc.start, line)) from None
@@ -188,7 +226,9 @@ def _iter_txt(path: Path, stream: BinaryIO, errors: str) -> Iterator[str]:
 
 
 def _iter_lines(path: Path, stream: BinaryIO, errors: str) -> Iterator[tuple[int, str]]:
-    """``(line number, decoded line with its "\\n")`` pairs; decoding errors name the byte offset."""
+    """``(line number, decoded, normalised line with its "\\n")`` pairs; decoding errors name the byte offset.
+    A line holding lone CRs is several lines after normalisation; they share its number."""
+    normalize = TextNormalizer()
     carry = b""
     offset = 0  # byte offset of the start of `carry`
     number = 0
@@ -205,7 +245,8 @@ def _iter_lines(path: Path, stream: BinaryIO, errors: str) -> Iterator[tuple[int
             except UnicodeDecodeError as exc:
                 raise DataError(_where(path, offset + exc.start, number)) from None
             offset += len(raw) + 1
-            yield number, text + "\n"
+            for piece in normalize(text + "\n", final=True).split("\n")[:-1]:
+                yield number, piece + "\n"
         if not block:
             return
 

@@ -33,6 +33,7 @@ import gzip
 import io
 import json
 import sys
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -40,6 +41,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from lmforge import datasets
+from lmforge.data.sources import normalize_text
 from lmforge.errors import InputFileNotFound, LmforgeError, UserInputError
 
 FORMATS = ("tsv", "csv", "jsonl", "conll")
@@ -87,8 +89,20 @@ class Table:
 
 
 def _open(path: Path) -> io.TextIOBase:
-    raw = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
-    return io.TextIOWrapper(raw, encoding="utf-8", newline="")
+    """The file's text, normalised as corpora are (:func:`lmforge.data.sources.normalize_text`: no BOM, LF line
+    ends); bad UTF-8 or a damaged ``.gz`` is a TaskDataError naming the file."""
+    try:
+        with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as raw:
+            data = raw.read()
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise TaskDataError(f"{path.name}: not a readable .gz file ({exc})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise TaskDataError(f"{path.name}: line {line}: invalid UTF-8 at byte {exc.start}; save the file as "
+                            "UTF-8") from None
+    return io.StringIO(normalize_text(text), newline="")
 
 
 def detect_format(path: str | Path) -> str:
@@ -114,8 +128,6 @@ def _read_delimited(path: Path, delimiter: str) -> Table:
         except csv.Error as exc:
             raise TaskDataError(f"{path.name}: line 1: {exc}") from exc
         header = [h.strip() for h in header]
-        if header and header[0].startswith("\ufeff"):
-            header[0] = header[0][1:]
         if len(set(header)) != len(header):
             raise TaskDataError(f"{path.name}: line 1: repeated column names in the header {header}")
         rows, lines = [], []
