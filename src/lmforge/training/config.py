@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from lmforge.config import ConfigBase, ConfigError
+from lmforge.config import ConfigBase, ConfigError, underscore_keys
 from lmforge.errors import InputFileNotFound
 
 SCHEDULES = ("linear", "cosine", "inverse-sqrt", "constant", "slanted-triangular")
@@ -125,8 +125,7 @@ class TrainConfig(ConfigBase):
             raise ConfigError(f"{source}: expected a mapping of settings, got {type(data).__name__}")
         hints = typing.get_type_hints(TrainConfig)
         values = self.to_dict()
-        for raw_key, value in data.items():
-            key = str(raw_key).replace("-", "_")
+        for key, value in underscore_keys(data, source).items():
             self.check_keys({key: value}, source)
             value = _coerce(key, value, hints[key], source)
             values[key] = {**values[key], **value} if isinstance(value, dict) else value
