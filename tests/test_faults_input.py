@@ -83,3 +83,96 @@ def test_bad_utf8_in_a_task_table_is_a_one_line_error_naming_the_file(tmp_path):
     (tmp_path / "a.tsv").write_bytes(b"text\tlabel\ngood \xff film\t1\n")
     with pytest.raises(TaskDataError, match=r"a.tsv: line 2: invalid UTF-8"):
         read_table(tmp_path / "a.tsv")
+
+
+# ------------------------------------------------------------------------------- colliding config keys
+def test_a_setting_spelled_with_a_dash_and_an_underscore_is_refused_naming_both(tmp_path):
+    with pytest.raises(ConfigError, match=r"run.yaml: 'max-steps' and 'max_steps' are the same setting"):
+        TrainConfig.from_dict({"max-steps": 5, "max_steps": 7}, source="run.yaml")
+    assert TrainConfig.from_dict({"max-steps": 5}).max_steps == 5
+
+
+def test_pretrain_refuses_a_config_file_with_colliding_keys(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("model: gpt-tiny\nmax_steps: 5\nmax-steps: 7\n", encoding="utf-8")
+    assert main(["pretrain", "--config", str(config), "--data", str(tmp_path), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{config}: 'max_steps' and 'max-steps' are the same setting" in err
+    assert not (tmp_path / "r").exists()
+
+
+# ------------------------------------------------------------------------- decoding flags left unused
+@pytest.mark.parametrize("settings, flag, strategy", [
+    ({"temperature": 0.7}, "--temperature", "greedy"),
+    ({"top_p": 0.9}, "--top-p", "greedy"),
+    ({"top_k": 5, "num_beams": 3}, "--top-k", "beam"),
+    ({"strategy": "sample", "length_penalty": 2.0}, "--length-penalty", "sample"),
+    ({"early_stopping": True}, "--early-stopping", "greedy"),
+])
+def test_a_setting_the_strategy_ignores_warns_naming_it(settings, flag, strategy):
+    with pytest.warns(UserWarning, match=rf"{flag} \S+ \(GenerationConfig\.\w+\) is ignored by {strategy} decoding"):
+        GenerationConfig(**settings)
+
+
+def test_settings_the_strategy_reads_do_not_warn():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        GenerationConfig(strategy="sample", temperature=0.7, top_p=0.9, top_k=5, min_p=0.1)
+        GenerationConfig(num_beams=3, length_penalty=2.0, early_stopping="never")
+        GenerationConfig(top_k=0, min_p=0.0, temperature=1.0)
+
+
+@pytest.fixture(scope="module")
+def gpt_folder(tmp_path_factory, tok_dir) -> Path:
+    from lmforge.tokenization import Tokenizer
+
+    tok = Tokenizer.load(tok_dir)
+    torch.manual_seed(0)
+    model = lmforge.build_model("gpt-tiny", vocab_size=len(tok), d_model=32, n_heads=4, d_ff=64, n_layers=1,
+                                max_seq_len=32, **{k: v for k, v in tok.special_token_ids().items()
+                                                   if k.endswith("_token_id")})
+    return lmforge.save(model, tmp_path_factory.mktemp("gpt") / "model", tokenizer=tok)
+
+
+def test_generate_warns_once_in_one_line_about_a_temperature_greedy_ignores(gpt_folder, capsys):
+    assert main(["generate", "--model", str(gpt_folder), "--prompt", "the cat", "--max-new-tokens", "3",
+                 "--temperature", "0.7", "--no-stream"]) == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "warning" in line]
+    assert lines == ["lmforge generate: warning: --temperature 0.7 (GenerationConfig.temperature) is ignored by "
+                     "greedy decoding; it applies to sample decoding only (--strategy sample)"]
+
+
+# ------------------------------------------------------------------- --max-length past the model's context
+def test_embed_cuts_a_max_length_past_the_position_table_with_a_warning(tmp_path, gpt_folder, capsys):
+    (tmp_path / "in.txt").write_text(" ".join(["the cat sat"] * 60) + "\nshort\n", encoding="utf-8")
+    assert main(["embed", "--model", str(gpt_folder), "--input", str(tmp_path / "in.txt"), "--output",
+                 str(tmp_path / "v.npy"), "--max-length", "100000", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "lmforge embed: warning: --max-length 100000 is more than the model reads: inputs are cut to its " \
+           "context of 32 tokens" in err
+    assert (tmp_path / "v.npy").is_file()
+
+
+def _task(tok_dir, **spec):
+    from lmforge.config import ModelConfig
+    from lmforge.tasks import build_task
+    from lmforge.tasks.spec import TaskSpec
+    from lmforge.tokenization import Tokenizer
+
+    tok = Tokenizer.load(tok_dir)
+    cfg = ModelConfig(arch="decoder", vocab_size=len(tok), d_model=32, n_heads=2, d_ff=64, n_layers=1,
+                      max_seq_len=16, **{k: v for k, v in tok.special_token_ids().items() if k.endswith("_token_id")})
+    return build_task(TaskSpec(**spec), tok, cfg)
+
+
+def test_finetune_says_when_max_length_is_capped_and_that_raising_it_cannot_help(tmp_path, tok_dir, capsys):
+    (tmp_path / "long.tsv").write_text("text\tlabel\n" + " ".join(["the cat sat"] * 20) + "\t1\nshort\t0\n",
+                                       encoding="utf-8")
+    task = _task(tok_dir, task="classify", labels=["0", "1"], max_length=100000)
+    task.encode(read_table(tmp_path / "long.tsv"))
+    err = capsys.readouterr().err
+    assert "--max-length 100000 is more than the model reads: inputs are cut to its context of 16 tokens" in err
+    assert "raise --max-length" not in err
+    assert "long.tsv: 1 of 2 rows are longer than 16 tokens and were truncated (first: row 1 (line 2)); the model " \
+           "reads at most 16 tokens (its max_seq_len), so a larger --max-length cannot keep more" in err

@@ -84,10 +84,11 @@ class SentenceEncoder(nn.Module):
         self.pooling = pooling or default_pooling(model)
         self.model = model
         self.tokenizer = tokenizer
-        context = getattr(model.config, "max_seq_len", None)
-        self.max_length = max_length or context or 512
-        if context is not None and self.max_length > context:
-            # Past its position table the model cannot read at all: cut to what it reads, and say so.
+        context = getattr(model.config, "max_seq_len", 512)
+        self.max_length = max_length or context
+        if self.max_length > context and getattr(model.config, "position", None) in ("learned", "sinusoidal"):
+            # Past its position table the model cannot read at all (RoPE, relative positions and LSTMs can,
+            # if less well): cut to what it reads, and say so.
             warnings.warn(f"--max-length {self.max_length} is more than the model reads: inputs are cut to its "
                           f"context of {context} tokens (max_seq_len); to keep more, use a model with a longer "
                           "context", UserWarning, stacklevel=2)
