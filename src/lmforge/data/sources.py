@@ -8,7 +8,7 @@ Every reader yields *documents* (strings), in file order:
     .csv / .tsv      one row (header line first; csv-module quoting)   the ``text_field`` column
     .parquet         one row                                           the ``text_field`` column
 
-Text is normalised as it is read (:func:`normalize_text`): a byte-order mark at the start of a file is dropped
+Text is normalised as it is read (:func:`lmforge.utils.text.normalize_text`): a byte-order mark at the start of a file is dropped
 and CRLF and lone CR line ends become LF, so a file saved on Windows gives the same documents, and the same
 tokens, as its Unix twin. Empty documents are skipped. Any of them may be compressed as ``.gz`` or ``.zst`` (``file.jsonl.zst``).
 Bad input fails with a :class:`DataError` naming the file and the place: a non-UTF-8 byte (with its byte
@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Iterator
 
 from lmforge.errors import InputFileNotFound, LmforgeError
+from lmforge.utils.text import TextNormalizer
 
 FORMATS = {".txt": "txt", ".text": "txt", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".tsv": "tsv",
            ".parquet": "parquet"}
@@ -52,41 +53,6 @@ csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
 
 class DataError(LmforgeError, ValueError):
     """Bad or unreadable input; the message names the file and the line or byte offset."""
-
-
-class TextNormalizer:
-    """Normalise text that arrives in pieces: drop a leading BOM (U+FEFF), turn CRLF and lone CR into LF.
-
-    A CR at the end of a piece is held back until the next one shows whether an LF follows it, so the result
-    does not depend on where the pieces were cut. ``final=True`` marks the last piece.
-
-    Example:
-        >>> norm = TextNormalizer()
-        >>> norm("\\ufeffa\\r"), norm("\\nb\\rc\\r", final=True)
-        ('a', '\\nb\\nc\\n')
-    """
-
-    def __init__(self) -> None:
-        self._start, self._cr = True, False
-
-    def __call__(self, text: str, final: bool = False) -> str:
-        if self._cr:
-            text, self._cr = "\r" + text, False
-        if self._start and text:
-            text, self._start = text.removeprefix("\ufeff"), False
-        if text.endswith("\r") and not final:
-            text, self._cr = text[:-1], True
-        return text.replace("\r\n", "\n").replace("\r", "\n")
-
-
-def normalize_text(text: str) -> str:
-    """``text`` without a leading BOM and with LF line ends: what every lmforge reader does to input text.
-
-    Example:
-        >>> normalize_text("\\ufefffirst\\r\\nsecond\\rthird")
-        'first\\nsecond\\nthird'
-    """
-    return TextNormalizer()(text, final=True)
 
 
 def split_format(path: str | Path) -> tuple[str | None, str | None]:

@@ -41,8 +41,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from lmforge import datasets
-from lmforge.data.sources import normalize_text
 from lmforge.errors import InputFileNotFound, LmforgeError, UserInputError
+from lmforge.utils.text import normalize_text
 
 FORMATS = ("tsv", "csv", "jsonl", "conll")
 
@@ -89,7 +89,7 @@ class Table:
 
 
 def _open(path: Path) -> io.TextIOBase:
-    """The file's text, normalised as corpora are (:func:`lmforge.data.sources.normalize_text`: no BOM, LF line
+    """The file's text, normalised as corpora are (:func:`lmforge.utils.text.normalize_text`: no BOM, LF line
     ends); bad UTF-8 or a damaged ``.gz`` is a TaskDataError naming the file."""
     try:
         with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as raw:

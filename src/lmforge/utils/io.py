@@ -22,6 +22,7 @@ from typing import Iterator
 from lmforge.errors import InputFileNotFound, UserInputError
 
 from lmforge.utils.faults import environment_errors
+from lmforge.utils.text import normalize_text
 
 
 def _fsync_dir(path: Path) -> None:
@@ -86,11 +87,19 @@ def read_mapping_file(path: str | Path, what: str = "config") -> object:
     path = Path(path)
     if not path.is_file():
         raise InputFileNotFound(f"{path}: no such {what} file")
-    text = path.read_text(encoding="utf-8")
+    data = path.read_bytes()
     is_yaml = path.suffix in (".yaml", ".yml")
     try:
+        text = normalize_text(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise UserInputError(f"{path}: invalid UTF-8 at byte {exc.start} (line {line}); save the file as UTF-8") \
+            from None
+    try:
         return yaml.safe_load(text) if is_yaml else json.loads(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+    # ValueError: YAML values its constructors reject (a date such as 2024-13-45); RecursionError: nesting
+    # deeper than the parsers' recursion.
+    except (ValueError, yaml.YAMLError, RecursionError) as exc:
         raise UserInputError(f"{path}: not valid {'YAML' if is_yaml else 'JSON'}: {exc}") from exc
 
 
