@@ -176,3 +176,27 @@ def test_finetune_says_when_max_length_is_capped_and_that_raising_it_cannot_help
     assert "raise --max-length" not in err
     assert "long.tsv: 1 of 2 rows are longer than 16 tokens and were truncated (first: row 1 (line 2)); the model " \
            "reads at most 16 tokens (its max_seq_len), so a larger --max-length cannot keep more" in err
+
+
+# --------------------------------------------------------------------------------------- config files
+def test_config_files_share_the_normalisation_and_bad_utf8_names_the_file(tmp_path):
+    from lmforge.errors import UserInputError
+    from lmforge.utils.io import read_mapping_file
+
+    (tmp_path / "a.json").write_bytes(_windows('{"max_steps": 5,\n "lr": 0.1}\n'))
+    assert read_mapping_file(tmp_path / "a.json") == {"max_steps": 5, "lr": 0.1}
+    (tmp_path / "b.yaml").write_bytes(b"max_steps: 5\nname: caf\xe9\n")
+    with pytest.raises(UserInputError, match=r"b.yaml: invalid UTF-8 at byte 22 \(line 2\)"):
+        read_mapping_file(tmp_path / "b.yaml")
+    (tmp_path / "c.yaml").write_text("max_steps: 5\nwhen: 2024-13-45\n", encoding="utf-8")
+    with pytest.raises(UserInputError, match=r"c.yaml: not valid YAML"):
+        read_mapping_file(tmp_path / "c.yaml")
+
+
+@pytest.mark.parametrize("data", [{"label_map": None}, {"label_map": ["a"]}, {"labels": "pos,neg"},
+                                  {"mixture": {"name": "x"}}, {"max_length": "long"}])
+def test_a_task_spec_of_the_wrong_shape_is_a_config_error(data):
+    from lmforge.tasks.spec import TaskSpec
+
+    with pytest.raises(ConfigError, match=f"TaskSpec.{next(iter(data))}="):
+        TaskSpec.from_dict(data)
