@@ -136,3 +136,15 @@ def test_read_table_gives_rows_or_a_task_data_error(folder, data, suffix, damage
         assert table.rows and all(isinstance(c, str) for c in table.columns)
 
     _parses_or_refuses(read)
+
+
+@SETTINGS
+@given(st.one_of(yaml_text, st.binary(max_size=120).map(lambda b: b.decode("latin-1"))), st.booleans())
+def test_settings_label_map_and_mixture_files_give_data_or_an_error(folder, text, latin1):
+    from lmforge.tasks.settings import parse_label_map, read_mixture
+    from lmforge.training.config import read_settings
+
+    path = folder / "settings.yaml"
+    path.write_bytes(text.encode("latin-1" if latin1 and all(ord(c) < 256 for c in text) else "utf-8"))
+    for parse in (read_settings, parse_label_map, read_mixture):
+        _parses_or_refuses(parse, str(path))

@@ -75,8 +75,9 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def read_mapping_file(path: str | Path, what: str = "config") -> object:
-    """Parse a .json or .yaml/.yml file; errors name the file (``what`` says what kind it should be).
+def read_mapping_file(path: str | Path, what: str = "config", yaml_always: bool = False) -> object:
+    """Parse a .json or .yaml/.yml file (any name with ``yaml_always``); errors name the file (``what`` says what
+    kind it should be). The text is normalised first (:func:`~lmforge.utils.text.normalize_text`).
 
     Raises FileNotFoundError for a missing file and ValueError for one that does not parse.
     """
@@ -88,7 +89,7 @@ def read_mapping_file(path: str | Path, what: str = "config") -> object:
     if not path.is_file():
         raise InputFileNotFound(f"{path}: no such {what} file")
     data = path.read_bytes()
-    is_yaml = path.suffix in (".yaml", ".yml")
+    is_yaml = yaml_always or path.suffix in (".yaml", ".yml")
     try:
         text = normalize_text(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
