@@ -81,7 +81,7 @@ def test_bad_utf8_in_a_task_table_is_a_one_line_error_naming_the_file(tmp_path):
     from lmforge.tasks.data import TaskDataError
 
     (tmp_path / "a.tsv").write_bytes(b"text\tlabel\ngood \xff film\t1\n")
-    with pytest.raises(TaskDataError, match=r"a.tsv: line 2: invalid UTF-8"):
+    with pytest.raises(TaskDataError, match=r"a.tsv: not UTF-8 at byte 16 \(b'\\xff fi'\)"):
         read_table(tmp_path / "a.tsv")
 
 
@@ -186,7 +186,7 @@ def test_config_files_share_the_normalisation_and_bad_utf8_names_the_file(tmp_pa
     (tmp_path / "a.json").write_bytes(_windows('{"max_steps": 5,\n "lr": 0.1}\n'))
     assert read_mapping_file(tmp_path / "a.json") == {"max_steps": 5, "lr": 0.1}
     (tmp_path / "b.yaml").write_bytes(b"max_steps: 5\nname: caf\xe9\n")
-    with pytest.raises(UserInputError, match=r"b.yaml: invalid UTF-8 at byte 22 \(line 2\)"):
+    with pytest.raises(UserInputError, match=r"b.yaml: not UTF-8 at byte 22"):
         read_mapping_file(tmp_path / "b.yaml")
     (tmp_path / "c.yaml").write_text("max_steps: 5\nwhen: 2024-13-45\n", encoding="utf-8")
     with pytest.raises(UserInputError, match=r"c.yaml: not valid YAML"):

@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 import lmforge
-from lmforge.cli.main import UserError, model_argument, plain_warnings
+from lmforge.cli.main import plain_warnings
+from lmforge.cli.main import UserError, model_argument
 from lmforge.errors import InputFileNotFound
 from lmforge.generation import GenerationConfig, generate_text, stream
 from lmforge.tokenization import Tokenizer

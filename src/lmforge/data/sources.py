@@ -37,8 +37,8 @@ import sys
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Iterator
 
-from lmforge.errors import InputFileNotFound, LmforgeError
 from lmforge.utils.text import TextNormalizer
+from lmforge.errors import InputFileNotFound, LmforgeError
 
 FORMATS = {".txt": "txt", ".text": "txt", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".tsv": "tsv",
            ".parquet": "parquet"}

@@ -41,8 +41,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from lmforge import datasets
-from lmforge.errors import InputFileNotFound, LmforgeError, UserInputError
 from lmforge.utils.text import normalize_text
+from lmforge.errors import InputFileNotFound, LmforgeError, UserInputError
 
 FORMATS = ("tsv", "csv", "jsonl", "conll")
 
@@ -99,9 +99,8 @@ def _open(path: Path) -> io.TextIOBase:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise TaskDataError(f"{path.name}: line {line}: invalid UTF-8 at byte {exc.start}; save the file as "
-                            "UTF-8") from None
+        bad = data[exc.start:exc.start + 4]
+        raise TaskDataError(f"{path}: not UTF-8 at byte {exc.start} ({bad!r}); save it as UTF-8") from None
     return io.StringIO(normalize_text(text), newline="")
 
 
@@ -128,6 +127,8 @@ def _read_delimited(path: Path, delimiter: str) -> Table:
         except csv.Error as exc:
             raise TaskDataError(f"{path.name}: line 1: {exc}") from exc
         header = [h.strip() for h in header]
+        if header and header[0].startswith("\ufeff"):
+            header[0] = header[0][1:]
         if len(set(header)) != len(header):
             raise TaskDataError(f"{path.name}: line 1: repeated column names in the header {header}")
         rows, lines = [], []

@@ -93,9 +93,8 @@ def read_mapping_file(path: str | Path, what: str = "config", yaml_always: bool 
     try:
         text = normalize_text(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise UserInputError(f"{path}: invalid UTF-8 at byte {exc.start} (line {line}); save the file as UTF-8") \
-            from None
+        bad = data[exc.start:exc.start + 4]
+        raise UserInputError(f"{path}: not UTF-8 at byte {exc.start} ({bad!r}); save it as UTF-8") from None
     try:
         return yaml.safe_load(text) if is_yaml else json.loads(text)
     # ValueError: YAML values its constructors reject (a date such as 2024-13-45); RecursionError: nesting
