@@ -54,6 +54,28 @@ class ConfigError(LmforgeError, ValueError):
 C = TypeVar("C", bound="ConfigBase")
 
 
+def underscore_keys(data: dict[Any, Any], source: str = "config") -> dict[str, Any]:
+    """``data`` with dashes in its keys turned into underscores (``max-steps`` -> ``max_steps``); two keys that
+    become the same one are an error naming both, rather than the last one silently winning.
+
+    Example:
+        >>> underscore_keys({"max-steps": 10, "lr": 0.1})
+        {'max_steps': 10, 'lr': 0.1}
+        >>> underscore_keys({"max-steps": 10, "max_steps": 20}, source="run.yaml")
+        Traceback (most recent call last):
+        ...
+        lmforge.config.ConfigError: run.yaml: 'max-steps' and 'max_steps' are the same setting; keep one of them
+    """
+    out: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for raw_key, value in data.items():
+        key = str(raw_key).replace("-", "_")
+        if key in spelled:
+            raise ConfigError(f"{source}: {spelled[key]!r} and {str(raw_key)!r} are the same setting; keep one of them")
+        spelled[key], out[key] = str(raw_key), value
+    return out
+
+
 class ConfigBase:
     """What every lmforge config dataclass shares: ``from_dict`` (unknown keys are an error that names them),
     ``load`` (.json/.yaml), ``replace``, ``to_dict`` and ``save``. Each class keeps its own validation (in

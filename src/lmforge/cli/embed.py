@@ -16,7 +16,7 @@ import argparse
 from pathlib import Path
 
 from lmforge.cli._embedding_args import add_model_flags, parse_layer
-from lmforge.cli.main import UserError, require_path
+from lmforge.cli.main import UserError, plain_warnings, require_path
 from lmforge.embeddings.encoder import load_encoder
 from lmforge.embeddings.index import read_docs
 from lmforge.utils.io import atomic_save_npy
@@ -29,7 +29,8 @@ def run(args) -> int:
     texts = read_docs(require_path(args.input, "--input"))
     if not texts:
         raise UserError(f"--input {args.input}: no texts")
-    encoder = load_encoder(args.model, device=args.device, max_length=args.max_length)
+    with plain_warnings("embed"):
+        encoder = load_encoder(args.model, device=args.device, max_length=args.max_length)
     vectors = encoder.encode(texts, pooling=args.pooling, layer=parse_layer(args.layer), normalize=args.normalize,
                              batch_size=args.batch_size, progress=not args.quiet)
     out = Path(args.output)

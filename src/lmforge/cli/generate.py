@@ -19,7 +19,7 @@ import sys
 
 import lmforge
 from lmforge.cli._load_args import add_load_flags
-from lmforge.cli.main import UserError, model_argument
+from lmforge.cli.main import UserError, model_argument, plain_warnings
 from lmforge.generation import GenerationConfig, generate_text, stream
 from lmforge.tokenization import Tokenizer
 from lmforge.utils.io import read_text_file
@@ -97,6 +97,11 @@ def _config(args):
 
 
 def run(args) -> int:
+    with plain_warnings("generate"):
+        return _run(args)
+
+
+def _run(args) -> int:
     config = _config(args)  # bad settings fail before the model is loaded
     prompts = _prompts(args)
     folder = model_argument("generate", args.model)

@@ -8,7 +8,9 @@ Every reader yields *documents* (strings), in file order:
     .csv / .tsv      one row (header line first; csv-module quoting)   the ``text_field`` column
     .parquet         one row                                           the ``text_field`` column
 
-Empty documents are skipped. Any of them may be compressed as ``.gz`` or ``.zst`` (``file.jsonl.zst``).
+Text is normalised as it is read (:func:`lmforge.utils.text.normalize_text`): a byte-order mark at the start of a file is dropped
+and CRLF and lone CR line ends become LF, so a file saved on Windows gives the same documents, and the same
+tokens, as its Unix twin. Empty documents are skipped. Any of them may be compressed as ``.gz`` or ``.zst`` (``file.jsonl.zst``).
 Bad input fails with a :class:`DataError` naming the file and the place: a non-UTF-8 byte (with its byte
 offset; ``errors="replace"`` substitutes U+FFFD instead), a JSON line without the field (with its line
 number), a missing column, a missing file or a glob that matches nothing.
@@ -35,6 +37,7 @@ import sys
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Iterator
 
+from lmforge.utils.text import TextNormalizer
 from lmforge.errors import InputFileNotFound, LmforgeError
 from lmforge.utils.io import strip_bom, visible
 
@@ -152,6 +155,7 @@ def _iter_txt(path: Path, stream: BinaryIO, errors: str) -> Iterator[str]:
     # faster than a Python loop over lines, and the incremental decoder keeps multi-byte characters
     # that straddle two blocks intact.
     decoder = codecs.getincrementaldecoder("utf-8")(errors)
+    normalize = TextNormalizer()
     fed = newlines = 0
     head: list[str] = []  # pieces of the document in progress (a long document spans many blocks)
     tail = "\n"  # its trailing whitespace, where a boundary may begin; "\n" so leading blank lines split
@@ -159,7 +163,7 @@ def _iter_txt(path: Path, stream: BinaryIO, errors: str) -> Iterator[str]:
         block = stream.read(BLOCK)
         pending = len(decoder.getstate()[0])
         try:
-            text = decoder.decode(block, final=not block)
+            text = normalize(decoder.decode(block, final=not block), final=not block)
         except UnicodeDecodeError as exc:
             line = newlines + exc.object[: exc.start].count(b"\n") + 1
             raise DataError(_where(path, fed - pending + exc.start, line)) from None
@@ -189,7 +193,9 @@ def _iter_txt(path: Path, stream: BinaryIO, errors: str) -> Iterator[str]:
 
 
 def _iter_lines(path: Path, stream: BinaryIO, errors: str) -> Iterator[tuple[int, str]]:
-    """``(line number, decoded line with its "\\n")`` pairs; decoding errors name the byte offset."""
+    """``(line number, decoded, normalised line with its "\\n")`` pairs; decoding errors name the byte offset.
+    A line holding lone CRs is several lines after normalisation; they share its number."""
+    normalize = TextNormalizer()
     carry = b""
     offset = 0  # byte offset of the start of `carry`
     number = 0
@@ -206,7 +212,8 @@ def _iter_lines(path: Path, stream: BinaryIO, errors: str) -> Iterator[tuple[int
             except UnicodeDecodeError as exc:
                 raise DataError(_where(path, offset + exc.start, number)) from None
             offset += len(raw) + 1
-            yield number, text + "\n"
+            for piece in normalize(text + "\n", final=True).split("\n")[:-1]:
+                yield number, piece + "\n"
         if not block:
             return
 

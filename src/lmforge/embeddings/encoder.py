@@ -32,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -83,7 +84,15 @@ class SentenceEncoder(nn.Module):
         self.pooling = pooling or default_pooling(model)
         self.model = model
         self.tokenizer = tokenizer
-        self.max_length = max_length or getattr(model.config, "max_seq_len", 512)
+        context = getattr(model.config, "max_seq_len", 512)
+        self.max_length = max_length or context
+        if self.max_length > context and getattr(model.config, "position", None) in ("learned", "sinusoidal"):
+            # Past its position table the model cannot read at all (RoPE, relative positions and LSTMs can,
+            # if less well): cut to what it reads, and say so.
+            warnings.warn(f"--max-length {self.max_length} is more than the model reads: inputs are cut to its "
+                          f"context of {context} tokens (max_seq_len); to keep more, use a model with a longer "
+                          "context", UserWarning, stacklevel=2)
+            self.max_length = context
         self.n_states = model.config.n_layers + 1  # embeddings + every block
         device = next(model.parameters()).device  # the mix must live beside the states it mixes
         if scalar_mix is None:

@@ -6,7 +6,8 @@
     sample     a draw from softmax(processed logits / temperature), after top-k / top-p / min-p
 
 Repetition penalty and no-repeat-n-gram apply to every strategy; the sampling filters only to
-``sample``. ``None`` for ``eos_token_id``/``pad_token_id``/``decoder_start_token_id`` means "the
+``sample``, and ``length_penalty``/``early_stopping`` only to ``beam``: a setting that the chosen strategy
+ignores gets a warning naming it (:data:`ONLY_FOR`). ``None`` for ``eos_token_id``/``pad_token_id``/``decoder_start_token_id`` means "the
 model's" (from its ModelConfig); ``ignore_eos=True`` always generates ``max_new_tokens``.
 
 Example:
@@ -22,12 +23,16 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 from lmforge.config import ConfigBase, ConfigError
 
 STRATEGIES = ("greedy", "beam", "sample")
+# Settings that only one strategy reads, with the value that means "off".
+ONLY_FOR = {"temperature": ("sample", (1.0,)), "top_k": ("sample", (None, 0)), "top_p": ("sample", (1.0,)),
+            "min_p": ("sample", (None, 0)), "length_penalty": ("beam", (1.0,)), "early_stopping": ("beam", (False,))}
 
 
 @dataclass
@@ -138,7 +143,17 @@ class GenerationConfig(ConfigBase):
             fail("compile", "needs use_cache=True (the compiled step decodes over a static KV cache)")
         if any(not isinstance(s, str) or not s for s in self.stop_strings):
             fail("stop_strings", "must be non-empty strings")
+        self._warn_ignored(strategy)
         return self
+
+    def _warn_ignored(self, strategy: str) -> None:
+        """Warn about each setting that ``strategy`` never reads (a greedy run with ``temperature=0.7``)."""
+        for name, (used_by, off) in ONLY_FOR.items():
+            value = getattr(self, name)
+            if used_by != strategy and not any(value is o or (type(value) is not bool and value == o) for o in off):
+                flag = "--" + name.replace("_", "-")
+                warnings.warn(f"{flag} {value} (GenerationConfig.{name}) is ignored by {strategy} decoding; it "
+                              f"applies to {used_by} decoding only (--strategy {used_by})", UserWarning, stacklevel=5)
 
     def replace(self, **changes: Any) -> "GenerationConfig":
         """A copy with some fields changed (validated); unknown names are an error."""

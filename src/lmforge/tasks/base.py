@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 import torch
@@ -30,6 +31,9 @@ from lmforge.config import ModelConfig
 from lmforge.objectives.base import IGNORE_INDEX
 from lmforge.tasks.data import Table, TaskDataError, warn
 from lmforge.tasks.spec import TaskSpec
+
+# A --max-length beyond the model's context is worth a warning only when someone chose it.
+_DEFAULT_MAX_LENGTH = next(f.default for f in dataclasses.fields(TaskSpec) if f.name == "max_length")
 
 
 def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int, left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,11 +55,16 @@ def pad_labels(sequences: Sequence[Sequence[int]]) -> torch.Tensor:
 
 
 def report_truncation(table: Table, rows: Sequence[int], limit: int, what: str = "tokens",
-                      flag: str = "--max-length") -> None:
-    """One warning naming the file, how many rows were cut to ``limit`` and the first such row."""
+                      flag: str = "--max-length", context: int | None = None) -> None:
+    """One warning naming the file, how many rows were cut to ``limit`` and the first such row. With
+    ``context`` (the model's max_seq_len) reached, raising ``flag`` cannot help, and the advice says so."""
     if rows:
+        advice = f"raise {flag} to keep more"
+        if context is not None and limit >= context:
+            advice = (f"the model reads at most {context} tokens (its max_seq_len), so a larger {flag} cannot keep "
+                      "more; shorten the inputs or use a model with a longer context")
         warn(f"{table.name}: {len(rows)} of {len(table)} rows are longer than {limit} {what} and were truncated "
-             f"(first: {table.where(rows[0]).split(': ', 1)[1]}); raise {flag} to keep more")
+             f"(first: {table.where(rows[0]).split(': ', 1)[1]}); {advice}")
 
 
 def text_of(table: Table, i: int, column: str) -> str:
@@ -82,6 +91,9 @@ class Task:
         self.spec, self.tokenizer, self.config = spec, tokenizer, config
         self.columns = spec.columns()
         self.max_length = min(spec.max_length, config.max_seq_len)
+        if spec.max_length > config.max_seq_len and spec.max_length != _DEFAULT_MAX_LENGTH:
+            warn(f"--max-length {spec.max_length} is more than the model reads: inputs are cut to its context of "
+                 f"{config.max_seq_len} tokens (max_seq_len); to keep more, use a model with a longer context")
         self.pad_id = config.pad_token_id if config.pad_token_id is not None else tokenizer.pad_id
 
     # ------------------------------------------------------------------ hooks for subclasses
@@ -138,7 +150,7 @@ class Task:
                 enc["input_ids"][i] = cut["input_ids"][j]
                 if pairs is not None:
                     enc["token_type_ids"][i] = cut["token_type_ids"][j]
-            report_truncation(table, long_rows, limit)
+            report_truncation(table, long_rows, limit, context=cfg.max_seq_len)
         types = enc.get("token_type_ids") if pairs is not None and cfg.type_vocab_size >= 2 else None
         return enc["input_ids"], types
 
@@ -159,7 +171,7 @@ class Task:
             if y is not None:
                 ids += ([delim] if delim is not None else []) + y
             out.append(ids + ([extract] if extract is not None else []))
-        report_truncation(table, long_rows, limit)
+        report_truncation(table, long_rows, limit, context=self.config.max_seq_len)
         return out
 
     def collate_inputs(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:

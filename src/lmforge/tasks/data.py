@@ -33,6 +33,7 @@ import gzip
 import io
 import json
 import sys
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -40,6 +41,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from lmforge import datasets
+from lmforge.utils.text import normalize_text
 from lmforge.errors import InputFileNotFound, LmforgeError, UserInputError
 from lmforge.utils.io import not_utf8, strip_bom, visible
 
@@ -89,8 +91,18 @@ class Table:
 
 
 def _open(path: Path) -> io.TextIOBase:
-    raw = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
-    return io.TextIOWrapper(raw, encoding="utf-8", newline="")
+    """The file's text, normalised as corpora are (:func:`lmforge.utils.text.normalize_text`: no BOM, LF line
+    ends); bad UTF-8 or a damaged ``.gz`` is a TaskDataError naming the file."""
+    try:
+        with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as raw:
+            data = raw.read()
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise TaskDataError(f"{path.name}: not a readable .gz file ({exc})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise TaskDataError(str(not_utf8(path, data))) from None
+    return io.StringIO(normalize_text(text), newline="")
 
 
 def detect_format(path: str | Path) -> str:
@@ -218,11 +230,7 @@ def read_table(source: str | Path, format: str | None = None) -> Table:
             raise TaskDataError(f"{path}: unknown format {kind!r}; choose one of {', '.join(FORMATS)}")
         readers = {"tsv": lambda p: _read_delimited(p, "\t"), "csv": lambda p: _read_delimited(p, ","),
                    "jsonl": _read_jsonl, "conll": _read_conll}
-        try:
-            table = readers[kind](path)
-        except UnicodeDecodeError:
-            with _open(path) as f:
-                raise not_utf8(path, f.buffer.read()) from None
+        table = readers[kind](path)  # _open reads every format: bad UTF-8 is a TaskDataError naming the byte
     if not table.rows:
         raise TaskDataError(f"{table.name}: no rows (the file is empty or holds only a header)")
     return table

@@ -95,7 +95,7 @@ class QATask(Task):
             for j, i in enumerate(long_rows):
                 for key in ("input_ids", "token_type_ids", "offsets", "sequence_ids"):
                     enc[key][i] = cut[key][j]
-            report_truncation(table, long_rows, self.max_length)
+            report_truncation(table, long_rows, self.max_length, context=self.config.max_seq_len)
         examples, lost = [], []
         for i in range(len(table)):
             context_tokens = [p for p, s in enumerate(enc["sequence_ids"][i]) if s == 1]

@@ -33,7 +33,7 @@ from lmforge.config import ConfigError
 from lmforge.errors import InputFileNotFound, UserInputError
 from lmforge.peft.config import MERGEABLE, PeftConfig
 from lmforge.utils.flags import split_key_value
-from lmforge.utils.io import atomic_write_text
+from lmforge.utils.io import atomic_write_text, read_mapping_file
 
 SETTINGS_FILE = "finetune.yaml"
 # Trainer flags shared with `lmforge pretrain`; fine-tuning changes some defaults.
@@ -58,7 +58,7 @@ def parse_label_map(value: str | None) -> dict[str, str]:
         return {}
     path = Path(value)
     if path.suffix in (".json", ".yaml", ".yml") and path.is_file():
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = read_mapping_file(path, "label map", yaml_always=True)
     elif value.lstrip().startswith("{"):
         try:
             data = json.loads(value)
@@ -86,12 +86,16 @@ def read_mixture(path: str | None) -> list[dict]:
     file = Path(path)
     if not file.is_file():
         raise InputFileNotFound(f"{file}: no such mixture file")
-    data = yaml.safe_load(file.read_text(encoding="utf-8"))
+    data = read_mapping_file(file, "mixture", yaml_always=True)
     entries = data.get("tasks") if isinstance(data, dict) else data
     if not isinstance(entries, list) or not entries:
         raise UserInputError(f"{file}: expected a list of tasks (each with name, train, columns, task_prefix ...)")
-    for entry in entries:
-        if isinstance(entry, dict) and "label_map" in entry:
+    for i, entry in enumerate(entries, 1):
+        if not isinstance(entry, dict) or not isinstance(entry.get("label_map") or {}, dict) \
+                or not all(isinstance(entry.get(key) or "", str) for key in ("train", "eval")):
+            raise UserInputError(f"{file}: task {i}: expected a mapping with file names as train/eval and a mapping "
+                                 "as label_map")
+        if "label_map" in entry:
             entry["label_map"] = {str(k): str(v) for k, v in (entry["label_map"] or {}).items()}
         for key in ("train", "eval"):
             if isinstance(entry, dict) and entry.get(key) and not Path(entry[key]).is_absolute() \

@@ -120,6 +120,10 @@ class TaskSpec(ConfigBase):
         def bad(key: str, why: str) -> ConfigError:
             return ConfigError(f"TaskSpec.{key}={getattr(self, key)!r} {why}")
 
+        self.check_kinds()
+        for key, kind in (("labels", list), ("label_map", dict), ("mixture", list)):
+            if not isinstance(getattr(self, key), kind):
+                raise bad(key, f"must be a {'mapping' if kind is dict else 'list'}")
         if self.task not in TASKS:
             raise bad("task", f"is not one of {', '.join(TASKS)}")
         if self.loss_average not in LOSS_AVERAGES:

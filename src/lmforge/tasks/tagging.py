@@ -79,7 +79,7 @@ class TagTask(Task):
                                               truncation=True, max_length=self.max_length)
             for j, i in enumerate(long_rows):
                 enc["input_ids"][i], enc["word_ids"][i] = cut["input_ids"][j], cut["word_ids"][j]
-            report_truncation(table, long_rows, self.max_length)
+            report_truncation(table, long_rows, self.max_length, context=self.config.max_seq_len)
         index = {t: k for k, t in enumerate(self.spec.labels)}
         examples = []
         for i in range(len(table)):

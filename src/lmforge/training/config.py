@@ -25,10 +25,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from lmforge.config import ConfigBase, ConfigError
-from lmforge.errors import InputFileNotFound
+from lmforge.config import ConfigBase, ConfigError, underscore_keys
+from lmforge.errors import InputFileNotFound, UserInputError
+from lmforge.utils.io import read_mapping_file
 
 SCHEDULES = ("linear", "cosine", "inverse-sqrt", "constant", "slanted-triangular")
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -127,8 +126,7 @@ class TrainConfig(ConfigBase):
             raise ConfigError(f"{source}: expected a mapping of settings, got {type(data).__name__}")
         hints = typing.get_type_hints(TrainConfig)
         values = self.to_dict()
-        for raw_key, value in data.items():
-            key = str(raw_key).replace("-", "_")
+        for key, value in underscore_keys(data, source).items():
             self.check_keys({key: value}, source)
             value = _coerce(key, value, hints[key], source)
             values[key] = {**values[key], **value} if isinstance(value, dict) else value
@@ -201,9 +199,9 @@ def read_settings(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise InputFileNotFound(f"{path}: no such config file")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        data = read_mapping_file(path, yaml_always=True)
+    except UserInputError as exc:
+        raise ConfigError(str(exc)) from exc
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of settings (key: value lines), got {type(data).__name__}")

@@ -23,6 +23,7 @@ from typing import Callable, Iterator
 
 from lmforge.errors import InputFileNotFound, UserInputError
 from lmforge.utils.faults import environment_errors
+from lmforge.utils.text import normalize_text
 
 
 def _fsync_dir(path: Path) -> None:
@@ -179,8 +180,9 @@ def not_utf8(name: str | Path, data: bytes) -> UserInputError:
     return UserInputError(f"{name}: not UTF-8 at byte {start} ({data[start:start + 4]!r}); save it as UTF-8")
 
 
-def read_mapping_file(path: str | Path, what: str = "config") -> object:
-    """Parse a .json or .yaml/.yml file; errors name the file (``what`` says what kind it should be).
+def read_mapping_file(path: str | Path, what: str = "config", yaml_always: bool = False) -> object:
+    """Parse a .json or .yaml/.yml file (any name with ``yaml_always``); errors name the file (``what`` says what
+    kind it should be). The text is normalised first (:func:`~lmforge.utils.text.normalize_text`).
 
     Raises FileNotFoundError for a missing file and ValueError for one that does not parse.
     """
@@ -191,11 +193,17 @@ def read_mapping_file(path: str | Path, what: str = "config") -> object:
     path = Path(path)
     if not path.is_file():
         raise InputFileNotFound(f"{path}: no such {what} file")
-    text = path.read_text(encoding="utf-8")
-    is_yaml = path.suffix in (".yaml", ".yml")
+    data = path.read_bytes()
+    is_yaml = yaml_always or path.suffix in (".yaml", ".yml")
+    try:
+        text = normalize_text(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise not_utf8(path, data) from None
     try:
         return yaml.safe_load(text) if is_yaml else json.loads(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+    # ValueError: YAML values its constructors reject (a date such as 2024-13-45); RecursionError: nesting
+    # deeper than the parsers' recursion.
+    except (ValueError, yaml.YAMLError, RecursionError) as exc:
         raise UserInputError(f"{path}: not valid {'YAML' if is_yaml else 'JSON'}: {exc}") from exc
 
 
