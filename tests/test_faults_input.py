@@ -200,3 +200,21 @@ def test_a_task_spec_of_the_wrong_shape_is_a_config_error(data):
 
     with pytest.raises(ConfigError, match=f"TaskSpec.{next(iter(data))}="):
         TaskSpec.from_dict(data)
+
+
+def test_prompt_and_line_files_are_normalised_like_every_other_input(tmp_path):
+    from lmforge.utils.io import read_text_file
+
+    windows = tmp_path / "prompt.txt"
+    windows.write_bytes("\ufeffIt is a truth\r\nuniversally acknowledged\r".encode())
+    assert read_text_file(windows, "--prompt-file") == "It is a truth\nuniversally acknowledged\n"
+
+
+def test_every_command_that_loads_a_model_folder_offers_no_verify():
+    import argparse
+
+    from lmforge.cli.main import build_parser
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name in ("pretrain", "finetune", "generate", "evaluate", "predict", "embed"):
+        assert "--no-verify" in commands[name]._option_string_actions, name

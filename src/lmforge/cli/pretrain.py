@@ -22,6 +22,7 @@ import signal
 import sys
 from pathlib import Path
 
+from lmforge.cli._load_args import add_load_flags
 from lmforge.cli.main import plain_warnings
 from lmforge.errors import InputFileNotFound, UserInputError
 from lmforge.training import config as tc
@@ -146,4 +147,5 @@ def register(subparsers) -> None:
                         help="set a ModelConfig field, e.g. --override n_layers=2 --override d_model=64 (repeatable)")
     parser.add_argument("--objective-option", action="append", default=None, metavar="KEY=VALUE",
                         help="set an objective argument, e.g. --objective-option mlm_probability=0.2 (repeatable)")
+    add_load_flags(parser)  # --model FOLDER is checked against its manifest like every other load
     parser.set_defaults(func=run)

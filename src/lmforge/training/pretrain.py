@@ -27,7 +27,8 @@ This is where the pieces meet; the Trainer itself stays ignorant of objectives a
 The run folder is self-contained: ``config.yaml`` (these settings), ``tokenizer/``, ``checkpoints/``,
 ``metrics.jsonl``, ``tensorboard/``, ``loss.png`` and, at the end, ``model/`` (loadable by ``lmforge.load``).
 
-Example:
+Example (its first lines make the same tiny corpus as :mod:`lmforge.data.loader`'s example: each example runs on
+its own):
     >>> import pathlib, tempfile
     >>> from lmforge.data.prepare import prepare
     >>> from lmforge.tokenization import train_tokenizer

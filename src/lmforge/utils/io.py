@@ -143,8 +143,9 @@ def strip_bom(header: list[str]) -> list[str]:
 
 
 def read_text_file(path: str | Path, what: str = "") -> str:
-    """The text of a UTF-8 file; a one-line error (prefixed by ``what``, e.g. a flag) names the file when it
-    is missing, is a folder or is not UTF-8 (with the byte offset of the first bad byte).
+    """The text of a UTF-8 file, normalised as every input is (no BOM, LF line ends); a one-line error (prefixed
+    by ``what``, e.g. a flag) names the file when it is missing, is a folder or is not UTF-8 (with the byte
+    offset of the first bad byte).
 
     Example:
         >>> import tempfile, pathlib
@@ -165,7 +166,7 @@ def read_text_file(path: str | Path, what: str = "") -> str:
     with environment_errors(path, "read"):
         data = path.read_bytes()
     try:
-        return data.decode("utf-8")
+        return normalize_text(data.decode("utf-8"))
     except UnicodeDecodeError:
         raise not_utf8(name, data) from None
 
