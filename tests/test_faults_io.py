@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import errno
 import os
-import resource
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
