@@ -53,10 +53,11 @@ from typing import Any, Iterable
 import numpy as np
 
 from lmforge.data.sources import DataError, iter_documents, resolve_inputs
+from lmforge.errors import InputFileNotFound
 from lmforge.tokenization import Tokenizer
 from lmforge.utils.io import atomic_write_bytes, atomic_write_text, replace_dir, staging_dir
 from lmforge.utils.lock import LOCK_FILE, OWNER_FILE, RunFolderLock, remove_stale_temporaries
-from lmforge.errors import InputFileNotFound
+from lmforge.utils.manifest import sha256_file
 
 SPLITS = ("train", "val")
 MANIFEST = "manifest.json"
@@ -426,10 +427,6 @@ def verify(folder: str | Path) -> list[str]:
                 if not path.is_file():
                     problems.append(f"{path}: missing")
                     continue
-                digest = hashlib.sha256()
-                with open(path, "rb") as f:
-                    for block in iter(lambda: f.read(1 << 20), b""):
-                        digest.update(block)
-                if digest.hexdigest() != want:
+                if sha256_file(path) != want:
                     problems.append(f"{path}: checksum mismatch")
     return problems

@@ -57,7 +57,7 @@ def as_fault(exc: OSError, path: str | Path, operation: str) -> EnvironmentFault
 
 
 def destination(path: str | Path) -> Path:
-    """``path`` with each temporary folder of an atomic write (``.NAME.XXXXXXXX.tmp``) named as ``NAME``, the
+    """``path`` with each temporary folder of an atomic write (``.NAME.<8 random characters>.tmp``) named as ``NAME``, the
     destination the user chose: a write staged inside another (a model folder inside a checkpoint) fails there.
 
     Example:

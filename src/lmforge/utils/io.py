@@ -43,9 +43,9 @@ def _umask() -> int:
     return mask
 
 
-def _user_mode(path: Path) -> None:
+def _user_mode(path: Path, umask: int | None = None) -> None:
     """Give a file or folder made by mkstemp/mkdtemp (0600/0700) the mode plain open()/mkdir() give."""
-    os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~_umask())
+    os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~(_umask() if umask is None else umask))
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -194,12 +194,8 @@ def read_mapping_file(path: str | Path, what: str = "config", yaml_always: bool 
     path = Path(path)
     if not path.is_file():
         raise InputFileNotFound(f"{path}: no such {what} file")
-    data = path.read_bytes()
+    text = read_text_file(path)
     is_yaml = yaml_always or path.suffix in (".yaml", ".yml")
-    try:
-        text = normalize_text(data.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise not_utf8(path, data) from None
     try:
         return yaml.safe_load(text) if is_yaml else json.loads(text)
     # ValueError: YAML values its constructors reject (a date such as 2024-13-45); RecursionError: nesting
@@ -252,14 +248,13 @@ def replace_dir(tmp: str | Path, path: str | Path) -> None:
 
 def _finish_dir(tmp: Path, path: Path) -> None:
     """Make ``tmp``'s files durable, then swap it in for ``path`` (see :func:`atomic_dir`)."""
-    _user_mode(tmp)
+    umask = _umask()  # read once: reading it means setting it, twice per call
+    _user_mode(tmp, umask)
     for child in tmp.rglob("*"):
         if child.is_file():
             with open(child, "rb") as f:
                 os.fsync(f.fileno())
-            _user_mode(child)
-        elif child.is_dir():
-            _user_mode(child)
+        _user_mode(child, umask)
     old = path.with_name(f".{path.name}.old")
     if old.exists():
         shutil.rmtree(old)
