@@ -30,6 +30,7 @@ import filelock
 
 from lmforge.errors import RunLocked
 from lmforge.utils.faults import environment_errors
+from lmforge.utils.io import atomic_write_text
 
 LOCK_FILE = ".lmforge.lock"
 OWNER_FILE = ".lmforge.lock.pid"
@@ -65,7 +66,8 @@ class RunFolderLock:
             except filelock.Timeout:
                 raise RunLocked(f"{self.folder}: in use by lmforge process {self.holder()}; wait for it to "
                                 f"finish or stop it, or choose another folder") from None
-            (self.folder / OWNER_FILE).write_text(f"{os.getpid()}\n", encoding="utf-8")
+            # Atomically: a process refused at this moment must read a whole PID, never an empty file.
+            atomic_write_text(self.folder / OWNER_FILE, f"{os.getpid()}\n")
         remove_stale_temporaries(self.folder)
         return self
 
