@@ -28,6 +28,16 @@ Example::
     >>> c = torch.rand(3, generator=copy_generator(0, sample_id=7, copy=3))
     >>> torch.equal(a, b), torch.equal(a, c)
     (True, False)
+
+With :class:`~lmforge.objectives.MaskedLM` (epochs 0 and 2 show copy 0, epoch 1 copy 1)::
+
+    >>> from lmforge.data import DocumentBatch
+    >>> from lmforge.objectives import MaskedLM
+    >>> mlm = MaskedLM(vocab_size=100, mask_token_id=3, pad_token_id=0, masking="static", static_copies=2)
+    >>> def labels(epoch):
+    ...     return mlm(DocumentBatch([torch.arange(10, 40)], epoch=epoch, sample_ids=[7]))["labels"]
+    >>> torch.equal(labels(0), labels(2)), torch.equal(labels(0), labels(1))
+    (True, False)
 """
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ This is where the pieces meet; the Trainer itself stays ignorant of objectives a
 
 * **Ranks.** Under torchrun (``strategy`` ddp/fsdp) the process group is joined first, so that the datasets
   take this rank's slice; the training objective's seed is :func:`~lmforge.training.distributed.rank_seed`, so
-  ranks mask differently. Only rank 0 writes ``config.yaml`` and ``tokenizer/``, and only when the Trainer
-  starts, after its resume checks passed and it holds the run folder's lock: a refused resume leaves the
-  folder as it was.
+  ranks mask differently (static masks, keyed by sample, share the run's seed). Only rank 0 writes
+  ``config.yaml`` and ``tokenizer/``, and only when the Trainer starts, after its resume checks passed and it
+  holds the run folder's lock: a refused resume leaves the folder as it was.
 
 The run folder is self-contained: ``config.yaml`` (these settings), ``tokenizer/``, ``checkpoints/``,
 ``metrics.jsonl``, ``tensorboard/``, ``loss.png`` and, at the end, ``model/`` (loadable by ``lmforge.load``).
