@@ -17,7 +17,9 @@ from lmforge.config import ConfigError
 from lmforge.data import DocumentBatch, DocumentDataset
 from lmforge.objectives import MaskedLM
 from lmforge.objectives.static_masking import copy_generator, copy_index
-from lmforge.training.pretrain import build_pretraining
+from lmforge.tokenization import Tokenizer
+from lmforge.training.distributed import rank_seed
+from lmforge.training.pretrain import build_pretraining, objective_kwargs
 from test_training_pretrain import data_root, prepared, pretrain_args  # noqa: F401
 from test_training_resume import assert_same_weights, config, curve, weights
 
@@ -180,3 +182,25 @@ def test_stop_and_resume_with_static_masking_is_exact(workers, data_root, tmp_pa
     assert_same_weights(weights(tmp_path / "run" / "model"), weights(tmp_path / "ref" / "model"))
     saved = Path(tmp_path / "run" / "config.yaml").read_text()
     assert "masking: static" in saved
+
+
+def test_ranks_share_the_static_masks(data_root):
+    """Under data parallelism a sample moves between ranks from epoch to epoch, and ranks mask dynamically with
+    different seeds; the static mask of a sample must still be one, as pretrain wires it (static_seed = run seed)."""
+    data = prepared(data_root, "bert")
+    tok = Tokenizer.load(data / "tokenizer")
+    options = {"masking": "static", "static_copies": 2}
+    masks: dict[tuple[int, int], list[int]] = {}
+    where: dict[int, set[int]] = {}
+    for rank in (0, 1):
+        mlm = MaskedLM(**objective_kwargs("mlm", tok, rank_seed(5, rank), options, static_seed=5))
+        ds = DocumentDataset(data, max_len=30, batch_size=4, seed=5, rank=rank, world_size=2)
+        for epoch in (0, 2):  # both show copy 0
+            for i in range(len(ds)):
+                raw = ds.get_batch(epoch, i)
+                batch = mlm(raw)
+                for sample_id, row, real in zip(raw.sample_ids, batch["labels"], batch["attention_mask"]):
+                    key = (sample_id, epoch % 2)
+                    assert masks.setdefault(key, row[real.bool()].tolist()) == row[real.bool()].tolist()
+                    where.setdefault(sample_id, set()).add(rank)
+    assert sum(len(r) == 2 for r in where.values()) > 0.3 * len(where)  # many samples met both ranks
