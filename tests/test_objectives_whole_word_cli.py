@@ -125,7 +125,7 @@ def test_word_after_a_special_token_starts_a_word():
                    random_prob=0.0, add_cls_sep=True)
     batch = mlm([[20, 21, 10, 21]])  # words: (20 21) (10 21)
     assert batch["labels"].tolist() == [[-100, 20, 21, 10, 21, -100]]
-    word_id, word_start = mlm._words(torch.tensor([[1, 20, 21, 10, 21, 2]]),
+    word_id, _ = mlm._words(torch.tensor([[1, 20, 21, 10, 21, 2]]),
                                      torch.tensor([[False, True, True, True, True, False]]))
     assert word_id.tolist() == [[0, 1, 1, 2, 2, 3]]
 
