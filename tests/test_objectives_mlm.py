@@ -94,7 +94,8 @@ def test_whole_word_masking_masks_all_pieces_or_none(span_masking):
     continuation = range(500, V)  # e.g. the '##' pieces of a WordPiece vocabulary
     g = torch.Generator().manual_seed(0)
     examples = [random_words(300, g, continuation) for _ in range(20)]
-    mlm = make_mlm(continuation_token_ids=continuation, span_masking=span_masking, add_cls_sep=True)
+    mlm = make_mlm(continuation_token_ids=continuation, whole_word=not span_masking, span_masking=span_masking,
+                   add_cls_sep=True)
     labels = mlm([ids for ids, _ in examples])["labels"][:, 1:]  # drop [CLS]
     n_words = n_selected = 0
     for (ids, word_of), lab in zip(examples, labels):

@@ -30,6 +30,8 @@ def options(name: str, seed: int) -> dict:
         return dict(pad_token_id=PAD, seed=seed)
     if name == "span-corruption":
         return dict(sentinel_ids=SENTINELS, eos_token_id=EOS, pad_token_id=PAD, seed=seed)
+    if name == "enc-dec-lm":
+        return dict(eos_token_id=EOS, pad_token_id=PAD, seed=seed)
     return dict(mask_token_id=MASK, eos_token_id=EOS, pad_token_id=PAD, sentence_end_ids=[5], mask_prob=0.1,
                 delete_prob=0.1, rotate_prob=0.5, seed=seed)
 

@@ -373,6 +373,49 @@ class Tokenizer:
                 out.append(idx)
         return out
 
+    def continuation_ids(self) -> list[int] | None:
+        """Ids of the pieces that continue the word before them (whole-word and span masking group by word).
+
+        A piece *starts* a word when it carries the vocabulary's word-start mark: WordPiece marks the
+        others instead (``##ing``); SentencePiece-style BPE and Unigram mark starts with ``▁``; byte-level
+        BPE with the byte-level form of a leading space or other whitespace (``Ġ``, ``Ċ``, ...). So for the
+        last two a word is a whitespace-delimited run (``world.`` is one word). Special tokens and T5
+        sentinels always start a word. Computed once per tokenizer; None when the kind is unknown (a
+        foreign tokenizer whose model is none of the four kinds).
+
+        Example:
+            >>> import tempfile, pathlib
+            >>> corpus = pathlib.Path(tempfile.mkdtemp()) / "corpus.txt"
+            >>> _ = corpus.write_text("The cat sat on the mat. Did the dog sit?\\n\\nThe dog sat on the log!\\n" * 50)
+            >>> tok = train_tokenizer([corpus], kind="wordpiece", family="bert", vocab_size=200, show_progress=False)
+            >>> pieces = tok.tokenize("a hat sat")
+            >>> pieces
+            ['a', 'h', '##at', 'sat']
+            >>> [tok.token_to_id(p) in tok.continuation_ids() for p in pieces]
+            [False, False, True, False]
+        """
+        if "_continuation" not in self.__dict__:
+            self._continuation = self._scan_continuation_ids()
+        return self._continuation
+
+    def _scan_continuation_ids(self) -> list[int] | None:
+        if self.kind == "wordpiece":
+            prefix = getattr(self.backend.model, "continuing_subword_prefix", None) or "##"
+            continues = lambda piece: piece.startswith(prefix)  # noqa: E731
+        elif self.kind in ("bpe", "unigram"):
+            continues = lambda piece: not piece.startswith("▁")  # noqa: E731
+        elif self.kind == "byte-bpe":
+            # The byte-level alphabet's spelling of the six ASCII whitespace bytes (" " is "Ġ", "\n" is "Ċ").
+            spaces = set(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+                         .pre_tokenize_str(" \t\n\r\x0b\x0c")[0][0])
+            continues = lambda piece: piece[:1] not in spaces  # noqa: E731
+        else:
+            return None
+        specials = {self.backend.token_to_id(t) for t in [*self.roles.values(), *self.sentinels]}
+        added = set(self.backend.get_added_tokens_decoder())
+        return [idx for idx in range(self.vocab_size)
+                if idx not in specials and idx not in added and continues(self.backend.id_to_token(idx) or "")]
+
     def special_token(self, role: str) -> str | None:
         """The token playing ``role`` (``"eos"``, ``"pad"``, ...), or None."""
         return self.roles.get(role)

@@ -2,7 +2,7 @@
 
     sources.py   read .txt / .jsonl / .csv / .tsv / .parquet (+ .gz / .zst) into documents
     prepare.py   tokenise documents into uint16/uint32 shards + offsets + manifest.json (resumable)
-    loader.py    PackedDataset (causal LM blocks), DocumentDataset (segments), StatefulLoader (workers)
+    loader.py    PackedDataset (causal LM blocks), DocumentDataset (segments as DocumentBatch), StatefulLoader (workers)
 
 The function ``prepare`` lives in :mod:`lmforge.data.prepare` and is not re-exported here, so that
 ``lmforge.data.prepare`` stays the module.
@@ -25,7 +25,7 @@ from lmforge.utils.lazy import lazy_exports
 # Names resolve on first use, so that importing the file readers (``lmforge.data.sources``, which the
 # tokenizer trainer uses) does not import the shard writer, which imports the tokenizer.
 _LAZY = {
-    "DocumentDataset": "loader", "PackedDataset": "loader", "ShardSet": "loader", "StatefulLoader": "loader",
+    "DocumentBatch": "loader", "DocumentDataset": "loader", "PackedDataset": "loader", "ShardSet": "loader", "StatefulLoader": "loader",
     "choose_dtype": "prepare", "read_manifest": "prepare", "verify": "prepare",
     "DataError": "sources", "iter_documents": "sources", "resolve_inputs": "sources",
 }

@@ -151,6 +151,27 @@ class ShardSet:
         return offsets[1:] - offsets[:-1]
 
 
+class DocumentBatch(list):
+    """A batch of document segments (a list of 1-D int64 tensors) that knows where its samples come from.
+
+    ``epoch`` is the epoch it was drawn in and ``sample_ids[i]`` identifies sample ``i`` for good: the offset
+    of its first token in the split's token stream (shards in file order). Neither depends on shuffling, batch
+    size, rank or worker count, so a batch transform can derive per-sample randomness from them (static
+    masking, :mod:`lmforge.objectives.static_masking`). The attributes survive pickling and DataLoader workers.
+
+    Example:
+        >>> batch = DocumentBatch([torch.tensor([5, 6]), torch.tensor([7])], epoch=2, sample_ids=[40, 12])
+        >>> len(batch), batch.epoch, batch.sample_ids
+        (2, 2, [40, 12])
+    """
+
+    def __init__(self, samples=(), *, epoch: int = 0, sample_ids=()) -> None:
+        super().__init__(samples)
+        self.epoch, self.sample_ids = epoch, list(sample_ids)
+        if len(self.sample_ids) != len(self):
+            raise ValueError(f"{len(self)} samples but {len(self.sample_ids)} sample ids")
+
+
 class _ShardDataset(IterableDataset, abc.ABC):
     """Epoch/batch bookkeeping, rank and worker slicing, state; subclasses define the samples."""
 
@@ -329,8 +350,9 @@ class PackedDataset(_ShardDataset):
 class DocumentDataset(_ShardDataset):
     """Per-document samples for objectives that need whole documents (MLM segments, T5 / BART denoising).
 
-    Each document is cut into segments of at most ``max_len`` tokens; a batch is a list of ``batch_size``
-    1-D int64 tensors (segment lengths vary; no special tokens are added).
+    Each document is cut into segments of at most ``max_len`` tokens; a batch is a :class:`DocumentBatch`: a
+    list of ``batch_size`` 1-D int64 tensors (segment lengths vary; no special tokens are added) that also
+    carries its epoch and each segment's fixed identity.
 
     Args:
         folder: output folder of ``lmforge data prepare``.
@@ -384,18 +406,20 @@ class DocumentDataset(_ShardDataset):
             return start[perm], length[perm]
         return self._cached(("segments", epoch, shard), build)
 
-    def _samples(self, epoch: int, index: np.ndarray) -> list[torch.Tensor]:
+    def _samples(self, epoch: int, index: np.ndarray) -> DocumentBatch:
         order = self._cached(("order", epoch), lambda: self._shard_order(epoch))
         unit_start = np.concatenate([[0], np.cumsum(self.units[order])])
         where = np.searchsorted(unit_start, index, side="right") - 1
-        out = []
+        shard_offset = np.concatenate([[0], np.cumsum(self.data.tokens)])  # (S+1,) in file order
+        out, ids = [], []
         for g, s in zip(index.tolist(), where.tolist()):
             shard = int(order[s])
             start, length = self._segments(epoch, shard)
             u = g - unit_start[s]
             tokens = self.data.arrays(shard)[0][start[u]:start[u] + length[u]]
             out.append(torch.from_numpy(tokens.astype(np.int64)))
-        return out
+            ids.append(int(shard_offset[shard] + start[u]))
+        return DocumentBatch(out, epoch=epoch, sample_ids=ids)
 
 
 class StatefulLoader:

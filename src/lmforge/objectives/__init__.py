@@ -14,6 +14,7 @@ name                class                          architecture        paper
 ``prefix-lm``       ``PrefixLM``                   decoder             T5 §3.2; UniLM
 ``span-corruption`` ``SpanCorruption``             encoder-decoder     T5
 ``denoising``       ``BartDenoising``              encoder-decoder     BART
+``enc-dec-lm``      ``EncDecLM``                   encoder-decoder     T5 §3.3.1 (prefix LM baseline)
 ``bilm``            ``BiLMObjective``              bilstm              ELMo (forward + backward LM)
 ==================  =============================  ==================  ==========================
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 from lmforge.objectives.bilm import BiLMObjective
 from lmforge.objectives.clm import CausalLM
 from lmforge.objectives.denoising import BartDenoising
+from lmforge.objectives.enc_dec_lm import EncDecLM
 from lmforge.objectives.mlm import MaskedLM
 from lmforge.objectives.nsp import NextSentencePrediction
 from lmforge.objectives.prefix_lm import PrefixLM
@@ -50,6 +52,7 @@ OBJECTIVES = {
     "prefix-lm": PrefixLM,
     "span-corruption": SpanCorruption,
     "denoising": BartDenoising,
+    "enc-dec-lm": EncDecLM,
     "bilm": BiLMObjective,
 }
 
@@ -67,6 +70,7 @@ FITS = {
         ("encoder-decoder",),
         "it produces decoder targets (labels, decoder_input_ids) from a corrupted encoder input",
     ),
+    "enc-dec-lm": (("encoder-decoder",), "it feeds a prefix to an encoder and decodes the rest of the text"),
     "bilm": (("bilstm",), "it trains separate forward and backward LMs, i.e. ELMo's biLM (--model elmo-tiny)"),
 }
 
@@ -79,7 +83,7 @@ def _canonical(name: str) -> str:
 
 
 def build_objective(name: str, **options):
-    """Construct an objective by name (``mlm|nsp|clm|prefix-lm|span-corruption|denoising|bilm``).
+    """Construct an objective by name (``mlm|nsp|clm|prefix-lm|span-corruption|denoising|enc-dec-lm|bilm``).
 
     ``options`` are the class's keyword arguments: special-token ids, rates and ``seed``.
     """
@@ -111,6 +115,7 @@ __all__ = [
     "BartDenoising",
     "BiLMObjective",
     "CausalLM",
+    "EncDecLM",
     "MaskedLM",
     "NextSentencePrediction",
     "PrefixLM",

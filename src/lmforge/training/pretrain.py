@@ -20,9 +20,9 @@ This is where the pieces meet; the Trainer itself stays ignorant of objectives a
 
 * **Ranks.** Under torchrun (``strategy`` ddp/fsdp) the process group is joined first, so that the datasets
   take this rank's slice; the training objective's seed is :func:`~lmforge.training.distributed.rank_seed`, so
-  ranks mask differently. Only rank 0 writes ``config.yaml`` and ``tokenizer/``, and only when the Trainer
-  starts, after its resume checks passed and it holds the run folder's lock: a refused resume leaves the
-  folder as it was.
+  ranks mask differently (static masks, keyed by sample, share the run's seed). Only rank 0 writes
+  ``config.yaml`` and ``tokenizer/``, and only when the Trainer starts, after its resume checks passed and it
+  holds the run folder's lock: a refused resume leaves the folder as it was.
 
 The run folder is self-contained: ``config.yaml`` (these settings), ``tokenizer/``, ``checkpoints/``,
 ``metrics.jsonl``, ``tensorboard/``, ``loss.png`` and, at the end, ``model/`` (loadable by ``lmforge.load``).
@@ -107,8 +107,12 @@ def model_config_for(spec: str, tokenizer: Tokenizer, overrides: dict[str, Any])
                                  source="model overrides")
 
 
-def objective_kwargs(name: str, tokenizer: Tokenizer, seed: int, options: dict[str, Any]) -> dict[str, Any]:
+def objective_kwargs(name: str, tokenizer: Tokenizer, seed: int, options: dict[str, Any],
+                     static_seed: int | None = None) -> dict[str, Any]:
     """Keyword arguments for objective ``name``: its parameters that the tokenizer can fill, then ``options``.
+
+    ``seed`` may differ between data-parallel ranks; ``static_seed`` (default ``seed``) is the one they share,
+    for randomness that must not depend on the rank (MLM's static masks).
 
     Raises:
         ConfigError: an unknown option, or a required id (e.g. ``mask_token_id``) the tokenizer does not have.
@@ -124,9 +128,12 @@ def objective_kwargs(name: str, tokenizer: Tokenizer, seed: int, options: dict[s
         "special_token_ids": sorted(specials),
         "add_cls_sep": "cls_token_id" in ids and "sep_token_id" in ids,
         "seed": seed,
+        "static_seed": static_seed,
     }
     if "sentence_end_ids" in params:  # a vocabulary scan: only for the objectives that split sentences
         available["sentence_end_ids"] = tokenizer.sentence_end_ids()
+    if "continuation_token_ids" in params:  # word boundaries, for whole-word and span masking
+        available["continuation_token_ids"] = tokenizer.continuation_ids()
     kwargs = {k: v for k, v in available.items() if k in params and v is not None}
     for key, value in options.items():
         if key not in params:
@@ -192,7 +199,7 @@ def build_pretraining(config: TrainConfig) -> PretrainRun:
         raise ConfigError(f"seq_len={seq_len} leaves no room for text besides the {FRAMING_TOKENS} framing tokens")
     objective = OBJECTIVES[config.objective](
         **objective_kwargs(config.objective, tokenizer, distributed.rank_seed(config.seed, ctx.rank),
-                           config.objective_options))
+                           config.objective_options, static_seed=config.seed))
     eval_objective = OBJECTIVES[config.objective](
         **objective_kwargs(config.objective, tokenizer, config.seed + 1, config.objective_options))
     train_data, eval_data = datasets_for(config, seq_len)
