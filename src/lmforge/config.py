@@ -371,9 +371,6 @@ class ModelConfig(ConfigBase):
                 f"ModelConfig.max_relative_positions={self.max_relative_positions} must exceed "
                 f"position_buckets // 2 + 1 = {self.position_buckets // 2 + 1}: the log buckets span the distances between"
             )
-        if self.kv_heads != self.n_heads:
-            raise ConfigError(f"ModelConfig.n_kv_heads={self.n_kv_heads} must equal n_heads={self.n_heads} with "
-                              "position='deberta' (its position->content term reads every head's keys)")
 
     # ------------------------------------------------------------------ serialisation
     config_noun = "ModelConfig field(s)"

@@ -20,7 +20,8 @@ since a real query never attends to a padding key.
 
 Refused, with the field named: ``relative_attention=False``, ``position_biased_input=True`` (absolute
 positions added to the input, as DeBERTa-v1-style configs do), ``conv_kernel_size > 0`` (DeBERTa-v2's
-convolution beside the first layer), ``embedding_size != hidden_size``, position terms other than c2p/p2c.
+convolution beside the first layer), ``embedding_size != hidden_size``, position terms other than c2p/p2c,
+an untied MLM head (``tie_word_embeddings=false``).
 
 Example:
     >>> import transformers, lmforge
@@ -63,9 +64,11 @@ def _from_hf(c: HFConfig, arch: Arch) -> dict:
     if c("attention_head_size", d_model // n_heads) != d_model // n_heads:
         raise c.fail(f"attention_head_size={c('attention_head_size')} is not hidden_size / num_attention_heads; "
                      "not supported")
-    if arch.head == "mlm" and not c("legacy", True) and not c("tie_word_embeddings", True):
-        raise c.fail("legacy=False with tie_word_embeddings=false is not supported (that head always reads "
-                     "the input embeddings); set tie_word_embeddings to true")
+    if arch.head == "mlm" and not c("tie_word_embeddings", True):
+        # Untied, HF's legacy head adds cls.predictions.decoder.bias and leaves cls.predictions.bias unused, and
+        # the legacy=False head still reads the input embeddings: neither is lmforge's untied MLM head.
+        raise c.fail("tie_word_embeddings=false is not supported for DebertaV2ForMaskedLM; lmforge converts "
+                     "its tied MLM head only")
     act = c.activation("hidden_act", "gelu")
     max_len = c("max_position_embeddings", 512)
     max_relative = c("max_relative_positions", -1)

@@ -110,21 +110,30 @@ class DisentangledBias(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, table: torch.Tensor, index: torch.Tensor, scale: float,
                 q_proj: nn.Module, k_proj: nn.Module) -> torch.Tensor:
-        """q (B, H, T, hd), k (B, H, S, hd), table (2k, D), index (T, S) -> scale * (c2p + p2c) (B, H, T, S)."""
+        """q (B, H, T, hd), k (B, Hkv, S, hd), table (2k, D), index (T, S) -> scale * (c2p + p2c) (B, H, T, S).
+
+        With grouped keys (Hkv < H) each key head, and each position-key head projected by a shared W_k,
+        serves its group of query heads."""
         B, H, T, hd = q.shape
         S = k.shape[2]
         if self.dropout and self.training:
             table = F.dropout(table, self.dropout, training=True)
         table = table.to(q.dtype)
 
+        def heads(x: torch.Tensor, dim: int) -> torch.Tensor:  # n heads along ``dim`` -> H heads
+            n = x.shape[dim]
+            return x if n == H else x.repeat_interleave(H // n, dim=dim)
+
         def per_head(proj: nn.Module) -> torch.Tensor:  # (2k, D) -> (H, 2k, hd)
-            return apply_linear(proj, table).view(-1, H, hd).transpose(0, 1)
+            return heads(apply_linear(proj, table).view(table.shape[0], -1, hd).transpose(0, 1), 0)
 
         bias = q.new_zeros(())
         if "c2p" in self.terms:
-            rows = q @ per_head(k_proj if self.pos_k is None else self.pos_k).transpose(-1, -2)  # (B, H, T, 2k): q_i . Kr_r for every row r
+            pos_k = per_head(k_proj if self.pos_k is None else self.pos_k)  # (H, 2k, hd)
+            rows = q @ pos_k.transpose(-1, -2)  # (B, H, T, 2k): q_i . Kr_r for every row r
             bias = bias + rows.gather(-1, index.expand(B, H, T, S))
         if "p2c" in self.terms:
-            rows = k @ per_head(q_proj if self.pos_q is None else self.pos_q).transpose(-1, -2)  # (B, H, S, 2k): k_j . Qr_r
+            pos_q = per_head(q_proj if self.pos_q is None else self.pos_q)  # (H, 2k, hd)
+            rows = heads(k, 1) @ pos_q.transpose(-1, -2)  # (B, H, S, 2k): k_j . Qr_r
             bias = bias + rows.gather(-1, index.t().expand(B, H, S, T)).transpose(-1, -2)  # (B, H, T, S)
         return bias * scale
