@@ -39,7 +39,8 @@ def _bucket(d: int, buckets: int, max_position: int) -> int:
     mid = buckets // 2
     if abs(d) <= mid:
         return d
-    return int(math.copysign(mid + math.ceil(math.log(abs(d) / mid) / math.log((max_position - 1) / mid) * (mid - 1)), d))
+    far = mid + math.ceil(math.log(abs(d) / mid) / math.log((max_position - 1) / mid) * (mid - 1))
+    return int(math.copysign(far, d))
 
 
 @pytest.mark.parametrize("buckets, max_position", [(8, 16), (256, 512), (32, 128), (6, 100), (2, 3)])
@@ -82,7 +83,8 @@ def test_attention_logits_follow_the_papers_three_terms():
             for i in range(T):
                 for j in range(T):
                     d = min(max(_bucket(i - j, 8, 16) + k, 0), 2 * k - 1)
-                    logits[i, j] = (q[i, s] @ key[j, s] + q[i, s] @ pos_k[d, s] + key[j, s] @ pos_q[d, s]) / math.sqrt(3 * hd)
+                    c2c, c2p, p2c = q[i, s] @ key[j, s], q[i, s] @ pos_k[d, s], key[j, s] @ pos_q[d, s]
+                    logits[i, j] = (c2c + c2p + p2c) / math.sqrt(3 * hd)
             heads.append(logits.softmax(-1) @ v[:, s])
         expected = attn.o(torch.cat(heads, dim=-1))
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
@@ -121,7 +123,8 @@ def _perturb(model):
     return model.eval()
 
 
-@pytest.mark.parametrize("overrides", [{}, {"position_buckets": -1, "max_relative_positions": 10, "share_att_key": False}])
+@pytest.mark.parametrize("overrides", [{}, {"position_buckets": -1, "max_relative_positions": 10,
+                                           "share_att_key": False}])
 def test_from_hf_beyond_the_bucket_range(overrides):
     """40 tokens: distances past max_relative_positions (log buckets, then clipping), on a padded batch."""
     torch.manual_seed(0)

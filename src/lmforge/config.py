@@ -368,8 +368,9 @@ class ModelConfig(ConfigBase):
                               "or at least 2")
         if self.position_buckets and self.max_relative_positions - 1 <= self.position_buckets // 2:
             raise ConfigError(
-                f"ModelConfig.max_relative_positions={self.max_relative_positions} must exceed "
-                f"position_buckets // 2 + 1 = {self.position_buckets // 2 + 1}: the log buckets span the distances between"
+                f"ModelConfig.max_relative_positions={self.max_relative_positions} must exceed position_buckets // 2 "
+                f"+ 1 = {self.position_buckets // 2 + 1} (log buckets cover distances from position_buckets // 2 "
+                "to max_relative_positions - 1)"
             )
 
     # ------------------------------------------------------------------ serialisation

@@ -55,7 +55,7 @@ def _from_hf(c: HFConfig, arch: Arch) -> dict:
     if c("position_biased_input", True):
         raise c.fail("position_biased_input=True (absolute positions added to the input) is not supported; "
                      "DeBERTa-v2/v3 checkpoints set it to false")
-    if c("conv_kernel_size", 0) > 0:
+    if (c("conv_kernel_size", 0) or 0) > 0:
         raise c.fail(f"conv_kernel_size={c('conv_kernel_size')} (DeBERTa-v2's convolution beside the first layer) "
                      "is not supported")
     d_model, n_heads = c("hidden_size", 1536), c("num_attention_heads", 24)
@@ -71,7 +71,7 @@ def _from_hf(c: HFConfig, arch: Arch) -> dict:
                      "its tied MLM head only")
     act = c.activation("hidden_act", "gelu")
     max_len = c("max_position_embeddings", 512)
-    max_relative = c("max_relative_positions", -1)
+    max_relative = c("max_relative_positions", -1) or -1
     return dict(
         arch="encoder", position="deberta", norm="layernorm", norm_position="post", final_norm=False,
         embedding_norm=True, bias=True, vocab_size=c("vocab_size", 128100), d_model=d_model, n_heads=n_heads,
@@ -79,7 +79,7 @@ def _from_hf(c: HFConfig, arch: Arch) -> dict:
         type_vocab_size=c("type_vocab_size", 0), layer_norm_eps=c("layer_norm_eps", 1e-7), activation=act,
         mlm_head_activation=act, dropout=c("hidden_dropout_prob", 0.1),
         attn_dropout=c("attention_probs_dropout_prob", 0.1), initializer_range=c("initializer_range", 0.02),
-        position_buckets=max(c("position_buckets", -1), 0),
+        position_buckets=max(c("position_buckets", -1) or 0, 0),
         max_relative_positions=max_relative if max_relative >= 1 else max_len,  # HF: < 1 means the table length
         share_att_key=bool(c("share_att_key", False)), pos_att_type=_terms(c),
         norm_rel_embeddings="layer_norm" in [x.strip() for x in str(c("norm_rel_ebd", "none")).lower().split("|")],
@@ -90,8 +90,8 @@ def _to_hf(cfg: ModelConfig) -> dict:
     return dict(
         vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_attention_heads=cfg.n_heads,
         intermediate_size=cfg.d_ff, num_hidden_layers=cfg.n_layers, max_position_embeddings=cfg.max_seq_len,
-        type_vocab_size=cfg.type_vocab_size, layer_norm_eps=cfg.layer_norm_eps, hidden_act=hf_activation(cfg.activation),
-        hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.attn_dropout,
+        type_vocab_size=cfg.type_vocab_size, layer_norm_eps=cfg.layer_norm_eps,
+        hidden_act=hf_activation(cfg.activation), hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.attn_dropout,
         initializer_range=cfg.initializer_range, relative_attention=True, position_biased_input=False,
         position_buckets=cfg.position_buckets or -1, max_relative_positions=cfg.max_relative_positions,
         pos_att_type=cfg.pos_att_type.split("|"), share_att_key=cfg.share_att_key,
