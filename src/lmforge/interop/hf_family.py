@@ -2,8 +2,8 @@
 (:class:`Arch`), the :class:`Family` itself, the :class:`HFConfig` reader, and the :class:`Mapper` that
 resolves tensor names through a rule table.
 
-The family modules (``hf_bert``, ``hf_gpt2``, ``hf_t5``, ``hf_bart``, ``hf_llama``, ``hf_deberta``) import only this module;
-the conversion engine (:mod:`lmforge.interop.hf`) imports them and applies their tables.
+The family modules (``hf_bert``, ``hf_gpt2``, ``hf_t5``, ``hf_bart``, ``hf_llama``, ``hf_deberta``) import only
+this module; the conversion engine (:mod:`lmforge.interop.hf`) imports them and applies their tables.
 
 Example:
     >>> Mapper([Rule("decoder.layers.{i}.attn.q", "h.{i}.attn.q_proj")])("decoder.layers.3.attn.q.weight")[1]
