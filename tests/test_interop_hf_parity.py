@@ -50,6 +50,13 @@ def _gpt2(**kw):
     return dict(vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=64) | kw
 
 
+def _deberta(**kw):
+    return dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                max_position_embeddings=64, relative_attention=True, position_biased_input=False,
+                pos_att_type="p2c|c2p", position_buckets=8, max_relative_positions=16, share_att_key=True,
+                norm_rel_ebd="layer_norm") | kw
+
+
 def _untie_t5(model):
     # transformers 5 always ties T5's head in memory; v1.1 checkpoints store a separate one.
     model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.shared.weight))
@@ -76,6 +83,12 @@ CASES = {
         num_key_value_heads=2, head_dim=16, rope_theta=500.0))),
     "llama-mqa-tied-bias": lambda: tf.LlamaForCausalLM(tf.LlamaConfig(**_llama(
         num_key_value_heads=1, tie_word_embeddings=True, attention_bias=True, mlp_bias=True))),
+    "deberta-v3": lambda: tf.DebertaV2Model(tf.DebertaV2Config(**_deberta())),
+    "deberta-mlm-own-pos-proj": lambda: tf.DebertaV2ForMaskedLM(tf.DebertaV2Config(**_deberta(
+        share_att_key=False, type_vocab_size=2, norm_rel_ebd="none", hidden_act="gelu_new"))),
+    "deberta-mlm-c2p-exact-distances": lambda: tf.DebertaV2ForMaskedLM(tf.DebertaV2Config(**_deberta(
+        pos_att_type=["c2p"], position_buckets=-1, max_relative_positions=6))),
+    "deberta-mlm-new-head": lambda: tf.DebertaV2ForMaskedLM(tf.DebertaV2Config(**_deberta(legacy=False))),
 }
 
 AUTO = {"ForMaskedLM": "AutoModelForMaskedLM", "LMHeadModel": "AutoModelForCausalLM",
@@ -178,6 +191,7 @@ NATIVE = {
     "roberta-base": {},
     "t5-tiny": {"head_dim": 8, "n_decoder_layers": 3},
     "bart-tiny": {"n_decoder_layers": 1, "lm_head_bias": True, "scale_embeddings": True},
+    "deberta-tiny": {"position_buckets": 8, "max_relative_positions": 16},
 }
 
 

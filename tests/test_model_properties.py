@@ -9,7 +9,7 @@ from lmforge.models import Transformer
 from lmforge.nn.kv_cache import KVCache
 from tests.helpers import tiny_config
 
-DECODER_POSITIONS = ["learned", "sinusoidal", "rope", "alibi", "relative", "t5-bias", "none"]
+DECODER_POSITIONS = ["learned", "sinusoidal", "rope", "alibi", "relative", "t5-bias", "deberta", "none"]
 
 
 def _decoder(position: str, **kw) -> Transformer:
@@ -43,7 +43,7 @@ def test_encoder_decoder_decoder_does_not_leak():
 
 
 @pytest.mark.parametrize("arch", ["encoder", "decoder", "encoder-decoder"])
-@pytest.mark.parametrize("position", ["learned", "rope", "alibi", "t5-bias", "relative", "sinusoidal"])
+@pytest.mark.parametrize("position", ["learned", "rope", "alibi", "t5-bias", "relative", "sinusoidal", "deberta"])
 def test_padding_invariance(arch, position):
     cfg = tiny_config(arch=arch, position=position, relative_values=True, head="mlm" if arch == "encoder" else "lm")
     model = Transformer(cfg).eval()
@@ -85,7 +85,7 @@ def test_kv_cache_matches_full_forward_decoder(position, kv_heads):
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("position", ["t5-bias", "learned", "rope", "relative"])
+@pytest.mark.parametrize("position", ["t5-bias", "learned", "rope", "relative", "deberta"])
 def test_kv_cache_matches_full_forward_encoder_decoder(position):
     model = _seq2seq(position)
     src, tgt = torch.randint(1, 97, (2, 8)), torch.randint(1, 97, (2, 9))

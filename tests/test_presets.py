@@ -34,6 +34,10 @@ def _hf(name: str):
                           decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072, **bart)
         ),
         "bart-large": lambda: hf.BartForConditionalGeneration(hf.BartConfig(**bart)),
+        "deberta-v3-base": lambda: hf.DebertaV2ForMaskedLM(hf.DebertaV2Config(
+            vocab_size=128100, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+            relative_attention=True, position_biased_input=False, pos_att_type="p2c|c2p", position_buckets=256,
+            max_relative_positions=-1, share_att_key=True, norm_rel_ebd="layer_norm")),
         "llama-1b": lambda: hf.LlamaForCausalLM(
             hf.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
                            num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048)
@@ -44,7 +48,7 @@ def _hf(name: str):
 
 
 FULL_SIZE = ["bert-base", "bert-large", "roberta-base", "gpt2", "gpt2-medium", "t5-small", "t5-base",
-             "bart-base", "bart-large", "llama-1b"]
+             "bart-base", "bart-large", "llama-1b", "deberta-v3-base"]
 
 
 @pytest.mark.parametrize("name", FULL_SIZE)

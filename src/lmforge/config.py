@@ -11,6 +11,7 @@ The same fields express the classic families::
     T5       encoder-decoder  t5-bias  rmsnorm   pre   relu       shared + tied embeddings, no attn scale
     BART     encoder-decoder  learned  layernorm post  gelu       embedding norm, position offset 2
     Llama    decoder          rope     rmsnorm   pre   swiglu     GQA (n_kv_heads < n_heads), no bias
+    DeBERTa  encoder          deberta  layernorm post  gelu       disentangled attention, embedding norm, MLM head
 
 Example:
     >>> from lmforge.config import ModelConfig
@@ -36,7 +37,8 @@ from lmforge.errors import LmforgeError
 from lmforge.utils.io import atomic_write_text, read_mapping_file
 
 ARCHS = ("encoder", "decoder", "encoder-decoder")
-POSITIONS = ("sinusoidal", "learned", "relative", "t5-bias", "rope", "alibi", "none")
+POSITIONS = ("sinusoidal", "learned", "relative", "t5-bias", "rope", "alibi", "deberta", "none")
+DEBERTA_TERMS = ("c2p", "p2c")  # DeBERTa's position terms: content->position, position->content
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
 # "-tanh" variants use the tanh approximation of GELU (GPT-2's gelu_new, T5 v1.1's gated-gelu).
@@ -181,7 +183,8 @@ class ModelConfig(ConfigBase):
         regularisation: ``dropout`` (residual + embeddings), ``attn_dropout``, ``ffn_dropout``.
         positions: ``position`` and its parameters (``position_offset`` for RoBERTa/BART learned
             tables, ``relative_k``/``relative_values`` for Shaw, ``t5_num_buckets``/``t5_max_distance``,
-            ``rope_theta``/``rotary_pct``).
+            ``rope_theta``/``rotary_pct``, DeBERTa's ``position_buckets``/``max_relative_positions``/
+            ``share_att_key``/``pos_att_type``/``norm_rel_embeddings``).
         embeddings: ``embedding_dim`` (ALBERT factorisation when < d_model), ``type_vocab_size``
             (segments; 0 = none), ``scale_embeddings`` (multiply by sqrt(d_model)), ``embedding_norm``,
             ``tie_embeddings`` (input/output), ``share_embeddings`` (encoder/decoder).
@@ -216,6 +219,11 @@ class ModelConfig(ConfigBase):
     t5_max_distance: int = 128
     rope_theta: float = 10000.0
     rotary_pct: float = 1.0  # fraction of each head's dims that rotate (GPT-NeoX-style partial)
+    position_buckets: int = 256  # DeBERTa-v2/v3 log buckets of relative distance (0 = exact distances)
+    max_relative_positions: int = 512  # DeBERTa: the distance the last log bucket reaches (the span without buckets)
+    share_att_key: bool = True  # DeBERTa-v2/v3: positions are projected by the layer's own W_q, W_k
+    pos_att_type: str = "c2p|p2c"  # DeBERTa's position terms, joined by |
+    norm_rel_embeddings: bool = True  # DeBERTa-v2/v3 LayerNorm the relative-position table
     # --- embeddings --------------------------------------------------------------------------
     embedding_dim: int | None = None  # ALBERT-style factorisation E < d_model; None = d_model
     type_vocab_size: int = 0
@@ -328,6 +336,8 @@ class ModelConfig(ConfigBase):
             raise ConfigError("ModelConfig.position='sinusoidal' needs an even embedding width")
         if self.position == "relative" and self.relative_k <= 0:
             raise ConfigError(f"ModelConfig.relative_k={self.relative_k} must be positive")
+        if self.position == "deberta":
+            self._validate_deberta()
         if self.layer_norm_eps <= 0:
             raise ConfigError(f"ModelConfig.layer_norm_eps={self.layer_norm_eps} must be positive")
         if self.position_offset < 0:
@@ -345,6 +355,23 @@ class ModelConfig(ConfigBase):
             if tid is not None and not 0 <= tid < self.vocab_size:
                 raise ConfigError(f"ModelConfig.{name}={tid} is outside the vocabulary [0, {self.vocab_size})")
         return self
+
+    def _validate_deberta(self) -> None:
+        terms = self.pos_att_type.split("|")
+        if not set(terms) <= set(DEBERTA_TERMS) or len(set(terms)) != len(terms):
+            raise ConfigError(f"ModelConfig.pos_att_type={self.pos_att_type!r} must be 'c2p|p2c', 'c2p' or 'p2c' "
+                              "(DeBERTa's content->position and position->content terms)")
+        if self.max_relative_positions < 1:
+            raise ConfigError(f"ModelConfig.max_relative_positions={self.max_relative_positions} must be positive")
+        if self.position_buckets < 0 or self.position_buckets == 1:
+            raise ConfigError(f"ModelConfig.position_buckets={self.position_buckets} must be 0 (exact distances) "
+                              "or at least 2")
+        if self.position_buckets and self.max_relative_positions - 1 <= self.position_buckets // 2:
+            raise ConfigError(
+                f"ModelConfig.max_relative_positions={self.max_relative_positions} must exceed position_buckets // 2 "
+                f"+ 1 = {self.position_buckets // 2 + 1} (log buckets cover distances from position_buckets // 2 "
+                "to max_relative_positions - 1)"
+            )
 
     # ------------------------------------------------------------------ serialisation
     config_noun = "ModelConfig field(s)"

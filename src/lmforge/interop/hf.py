@@ -4,8 +4,8 @@
     lmforge model     --to_hf----> config.json + model.safetensors (+ tokenizer.json, tokenizer_config.json)
 
 Each family is one small module (:mod:`~lmforge.interop.hf_bert`, ``hf_gpt2``, ``hf_t5``, ``hf_bart``,
-``hf_llama``) declaring a :class:`Family`: the HF config <-> ModelConfig translation, the HF classes it
-reads (:class:`Arch`: which lmforge head, where the body sits in the state dict) and a table of
+``hf_llama``, ``hf_deberta``) declaring a :class:`Family`: the HF config <-> ModelConfig translation, the HF
+classes it reads (:class:`Arch`: which lmforge head, where the body sits in the state dict) and a table of
 :class:`Rule` s from lmforge tensor names to HF ones, in the vocabulary of :mod:`~lmforge.interop.hf_family`.
 This module is the engine that applies those tables.
 
@@ -45,6 +45,7 @@ import torch
 from lmforge.config import ConfigError, ModelConfig
 from lmforge.interop.hf_bart import BART, MBART
 from lmforge.interop.hf_bert import BERT, ROBERTA
+from lmforge.interop.hf_deberta import DEBERTA_V2
 from lmforge.interop.hf_family import Arch, Family, HFConfig, HFConversionError, Mapper, Rule
 from lmforge.interop.hf_gpt2 import GPT2
 from lmforge.interop.hf_llama import LLAMA
@@ -72,7 +73,7 @@ NOT_CARRIED = frozenset({"name", "extra", "unk_token_id", "mask_token_id", "cls_
 # ---------------------------------------------------------------------------------------- registry
 def families() -> dict[str, Family]:
     """All supported families by HF ``model_type``."""
-    return {f.model_type: f for f in (BERT, ROBERTA, GPT2, T5, BART, MBART, LLAMA)}
+    return {f.model_type: f for f in (BERT, ROBERTA, GPT2, T5, BART, MBART, LLAMA, DEBERTA_V2)}
 
 
 def _family(model_type: Any, source: str) -> Family:
@@ -195,7 +196,8 @@ def _read_tokenizer(folder: Path, family: Family, notes: list[str]):
 
 # ---------------------------------------------------------------------------------------- conversion core
 def _normalise(tensors: dict[str, torch.Tensor], family: Family) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Strip the body prefix (``bert.``, ``model.``) and old ``gamma``/``beta`` LayerNorm names.
+    """Strip the body prefix (``bert.``, ``model.``) and old ``gamma``/``beta`` LayerNorm names, and apply the
+    family's ``renames``.
 
     Returns the renamed tensors and new name -> original name (for error messages).
     """
@@ -204,6 +206,8 @@ def _normalise(tensors: dict[str, torch.Tensor], family: Family) -> tuple[dict[s
         new = name[len(family.prefix):] if family.prefix and name.startswith(family.prefix) else name
         new = re.sub(r"(LayerNorm|layer_norm)\.gamma$", r"\1.weight", new)
         new = re.sub(r"(LayerNorm|layer_norm)\.beta$", r"\1.bias", new)
+        for pattern, replacement in family.renames:
+            new = re.sub(pattern, replacement, new)
         out[new], original[new] = tensor, name
     return out, original
 
@@ -431,6 +435,8 @@ def _relevant_fields(cfg: ModelConfig) -> list[str]:
         skip |= {"t5_num_buckets", "t5_max_distance"}
     if cfg.position != "rope":
         skip |= {"rope_theta", "rotary_pct"}
+    if cfg.position != "deberta":
+        skip |= {"position_buckets", "max_relative_positions", "share_att_key", "pos_att_type", "norm_rel_embeddings"}
     if cfg.position != "learned":
         skip.add("position_offset")
     if cfg.head != "mlm":

@@ -2,8 +2,8 @@
 (:class:`Arch`), the :class:`Family` itself, the :class:`HFConfig` reader, and the :class:`Mapper` that
 resolves tensor names through a rule table.
 
-The family modules (``hf_bert``, ``hf_gpt2``, ``hf_t5``, ``hf_bart``, ``hf_llama``) import only this module;
-the conversion engine (:mod:`lmforge.interop.hf`) imports them and applies their tables.
+The family modules (``hf_bert``, ``hf_gpt2``, ``hf_t5``, ``hf_bart``, ``hf_llama``, ``hf_deberta``) import only
+this module; the conversion engine (:mod:`lmforge.interop.hf`) imports them and applies their tables.
 
 Example:
     >>> Mapper([Rule("decoder.layers.{i}.attn.q", "h.{i}.attn.q_proj")])("decoder.layers.3.attn.q.weight")[1]
@@ -120,6 +120,8 @@ class Family:
         output_embedding: top-level HF name of the output matrix; equal to ``embedding`` when tied.
         aliases: ``(name, same_as)``: tensors HF stores twice; both copies must agree.
         ignore: regexes of HF buffers that carry no weights (causal masks, RoPE frequencies, ...).
+        renames: ``(regex, replacement)`` applied to HF names when reading, for a class that stores the same
+            tensors under other names (DeBERTa's two MLM head layouts); rules use the replaced names.
         tokenizer_family: lmforge tokenizer family of its tokenizers.
         tie_default: HF default of ``tie_word_embeddings``.
     """
@@ -134,6 +136,7 @@ class Family:
     output_embedding: str | None = None
     aliases: tuple[tuple[str, str], ...] = ()
     ignore: tuple[str, ...] = ()
+    renames: tuple[tuple[str, str], ...] = ()
     tokenizer_family: str | None = None
     tie_default: bool = True
 

@@ -30,6 +30,7 @@ from lmforge.nn.kv_cache import KVCache
 from lmforge.nn.masks import build_mask
 from lmforge.nn.norms import build_norm
 from lmforge.nn.positions.alibi import ALiBi
+from lmforge.nn.positions.deberta import RelativeEmbeddings
 from lmforge.nn.positions.rope import RotaryEmbedding
 from lmforge.nn.positions.t5_bias import T5RelativeBias
 
@@ -47,6 +48,8 @@ class TransformerStack(nn.Module):
             else None
         )
         self.alibi = ALiBi(cfg.n_heads) if cfg.position == "alibi" else None
+        # DeBERTa's relative-position table: one per stack, read by every layer.
+        self.relative_positions = RelativeEmbeddings(cfg) if cfg.position == "deberta" else None
         self.rope = (
             RotaryEmbedding(cfg.dim_per_head, cfg.rope_theta, int(cfg.dim_per_head * cfg.rotary_pct))
             if cfg.position == "rope"
@@ -91,15 +94,20 @@ class TransformerStack(nn.Module):
 
         explicit = attention_mask if attention_mask is not None and attention_mask.dim() == 3 else None
         padding = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
-        bias = q_pos = k_pos = None
-        if self.rel_bias is not None or self.alibi is not None or self.position == "relative":
+        bias = q_pos = k_pos = rel_index = rel_embeddings = None
+        logit_terms = self.position in ("relative", "deberta")  # relative schemes whose bias each layer computes
+        if self.rel_bias is not None or self.alibi is not None or logit_terms:
             # Only relative schemes need these; skipping them keeps the one-token decode step short.
             q_pos, k_pos = torch.arange(past, S, device=device), torch.arange(S, device=device)
         if self.rel_bias is not None:
             bias = self.rel_bias(q_pos, k_pos)  # (1, H, T, S)
         elif self.alibi is not None:
             bias = self.alibi(q_pos, k_pos)
-        has_bias = bias is not None or self.position == "relative"
+        if self.position == "relative":
+            rel_index = self.layers[0].attn.relative.indices(q_pos, k_pos)
+        elif self.relative_positions is not None:
+            rel_embeddings, rel_index = self.relative_positions(q_pos, k_pos)  # (2k, D), (T, S)
+        has_bias = bias is not None or logit_terms
         plain_causal = self.causal and explicit is None and T == S and not has_bias
         no_padding = padding is None or (not torch.compiler.is_compiling() and bool(padding.bool().all()))
         if plain_causal and no_padding:
@@ -112,7 +120,8 @@ class TransformerStack(nn.Module):
             is_causal=is_causal,
             bias=bias,
             rope=self.rope(position_ids) if self.rope is not None else None,
-            rel_index=self.layers[0].attn.relative.indices(q_pos, k_pos) if self.position == "relative" else None,
+            rel_index=rel_index,
+            rel_embeddings=rel_embeddings,
             cache=cache,
             cross_mask=memory_mask.bool()[:, None, None, :] if memory_mask is not None else None,
         )

@@ -4,8 +4,9 @@
 
 ``n_kv_heads < n_heads`` gives grouped-query attention (GQA; MQA when 1): each group of query heads
 shares one key/value head, which shrinks the KV cache. Position information that acts inside
-attention arrives through :class:`AttentionContext`: RoPE's cos/sin, an additive bias (T5, ALiBi) or
-Shaw relative tables (owned by the layer, since Shaw learns them per layer).
+attention arrives through :class:`AttentionContext`: RoPE's cos/sin, an additive bias (T5, ALiBi),
+Shaw relative tables (owned by the layer, since Shaw learns them per layer) or DeBERTa's relative-position
+table, which each layer projects into its content->position and position->content logit terms.
 
 The fast path is ``F.scaled_dot_product_attention`` (fused kernels on CPU and GPU). Only Shaw's
 relative *values* need the attention weights themselves, so that case runs the explicit softmax.
@@ -32,6 +33,7 @@ from torch import nn
 from lmforge.config import ModelConfig
 from lmforge.nn.kv_cache import KVCache
 from lmforge.nn.linear import apply_linear
+from lmforge.nn.positions.deberta import DisentangledBias
 from lmforge.nn.positions.rope import apply_rotary
 from lmforge.nn.positions.shaw_relative import ShawRelativePositions
 
@@ -45,7 +47,8 @@ class AttentionContext:
         is_causal: use SDPA's built-in causal mask (only when T == S and ``mask`` is None).
         bias: additive logits (1|B, H, T, S) from T5 buckets or ALiBi, or None.
         rope: (cos, sin), each (B|1, 1, T, rotary_dim), or None.
-        rel_index: (T, S) indices into Shaw tables, or None.
+        rel_index: (T, S) indices into Shaw tables or DeBERTa's relative table, or None.
+        rel_embeddings: (2k, D) DeBERTa's relative-position table, shared by the stack's layers, or None.
         cache: the KV cache to read and extend, or None.
         cross_mask: bool (B, 1, 1, S_src) for cross-attention, or None.
     """
@@ -55,6 +58,7 @@ class AttentionContext:
     bias: torch.Tensor | None = None
     rope: tuple[torch.Tensor, torch.Tensor] | None = None
     rel_index: torch.Tensor | None = None
+    rel_embeddings: torch.Tensor | None = None
     cache: KVCache | None = None
     cross_mask: torch.Tensor | None = None
 
@@ -83,6 +87,10 @@ class Attention(nn.Module):
             if cfg.position == "relative" and not cross
             else None
         )
+        self.disentangled = DisentangledBias(cfg) if cfg.position == "deberta" and not cross else None
+        if self.disentangled is not None and cfg.attn_scale:
+            # DeBERTa sums 1 + (c2p, p2c) terms of similar variance: 1/sqrt(3 hd) keeps the logits' scale.
+            self.scale = (self.head_dim * self.disentangled.scale_factor) ** -0.5
 
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
         B, T, _ = x.shape
@@ -132,6 +140,9 @@ class Attention(nn.Module):
             mask, bias, is_causal = ctx.mask, ctx.bias, ctx.is_causal
         if self.relative is not None:
             rel_bias = self.relative.key_bias(q, ctx.rel_index, self.scale)  # (B, H, T, S)
+            bias = rel_bias if bias is None else bias + rel_bias
+        if self.disentangled is not None:
+            rel_bias = self.disentangled(q, k, ctx.rel_embeddings, ctx.rel_index, self.scale, self.q, self.k)
             bias = rel_bias if bias is None else bias + rel_bias
         attn_mask = _merge_mask_and_bias(mask, bias, q.dtype)
         dropout = self.dropout if self.training else 0.0
