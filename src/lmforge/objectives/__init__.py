@@ -15,6 +15,7 @@ name                class                          architecture        paper
 ``span-corruption`` ``SpanCorruption``             encoder-decoder     T5
 ``denoising``       ``BartDenoising``              encoder-decoder     BART
 ``bilm``            ``BiLMObjective``              bilstm              ELMo (forward + backward LM)
+``electra``         ``ReplacedTokenDetection``     encoder             ELECTRA (generator + discriminator)
 ==================  =============================  ==================  ==========================
 
 Example::
@@ -34,6 +35,7 @@ from __future__ import annotations
 from lmforge.objectives.bilm import BiLMObjective
 from lmforge.objectives.clm import CausalLM
 from lmforge.objectives.denoising import BartDenoising
+from lmforge.objectives.electra import ReplacedTokenDetection
 from lmforge.objectives.mlm import MaskedLM
 from lmforge.objectives.nsp import NextSentencePrediction
 from lmforge.objectives.prefix_lm import PrefixLM
@@ -51,6 +53,7 @@ OBJECTIVES = {
     "span-corruption": SpanCorruption,
     "denoising": BartDenoising,
     "bilm": BiLMObjective,
+    "electra": ReplacedTokenDetection,
 }
 
 # objective -> (architectures it trains, why), so a mismatch can be explained, not just refused.
@@ -68,6 +71,7 @@ FITS = {
         "it produces decoder targets (labels, decoder_input_ids) from a corrupted encoder input",
     ),
     "bilm": (("bilstm",), "it trains separate forward and backward LMs, i.e. ELMo's biLM (--model elmo-tiny)"),
+    "electra": (("encoder",), "its discriminator labels every token of a bidirectional encoder's input"),
 }
 
 
@@ -114,6 +118,7 @@ __all__ = [
     "MaskedLM",
     "NextSentencePrediction",
     "PrefixLM",
+    "ReplacedTokenDetection",
     "SpanCorruption",
     "architectures_for",
     "build_objective",
