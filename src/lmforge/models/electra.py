@@ -126,6 +126,19 @@ class ElectraPairConfig:
     rtd_weight: float
     mask_rate: float
 
+    # What a run's summary line reads off a model config: the discriminator's, the model being pre-trained.
+    @property
+    def name(self) -> str:
+        return f"{self.discriminator['name']} (ELECTRA discriminator; generator d_model {self.generator['d_model']})"
+
+    @property
+    def arch(self) -> str:
+        return self.discriminator["arch"]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.discriminator["vocab_size"]
+
     def to_dict(self) -> dict[str, Any]:
         return {"electra": {"discriminator": self.discriminator, "generator": self.generator,
                             "rtd_weight": self.rtd_weight, "mask_rate": self.mask_rate}}
@@ -206,6 +219,10 @@ class ElectraPretrainer(nn.Module):
     def config(self) -> ElectraPairConfig:
         return ElectraPairConfig(self.discriminator.config.to_dict(), self.generator.config.to_dict(),
                                  self.rtd_weight, self.mask_rate)
+
+    def num_parameters(self) -> int:
+        """Unique parameters of both models (the shared embeddings counted once)."""
+        return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
 
     @property
     def saved_model(self) -> Transformer:
