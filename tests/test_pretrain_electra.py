@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from safetensors.torch import load_file
 
 import lmforge
@@ -50,6 +51,10 @@ def test_short_run_lowers_validation_loss_and_saves_the_discriminator(data_root,
     assert not any(k.startswith("generator") for k in load_file(str(out / "model" / "model.safetensors")))
     ids = torch.tensor([[2, 40, 41, 42, 3]])
     assert model(ids).logits.shape == (1, 5)  # one replaced/original logit per token
+    # transformers reads it as the ElectraForPreTraining it is.
+    hf = transformers.ElectraForPreTraining.from_pretrained(lmforge.to_hf(model, tmp_path / "hf")).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model.eval()(ids).logits, atol=1e-4, rtol=0)
     task = build_task_model(lmforge.load(out / "model"), TaskSpec(task="classify", labels=["neg", "pos"]))
     assert task(ids, labels=torch.tensor([1])).logits.shape == (1, 2)
 
