@@ -69,6 +69,16 @@ def test_finetune_classify_from_the_saved_discriminator(data_root, tmp_path, cap
                  str(dev), "--out", str(out), "--max-steps", "2", "--eval-every", "2", "--no-progress",
                  "--no-tensorboard", "--precision", "fp32"]) == 0
     assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 2
+    capsys.readouterr()
+
+    # Continued pre-training: ELECTRA again from the discriminator; MLM cannot train its head and says so.
+    assert main(pretrain_args("mlm", data, tmp_path / "more", model=run / "model", objective="electra",
+                              max_steps=2)) == 0
+    capsys.readouterr()
+    assert main(pretrain_args("mlm", data, tmp_path / "mlm", model=run / "model", max_steps=2)) == 2
+    err = capsys.readouterr().err.strip()
+    assert "head: rtd" in err and "objective 'mlm' cannot train" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "mlm").exists()
 
 
 def test_stop_and_resume_is_exact(data_root, tmp_path):

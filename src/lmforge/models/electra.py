@@ -129,7 +129,7 @@ class ElectraPairConfig:
     # What a run's summary line reads off a model config: the discriminator's, the model being pre-trained.
     @property
     def name(self) -> str:
-        return f"{self.discriminator['name']} (ELECTRA discriminator; generator d_model {self.generator['d_model']})"
+        return f"{self.discriminator['name']} with an ELECTRA generator of d_model {self.generator['d_model']}"
 
     @property
     def arch(self) -> str:
@@ -247,7 +247,8 @@ class ElectraPretrainer(nn.Module):
         n_masked = int(masked.sum())
         gen = self.generator(input_ids, attention_mask, token_type_ids, labels=labels)  # logits (N, V)
         with torch.no_grad():
-            noise = sampling_noise[masked] if sampling_noise is not None else torch.rand(n_masked, device=input_ids.device)
+            noise = (sampling_noise[masked] if sampling_noise is not None
+                     else torch.rand(n_masked, device=input_ids.device))  # (N,)
             sampled = sample_tokens(gen.logits.detach(), noise)  # (N,), row-major like labels[masked]
         corrupted = input_ids.masked_scatter(masked, sampled)  # (B, T)
         original = torch.where(masked, labels, input_ids)  # (B, T)

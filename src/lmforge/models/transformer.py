@@ -265,6 +265,10 @@ class Transformer(nn.Module):
         weights = None if weights is None else at_labels(weights)
         logits = self._head(rows)  # (N, V): only labelled positions reach the vocabulary
         if self.rtd_head is not None:  # (N,) replaced/original logits against 0/1 labels
+            if bool((target > 1).any()):
+                raise UserInputError(f"model {self.config.name!r} has head='rtd' (ELECTRA's discriminator): its labels "
+                                     "are 0 (original) / 1 (replaced), not token ids; pre-train it with objective "
+                                     "'electra', or fine-tune it")
             loss = F.binary_cross_entropy_with_logits(logits.float(), target.float(), weight=weights,
                                                       reduction="mean" if weights is None else "sum")
             return logits, loss, int(target.numel())

@@ -91,7 +91,8 @@ class ReplacedTokenDetection(MaskedLM):
                          span_masking=span_masking, cls_token_id=cls_token_id, sep_token_id=sep_token_id,
                          add_cls_sep=add_cls_sep, seed=seed)
         if not 0.0 < generator_size <= 1.0:
-            raise ValueError(f"generator_size must be in (0, 1] (a fraction of the discriminator), got {generator_size}")
+            raise ValueError(f"generator_size must be in (0, 1] (a fraction of the discriminator's width), "
+                             f"got {generator_size}")
         if rtd_weight < 0:
             raise ValueError(f"rtd_weight must be >= 0, got {rtd_weight}")
         self.generator_size = float(generator_size)

@@ -185,6 +185,9 @@ def build_pretraining(config: TrainConfig) -> PretrainRun:
     tokenizer = load_tokenizer(config)
     model_config = model_config_for(config.model, tokenizer, config.overrides)
     check_architecture(config.objective, model_config.arch)
+    if getattr(model_config, "head", None) == "rtd" and config.objective != "electra":
+        raise ConfigError(f"model {config.model} has ELECTRA's replaced-token head (head: rtd), which objective "
+                          f"{config.objective!r} cannot train; continue it with --objective electra, or fine-tune it")
     seq_len = config.seq_len or model_config.max_seq_len
     if seq_len > model_config.max_seq_len:
         raise ConfigError(f"seq_len={seq_len} exceeds the model's max_seq_len={model_config.max_seq_len}; "
