@@ -11,15 +11,15 @@
     discriminator (the encoder being pre-trained) ──> RTD head ──> logit (B, T): "replaced?"
                                       L_RTD = BCE over every real token, label = corrupted != original
 
-A sampled token that equals the original is labelled *original* (the paper's §2: "if the generator happens
-to generate the correct token, that token is considered real"). Gradients do not flow through the sample:
-the generator learns only from L_MLM, as in the paper (sampling is not differentiable; its adversarial
-variant did worse).
+A sampled token that equals the original is labelled *original* (§2: a correct guess of the generator counts
+as real). Gradients do not flow through the sample: the generator learns only from L_MLM, by maximum
+likelihood, as in the paper (sampling is not differentiable; its adversarial alternative, trained with
+reinforcement learning, did worse).
 
-Sharing (§3.2). The two models share their token embeddings and the rest of the input embedding (positions,
-segments, the embedding LayerNorm), as ELECTRA's code does: the discriminator's inputs are tokens the
-generator proposes, and the MLM's softmax over the tied table trains every row of it, not only those of
-tokens that occur. The generator is narrower (``generator_size`` of the hidden size, heads and FFN width,
+Sharing (§3.2). The two models share their token and position embeddings, and in lmforge the rest of the
+input embedding too (segments, the embedding LayerNorm), as ELECTRA's code does. Why it pays: the
+discriminator only updates the rows of tokens that occur in its input, while the generator's softmax over
+the tied table updates every row. The generator is narrower (``generator_size`` of the hidden size, heads and FFN width,
 the same depth; the paper's 1/4 for small models), so it keeps the discriminator's embedding width E and
 projects it to its own width (HF's ``embeddings_project``, lmforge's factorised embeddings ``embedding_dim``),
 and its MLM head maps back down to E before the tied output matrix.
