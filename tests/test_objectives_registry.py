@@ -17,7 +17,7 @@ SENTINELS = list(range(999, 899, -1))
 
 
 def options(name: str, seed: int) -> dict:
-    if name == "mlm":
+    if name in ("mlm", "electra"):
         return dict(vocab_size=1000, mask_token_id=MASK, pad_token_id=PAD, cls_token_id=CLS, sep_token_id=SEP,
                     add_cls_sep=True, seed=seed)
     if name == "nsp":

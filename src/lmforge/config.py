@@ -44,7 +44,7 @@ NORM_POSITIONS = ("pre", "post")
 # "-tanh" variants use the tanh approximation of GELU (GPT-2's gelu_new, T5 v1.1's gated-gelu).
 ACTIVATIONS = ("relu", "gelu", "gelu-tanh", "silu", "geglu", "geglu-tanh", "reglu", "swiglu")
 GATED_ACTIVATIONS = ("geglu", "geglu-tanh", "reglu", "swiglu")
-HEADS = ("lm", "mlm", "none")
+HEADS = ("lm", "mlm", "rtd", "none")  # rtd: ELECTRA's replaced-token detection head (B, T)
 
 PRESET_DIR = Path(__file__).parent / "presets"
 
@@ -190,8 +190,8 @@ class ModelConfig(ConfigBase):
             ``tie_embeddings`` (input/output), ``share_embeddings`` (encoder/decoder).
         layers: ``norm``, ``norm_position``, ``final_norm``, ``activation``, ``bias``, ``attn_scale``
             (False for T5, which folds 1/sqrt(d) into its init), ``share_layers`` (ALBERT).
-        heads: ``head`` (lm | mlm | none), ``lm_head_bias``, ``lm_head_scale`` (T5 v1.0 scales the
-            decoder output by d_model**-0.5 before its tied head), ``pooler``.
+        heads: ``head`` (lm | mlm | rtd | none; rtd is ELECTRA's replaced-token detector), ``lm_head_bias``,
+            ``lm_head_scale`` (T5 v1.0 scales the decoder output by d_model**-0.5 before its tied head), ``pooler``.
         special tokens: ids recorded from the tokenizer (None when absent).
     """
 
@@ -344,8 +344,8 @@ class ModelConfig(ConfigBase):
             raise ConfigError(f"ModelConfig.position_offset={self.position_offset} must be >= 0")
         if self.type_vocab_size < 0:
             raise ConfigError(f"ModelConfig.type_vocab_size={self.type_vocab_size} must be >= 0")
-        if self.head == "mlm" and self.arch != "encoder":
-            raise ConfigError(f"ModelConfig.head='mlm' needs arch='encoder' (got arch={self.arch!r})")
+        if self.head in ("mlm", "rtd") and self.arch != "encoder":
+            raise ConfigError(f"ModelConfig.head={self.head!r} needs arch='encoder' (got arch={self.arch!r})")
         if self.pooler and self.arch != "encoder":
             raise ConfigError(f"ModelConfig.pooler=True needs arch='encoder' (got arch={self.arch!r})")
         if self.n_decoder_layers is not None and self.arch != "encoder-decoder":

@@ -4,7 +4,7 @@
     lmforge model     --to_hf----> config.json + model.safetensors (+ tokenizer.json, tokenizer_config.json)
 
 Each family is one small module (:mod:`~lmforge.interop.hf_bert`, ``hf_gpt2``, ``hf_t5``, ``hf_bart``,
-``hf_llama``, ``hf_deberta``) declaring a :class:`Family`: the HF config <-> ModelConfig translation, the HF
+``hf_llama``, ``hf_deberta``, ``hf_electra``) declaring a :class:`Family`: the HF config <-> ModelConfig translation, the HF
 classes it reads (:class:`Arch`: which lmforge head, where the body sits in the state dict) and a table of
 :class:`Rule` s from lmforge tensor names to HF ones, in the vocabulary of :mod:`~lmforge.interop.hf_family`.
 This module is the engine that applies those tables.
@@ -46,6 +46,7 @@ from lmforge.config import ConfigError, ModelConfig
 from lmforge.interop.hf_bart import BART, MBART
 from lmforge.interop.hf_bert import BERT, ROBERTA
 from lmforge.interop.hf_deberta import DEBERTA_V2
+from lmforge.interop.hf_electra import ELECTRA
 from lmforge.interop.hf_family import Arch, Family, HFConfig, HFConversionError, Mapper, Rule
 from lmforge.interop.hf_gpt2 import GPT2
 from lmforge.interop.hf_llama import LLAMA
@@ -73,7 +74,7 @@ NOT_CARRIED = frozenset({"name", "extra", "unk_token_id", "mask_token_id", "cls_
 # ---------------------------------------------------------------------------------------- registry
 def families() -> dict[str, Family]:
     """All supported families by HF ``model_type``."""
-    return {f.model_type: f for f in (BERT, ROBERTA, GPT2, T5, BART, MBART, LLAMA, DEBERTA_V2)}
+    return {f.model_type: f for f in (BERT, ROBERTA, GPT2, T5, BART, MBART, LLAMA, DEBERTA_V2, ELECTRA)}
 
 
 def _family(model_type: Any, source: str) -> Family:
@@ -467,7 +468,10 @@ def hf_config_for(cfg: ModelConfig, task: str | None = None) -> tuple[Family, st
     relevant = _relevant_fields(cfg)
     want = _canonical(cfg)
     misses: list[tuple[int, str]] = []
-    for family in families().values():
+    # A converted model goes back to the family it came from when that one expresses it (ElectraModel is a
+    # BertModel without a pooler: both would do, and its own is the one its users expect).
+    came_from = cfg.extra.get("hf_model_type") if isinstance(cfg.extra, dict) else None
+    for family in sorted(families().values(), key=lambda f: f.model_type != came_from):
         arch_name = family.arch_for(cfg, task)
         if arch_name is None:
             what = f"task head {task}" if task else f"head={cfg.head!r}"

@@ -40,7 +40,8 @@ class Rule:
 
     Args:
         ours: lmforge name, ``{i}`` for a layer index, e.g. ``"decoder.layers.{i}.attn.o"``.
-        theirs: HF name relative to the base model (head rules, ``lm_head*``/``mlm_head*``, are top level).
+        theirs: HF name relative to the base model (head rules, ``lm_head*``/``mlm_head*``/``rtd_head*``, are
+            top level).
         conv1d: HF stores the weight as (in, out) (GPT-2's Conv1D), so it is transposed.
         part: ``(k, n)``: ours is the k-th of n equal row blocks of theirs (GPT-2's fused q/k/v).
         flat: HF stores our (N,) vector as a (1, N) row (BART's ``final_logits_bias``).
@@ -54,7 +55,7 @@ class Rule:
 
     @property
     def top_level(self) -> bool:
-        return self.ours.startswith(("lm_head", "mlm_head"))
+        return self.ours.startswith(("lm_head", "mlm_head", "rtd_head"))
 
     def hf_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         shape = tuple(shape)
@@ -91,7 +92,7 @@ class Arch:
     """One HF class of a family, e.g. ``BertForMaskedLM``.
 
     Args:
-        head: the lmforge head it maps to (``lm``, ``mlm`` or ``none``).
+        head: the lmforge head it maps to (``lm``, ``mlm``, ``rtd`` or ``none``).
         prefixed: its state dict nests the body under the family prefix (``bert.``, ``model.``).
         optional: ``(ModelConfig bool field, HF tensor)``: the field is True exactly when the checkpoint
             holds the tensor (BERT's pooler; BART's ``final_logits_bias``, which is zero unless trained).

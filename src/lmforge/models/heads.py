@@ -4,6 +4,8 @@
   input embeddings by default (Press & Wolf 2017), in which case it owns no weight: the caller passes
   the embedding matrix. T5 v1.0 rescales the decoder output by d_model**-0.5 before its tied head.
 - :class:`MLMHead` is BERT's prediction head: dense -> activation -> LayerNorm -> (tied) decoder + bias.
+- :class:`RTDHead` is ELECTRA's discriminator head: dense -> activation -> one logit per token,
+  ``(B, T, D) -> (B, T)``, > 0 meaning "this token was replaced".
 - :class:`Pooler` is BERT's sentence vector: tanh(dense(h[:, 0])), ``(B, T, D) -> (B, D)``.
 
 Example:
@@ -63,6 +65,21 @@ class MLMHead(nn.Module):
         h = self.norm(self.act(self.dense(h)))
         weight = self.decoder.weight if self.decoder is not None else tied_weight
         return F.linear(h, weight, self.bias)
+
+
+class RTDHead(nn.Module):
+    """ELECTRA's replaced-token detection head (HF ``ElectraDiscriminatorPredictions``): the logit of
+    P(token t was replaced) = sigmoid(w . act(W h_t + b) + c)."""
+
+    def __init__(self, d_model: int, activation: str):
+        super().__init__()
+        self.dense = nn.Linear(d_model, d_model)
+        self.act = activation_fn(activation)
+        self.prediction = nn.Linear(d_model, 1)
+
+    def forward(self, h: torch.Tensor, tied_weight: torch.Tensor | None = None) -> torch.Tensor:
+        """h (..., D) -> logits (...); ``tied_weight`` is unused (the head owns its weights)."""
+        return self.prediction(self.act(self.dense(h))).squeeze(-1)
 
 
 class Pooler(nn.Module):

@@ -9,12 +9,13 @@ Forward contract (tasks, PEFT, generation and the Trainer rely on it)::
 
     out = model(input_ids, attention_mask=None, token_type_ids=None, decoder_input_ids=None,
                 decoder_attention_mask=None, past_key_values=None, use_cache=False, labels=None)
-    out.logits              (B, T, V)   (decoder logits for encoder-decoder models)
+    out.logits              (B, T, V)   (decoder logits for encoder-decoder models; (B, T) for head="rtd")
     out.last_hidden_state   (B, T, D)
     out.hidden_states       [N+1 x (B, T, D)] when output_hidden_states=True
     out.past_key_values     KVCache when use_cache=True
     out.loss                mean cross-entropy over labels != -100, when labels are given
-                            (with label_weights (B, T): sum of weight * cross-entropy over them instead)
+                            (with label_weights (B, T): sum of weight * cross-entropy over them instead);
+                            head="rtd" (ELECTRA's discriminator): binary cross-entropy, labels 1 = replaced
 
 ``labels`` are aligned with the predictions (the model does not shift them): the loss is
 CE(logits[:, t], labels[:, t]). With labels, logits are computed only at the labelled positions and
@@ -37,11 +38,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from lmforge import generation, model_folder
 from lmforge.config import ModelConfig
-from lmforge.models.heads import LMHead, MLMHead, Pooler
+from lmforge.models.heads import LMHead, MLMHead, Pooler, RTDHead
 from lmforge.models.stack import TransformerStack
 from lmforge.nn.kv_cache import KVCache
 from lmforge.nn.labels import shift_right
@@ -77,7 +79,7 @@ class Transformer(nn.Module):
             self.decoder = TransformerStack(cfg, cfg.decoder_layers, causal=True, cross=True)
             if not cfg.share_embeddings:
                 self.decoder_embed_tokens = nn.Embedding(cfg.vocab_size, cfg.embed_dim)
-        self.lm_head = self.mlm_head = self.pooler = None
+        self.lm_head = self.mlm_head = self.rtd_head = self.pooler = None
         if cfg.head == "lm":
             self.lm_head = LMHead(
                 cfg.d_model, cfg.vocab_size, cfg.embed_dim, cfg.tie_embeddings, cfg.lm_head_bias, cfg.lm_head_scale
@@ -87,6 +89,8 @@ class Transformer(nn.Module):
                 cfg.d_model, cfg.vocab_size, cfg.embed_dim, cfg.mlm_head_activation, cfg.norm,
                 cfg.layer_norm_eps, cfg.tie_embeddings,
             )
+        elif cfg.head == "rtd":
+            self.rtd_head = RTDHead(cfg.d_model, cfg.activation)
         if cfg.pooler:
             self.pooler = Pooler(cfg.d_model)
         self.reset_parameters()
@@ -152,6 +156,8 @@ class Transformer(nn.Module):
             return self.mlm_head(h, self.embed_tokens.weight)
         if self.lm_head is not None:
             return self.lm_head(h, self.output_embedding)
+        if self.rtd_head is not None:
+            return self.rtd_head(h)
         raise UserInputError(f"model {self.config.name!r} has head='none': it produces hidden states, not logits")
 
     def encode(
@@ -258,6 +264,14 @@ class Transformer(nn.Module):
         rows, target = at_labels(h), at_labels(labels)
         weights = None if weights is None else at_labels(weights)
         logits = self._head(rows)  # (N, V): only labelled positions reach the vocabulary
+        if self.rtd_head is not None:  # (N,) replaced/original logits against 0/1 labels
+            if bool((target > 1).any()):
+                raise UserInputError(f"model {self.config.name!r} has head='rtd' (ELECTRA's discriminator): its labels "
+                                     "are 0 (original) / 1 (replaced), not token ids; pre-train it with objective "
+                                     "'electra', or fine-tune it")
+            loss = F.binary_cross_entropy_with_logits(logits.float(), target.float(), weight=weights,
+                                                      reduction="mean" if weights is None else "sum")
+            return logits, loss, int(target.numel())
         return logits, cross_entropy(logits, target, fused=fused, weight=weights), int(target.numel())
 
     def generate(self, *args, **kwargs):
@@ -309,7 +323,7 @@ class Transformer(nn.Module):
         """
         cfg = self.config
         d_attn = cfg.n_heads * cfg.dim_per_head
-        head = cfg.vocab_size * cfg.embed_dim if cfg.head != "none" and cfg.tie_embeddings else 0
+        head = cfg.vocab_size * cfg.embed_dim if cfg.head in ("lm", "mlm") and cfg.tie_embeddings else 0
         if cfg.arch != "encoder-decoder":
             n = self.num_parameters(exclude_embeddings=True) + head
             return int((6 * n + 12 * cfg.n_layers * d_attn * seq_len) * seq_len)

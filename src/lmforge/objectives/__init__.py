@@ -16,6 +16,7 @@ name                class                          architecture        paper
 ``denoising``       ``BartDenoising``              encoder-decoder     BART
 ``enc-dec-lm``      ``EncDecLM``                   encoder-decoder     T5 §3.3.1 (prefix LM baseline)
 ``bilm``            ``BiLMObjective``              bilstm              ELMo (forward + backward LM)
+``electra``         ``ReplacedTokenDetection``     encoder             ELECTRA (generator + discriminator)
 ==================  =============================  ==================  ==========================
 
 Example::
@@ -36,6 +37,7 @@ from lmforge.objectives.bilm import BiLMObjective
 from lmforge.objectives.clm import CausalLM
 from lmforge.objectives.denoising import BartDenoising
 from lmforge.objectives.enc_dec_lm import EncDecLM
+from lmforge.objectives.electra import ReplacedTokenDetection
 from lmforge.objectives.mlm import MaskedLM
 from lmforge.objectives.nsp import NextSentencePrediction
 from lmforge.objectives.prefix_lm import PrefixLM
@@ -54,6 +56,7 @@ OBJECTIVES = {
     "denoising": BartDenoising,
     "enc-dec-lm": EncDecLM,
     "bilm": BiLMObjective,
+    "electra": ReplacedTokenDetection,
 }
 
 # objective -> (architectures it trains, why), so a mismatch can be explained, not just refused.
@@ -72,6 +75,7 @@ FITS = {
     ),
     "enc-dec-lm": (("encoder-decoder",), "it feeds a prefix to an encoder and decodes the rest of the text"),
     "bilm": (("bilstm",), "it trains separate forward and backward LMs, i.e. ELMo's biLM (--model elmo-tiny)"),
+    "electra": (("encoder",), "its discriminator labels every token of a bidirectional encoder's input"),
 }
 
 
@@ -119,6 +123,7 @@ __all__ = [
     "MaskedLM",
     "NextSentencePrediction",
     "PrefixLM",
+    "ReplacedTokenDetection",
     "SpanCorruption",
     "architectures_for",
     "build_objective",

@@ -74,9 +74,9 @@ def default_pooling(arch: str) -> str:
 
 
 def strip_lm_head(body: Transformer) -> Transformer:
-    """Drop the LM/MLM head in place (``config.head = "none"``): a head task needs states, not vocabulary logits."""
+    """Drop the LM/MLM/RTD head in place (``config.head = "none"``): a head task needs states, not vocabulary logits."""
     if body.config.head != "none":
-        body.lm_head = body.mlm_head = None
+        body.lm_head = body.mlm_head = body.rtd_head = None
         body.config = body.config.replace(head="none")
     return body
 

@@ -59,7 +59,8 @@ from lmforge.data.sources import DataError
 from lmforge.models import Transformer
 from lmforge.checkpoint import bilm_config, is_bilm
 from lmforge.models.bilstm_lm import BiLM, BiLMConfig
-from lmforge.objectives import OBJECTIVES, architectures_for, check_architecture
+from lmforge.models.electra import ElectraPretrainer
+from lmforge.objectives import OBJECTIVES, ReplacedTokenDetection, architectures_for, check_architecture
 from lmforge.tokenization import Tokenizer
 from lmforge.training import distributed
 from lmforge.training.config import TrainConfig
@@ -75,7 +76,7 @@ class PretrainRun:
 
     config: TrainConfig
     tokenizer: Tokenizer
-    model: Transformer | BiLM
+    model: Transformer | BiLM | ElectraPretrainer
     trainer: Trainer
 
 
@@ -191,6 +192,9 @@ def build_pretraining(config: TrainConfig) -> PretrainRun:
     tokenizer = load_tokenizer(config)
     model_config = model_config_for(config.model, tokenizer, config.overrides)
     check_architecture(config.objective, model_config.arch)
+    if getattr(model_config, "head", None) == "rtd" and config.objective != "electra":
+        raise ConfigError(f"model {config.model} has ELECTRA's replaced-token head (head: rtd), which objective "
+                          f"{config.objective!r} cannot train; continue it with --objective electra, or fine-tune it")
     seq_len = config.seq_len or model_config.max_seq_len
     if seq_len > model_config.max_seq_len:
         raise ConfigError(f"seq_len={seq_len} exceeds the model's max_seq_len={model_config.max_seq_len}; "
@@ -205,10 +209,21 @@ def build_pretraining(config: TrainConfig) -> PretrainRun:
     train_data, eval_data = datasets_for(config, seq_len)
 
     torch.manual_seed(config.seed)  # the same seed, the same initial weights
-    model = BiLM(model_config) if isinstance(model_config, BiLMConfig) else Transformer(model_config)
+    if isinstance(model_config, BiLMConfig):
+        model = BiLM(model_config)
+    elif isinstance(objective, ReplacedTokenDetection):  # ELECTRA: the model is a generator + discriminator pair
+        if config.strategy == "fsdp":
+            raise ConfigError("objective 'electra' trains a generator + discriminator pair: use strategy ddp, not fsdp")
+        model = ElectraPretrainer.from_config(model_config, **objective.pretrainer_options())
+    else:
+        model = Transformer(model_config)
     if (Path(config.model) / model_checkpoint.WEIGHTS_FILE).is_file():
         model_checkpoint.verify_folder(config.model)
-        model_checkpoint.load_weights(model, Path(config.model) / model_checkpoint.WEIGHTS_FILE)
+        # ELECTRA continues from a folder's encoder: its body, and its RTD head if it has one (else a fresh one).
+        electra = isinstance(model, ElectraPretrainer)
+        model_checkpoint.load_weights(model.saved_model if electra else model,
+                                      Path(config.model) / model_checkpoint.WEIGHTS_FILE,
+                                      strict=not electra or model_config.head == "rtd")
 
     config = _absolute(config)
     out = Path(config.out)

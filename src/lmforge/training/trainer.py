@@ -507,6 +507,8 @@ class Trainer:
         """
         path = self.out / MODEL_DIR
         model = dist_checkpoint.unsharded_copy(self.model, self.dist) if self.dist.strategy == "fsdp" else self.model
+        # A training-only wrapper (ELECTRA's generator + discriminator) names the model it trains: that is saved.
+        model = getattr(model, "saved_model", model)
         if self.dist.is_main:
             model_checkpoint.save(model, path, tokenizer=self.tokenizer, extra_files=self.model_files)
         self.dist.barrier()
