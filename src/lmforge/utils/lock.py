@@ -59,6 +59,7 @@ class RunFolderLock:
             return "unknown"
 
     def acquire(self) -> "RunFolderLock":
+        created = not self.folder.exists()
         with environment_errors(self.folder, "lock the run folder"):
             self.folder.mkdir(parents=True, exist_ok=True)
             try:
@@ -66,8 +67,16 @@ class RunFolderLock:
             except filelock.Timeout:
                 raise RunLocked(f"{self.folder}: in use by lmforge process {self.holder()}; wait for it to "
                                 f"finish or stop it, or choose another folder") from None
-            # Atomically: a process refused at this moment must read a whole PID, never an empty file.
-            atomic_write_text(self.folder / OWNER_FILE, f"{os.getpid()}\n")
+            try:
+                # Atomically: a process refused at this moment must read a whole PID, never an empty file.
+                atomic_write_text(self.folder / OWNER_FILE, f"{os.getpid()}\n")
+            except BaseException:
+                # A full or read-only disk refuses the owner file: give the lock back, and leave no folder
+                # behind that this call created (it holds nothing but the lock file).
+                self._lock.release()
+                if created:
+                    shutil.rmtree(self.folder, ignore_errors=True)
+                raise
         remove_stale_temporaries(self.folder)
         return self
 
