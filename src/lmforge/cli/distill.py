@@ -35,6 +35,7 @@ from lmforge.cli.main import UserError, plain_warnings
 from lmforge.cli.pretrain import OPTIONS
 from lmforge.distillation.config import DistillConfig, saved_settings
 from lmforge.distillation.pretraining import OBJECTIVES, build_distillation
+from lmforge.distillation.student import describe_init
 from lmforge.distillation.task import distill_task
 from lmforge.tasks.settings import FINETUNE_DEFAULTS
 from lmforge.training import config as tc
@@ -108,11 +109,6 @@ def _settings(given: dict) -> tuple[TrainConfig, DistillConfig]:
     return config, distill
 
 
-def _init_note(layers: list[int] | None) -> str:
-    return ("random init (shapes differ from the teacher's)" if layers is None else
-            f"init from teacher layers {', '.join(map(str, layers))}")
-
-
 def run(args) -> int:
     given = vars(args)
     with plain_warnings("distill"):
@@ -133,7 +129,7 @@ def _pretraining(config: TrainConfig, distill: DistillConfig) -> int:
             dtype = "bf16" if trainer.autocast_dtype is not None else "fp32"
             print(f"teacher {distill.teacher} ({teacher.config.n_layers} layers) -> student "
                   f"{student.config.n_layers} layers, {student.num_parameters() / 1e6:.2f}M parameters, "
-                  f"{_init_note(layers) if not built.config.resume else 'resumed'} | objective "
+                  f"{describe_init(distill.student, layers) if not built.config.resume else 'resumed'} | objective "
                   f"{built.config.objective} | loss {distill.alpha_ce:g} ce + {distill.alpha_mlm:g} mlm + "
                   f"{distill.alpha_cos:g} cos, T={distill.temperature:g} | {dtype} on {trainer.device} | "
                   f"out {config.out}", file=sys.stderr)
@@ -143,10 +139,8 @@ def _pretraining(config: TrainConfig, distill: DistillConfig) -> int:
 
 
 def _task(config: TrainConfig, distill: DistillConfig) -> int:
-    result, layers = distill_task(config, distill, log=lambda line: print(line, file=sys.stderr))
+    result, _ = distill_task(config, distill, log=lambda line: print(line, file=sys.stderr))
     train = result.train
-    print(f"student: {_init_note(layers)}; loss {distill.alpha:g} soft (T={distill.temperature:g}) + "
-          f"{1 - distill.alpha:g} gold", file=sys.stderr)
     if result.best:
         b = result.best
         print(f"best: {b['metric']} {b['value']:.4f} at step {b['step']} -> {Path(config.out) / 'best'}")

@@ -68,6 +68,13 @@ class DistillConfig(ConfigBase):
         if self.warmup_ratio is not None and not 0.0 <= self.warmup_ratio < 1.0:
             raise ConfigError(f"DistillConfig.warmup_ratio={self.warmup_ratio} must be in [0, 1)")
 
+    def absolute(self, teacher: str | Path) -> "DistillConfig":
+        """A copy naming ``teacher`` (the resolved teacher folder) and every other existing path absolutely,
+        so that the saved settings still work when the run is resumed from another working directory."""
+        paths = {k: str(Path(v).resolve()) for k in ("student", "train", "eval")
+                 if (v := getattr(self, k)) and Path(v).exists()}
+        return self.replace(teacher=str(Path(teacher).resolve()), **paths)
+
     def loss_weights(self) -> dict[str, float]:
         """The pre-training terms' weights, by term name (``ce``, ``mlm``, ``cos``)."""
         return {"ce": self.alpha_ce, "mlm": self.alpha_mlm, "cos": self.alpha_cos}

@@ -165,7 +165,7 @@ def build_distillation(config: TrainConfig, distill: DistillConfig) -> tuple[Pre
     def init(model) -> None:
         layers[0] = init_from_teacher(model, teacher)
 
-    saved = {"distill": distill.replace(teacher=str(folder.resolve())).to_dict()}
+    saved = {"distill": distill.absolute(folder).to_dict()}
     run = build_pretraining(config, loss=loss, init=init,
                             run_files={SETTINGS_FILE: yaml.safe_dump(saved, sort_keys=False)})
     return run, layers[0]

@@ -98,6 +98,20 @@ def init_from_teacher(student: nn.Module, teacher: nn.Module) -> list[int] | Non
     return next(iter(picks.values())) if picks else []
 
 
+def describe_init(student: str | None, layers: list[int] | None) -> str:
+    """How the student ``--student`` started, for a run's first log line: its folder's weights, or
+    :func:`init_from_teacher`'s result (``layers``) in words.
+
+    Example:
+        >>> describe_init("bert-tiny", [0, 2]), describe_init(None, None)
+        ('init from teacher layers 0, 2', "random init (shapes differ from the teacher's)")
+    """
+    if is_folder(student):
+        return f"the weights of {student}"
+    return ("random init (shapes differ from the teacher's)" if layers is None else
+            f"init from teacher layers {', '.join(map(str, layers))}")
+
+
 def teacher_folder(path: str | Path) -> Path:
     """The teacher's model or task folder: ``path`` itself, or a run folder's ``best/`` or ``model/``.
 

@@ -36,6 +36,7 @@ from lmforge.distillation.losses import task_distillation_loss
 from lmforge.distillation.student import (
     check_pairing,
     check_vocabularies,
+    describe_init,
     init_from_teacher,
     is_folder,
     student_overrides,
@@ -136,11 +137,14 @@ def distill_task(config: TrainConfig, distill: DistillConfig, *, log: Callable[[
     body = _student(distill, teacher.body.config, tokenizer, config.overrides, folder)
     check_pairing(teacher.body.config, body.config)
     layers = None if is_folder(distill.student) else init_from_teacher(body, teacher.body)
+    if log is not None:
+        log(f"teacher {folder} ({teacher.body.config.n_layers} layers) -> student {body.config.n_layers} layers, "
+            f"{describe_init(distill.student, layers)} | loss {distill.alpha:g} soft (T={distill.temperature:g}) + {1 - distill.alpha:g} gold")
     # The teacher reads the student's batches: inputs no longer than either model's context.
     spec = spec.replace(max_length=min(spec.max_length, teacher.body.config.max_seq_len))
     ctx = distributed.setup(config.strategy, config.device)
     loss = TaskDistillation(teacher.to(ctx.device), distill.alpha, distill.temperature)
-    settings = {"distill": _absolute(distill, folder).to_dict(),
+    settings = {"distill": distill.absolute(folder).to_dict(),
                 "trainer": config.updated({"out": str(out.resolve())}).to_dict()}
 
     def write_settings() -> None:  # by the Trainer, once the run folder is checked and locked
@@ -151,9 +155,3 @@ def distill_task(config: TrainConfig, distill: DistillConfig, *, log: Callable[[
                       loss=loss)
     return result, layers
 
-
-def _absolute(distill: DistillConfig, teacher: Path) -> DistillConfig:
-    """Paths that stay right when the run is resumed from another working directory."""
-    paths = {k: str(Path(v).resolve()) for k in ("student", "train", "eval")
-             if (v := getattr(distill, k)) and Path(v).exists()}
-    return distill.replace(teacher=str(teacher.resolve()), **paths)
