@@ -145,3 +145,17 @@ def test_bad_teacher_and_occupied_run_folder_are_one_line_refusals(teacher, tmp_
     assert main(distill_args(folder, data, out, max_steps=1)) == 2
     assert "already holds a run" in capsys.readouterr().err
     assert sorted(p.name for p in out.rglob("*")) == before
+
+
+def test_a_decoder_teacher_distils_on_its_causal_lm_objective(data_root, tmp_path, capsys):  # noqa: F811
+    data = prepared(data_root, "gpt")
+    teacher_run = tmp_path / "gpt"
+    args = pretrain_args("clm", data, teacher_run, max_steps=2, eval_every=0, save_every=0)
+    assert main([*args, "--no-tensorboard", "--override", "n_layers=2"]) == 0
+    out = tmp_path / "run"
+    assert main(distill_args(teacher_run, data, out, max_steps=2, eval_every=2, eval_batches=1)) == 0
+    err = capsys.readouterr().err
+    assert "init from teacher layers 0 | objective clm" in err  # a run folder means its model/; clm by default
+    student = lmforge.load(out / "model")
+    assert student.config.arch == "decoder" and student.config.n_layers == 1
+    assert all(r["loss"] > 0 and "eval_loss" in r for r in records(out)[1:])

@@ -61,8 +61,8 @@ def test_the_loss_mixes_soft_and_gold_labels(teacher):
     t = load_task_model(folder)
     spec = t.spec
     student = build_task_model(th.body("bert", tok, n_layers=1), spec)
-    batch = {"input_ids": torch.randint(5, tok.vocab_size, (4, 7)), "attention_mask": torch.ones(4, 7, dtype=torch.long),
-             "labels": torch.tensor([0, 1, 1, 0])}
+    batch = {"input_ids": torch.randint(5, tok.vocab_size, (4, 7)),
+             "attention_mask": torch.ones(4, 7, dtype=torch.long), "labels": torch.tensor([0, 1, 1, 0])}
     student.eval()  # no dropout: the two forward passes below see the same logits
     out = TaskDistillation(t, alpha=0.3, temperature=3.0)(student, batch)
     z_s = student(batch["input_ids"], batch["attention_mask"]).logits

@@ -65,8 +65,10 @@ DISTILL_FLAGS = [
 ]
 METAVARS = {"teacher": "DIR", "student": "PRESET|DIR", "train": "FILE", "eval": "FILE", "temperature": "T"}
 # The Trainer's flags as `lmforge pretrain` words them; the student, data and run folder are flags of their own.
-TRAINER_OPTIONS = [(k, "pre-training: the objective whose batches both models read (default: mlm)" if k == "objective"
-                    else text) for k, text in OPTIONS if k not in ("model", "data", "out")]
+OBJECTIVE_HELP = ("pre-training: the objective whose batches both models read (default: clm for a decoder teacher, "
+                  "else mlm)")
+TRAINER_OPTIONS = [(k, OBJECTIVE_HELP if k == "objective" else text) for k, text in OPTIONS
+                   if k not in ("model", "data", "out")]
 
 
 def _settings(given: dict) -> tuple[TrainConfig, DistillConfig]:
@@ -162,10 +164,11 @@ def _report(stopped_by: str, step: int, model_dir, loss, out, main: bool) -> int
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "distill", help="distil a teacher into a smaller student (DistilBERT pre-training, or a fine-tuned task)",
-        description="Knowledge distillation through the Trainer (checkpoints, --resume, bf16, torchrun). With --data: "
-                    "pre-training distillation (soft-target KL + MLM + cosine loss), ending in OUT/model, a model "
-                    "folder. With --train: task distillation of a fine-tuned classifier (soft labels + gold labels), "
-                    "ending in task folders OUT/model and OUT/best. Settings are saved in OUT/distill.yaml.",
+        description="Knowledge distillation through the Trainer (checkpoints, --resume, bf16; torchrun with "
+                    "--data). With --data: pre-training distillation (soft-target KL + MLM + cosine loss), ending in "
+                    "OUT/model, a model folder. With --train: task distillation of a fine-tuned classifier (soft "
+                    "labels + gold labels), ending in task folders OUT/model and OUT/best. Settings are saved in "
+                    "OUT/distill.yaml.",
         argument_default=argparse.SUPPRESS)
     what = parser.add_argument_group("teacher, student, data")
     defaults = DistillConfig()

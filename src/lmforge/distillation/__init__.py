@@ -7,8 +7,8 @@
     pretraining   DistilBERT: KL + MLM + cosine on the pre-training data            lmforge distill --data
     task          a fine-tuned classifier's soft labels + the gold labels           lmforge distill --train
 
-Both are the one Trainer with a ``loss`` (checkpoints, exact resume, bf16, torchrun), and both end in an
-ordinary folder: a model folder (pre-training) or a task folder (task distillation).
+Both are the one Trainer with a ``loss`` (checkpoints, exact resume, bf16; pre-training also under torchrun),
+and both end in an ordinary folder: a model folder (pre-training) or a task folder (task distillation).
 
 Example:
     >>> import torch

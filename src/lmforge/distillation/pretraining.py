@@ -127,8 +127,9 @@ def _teacher_for_pretraining(folder: Path):
 def build_distillation(config: TrainConfig, distill: DistillConfig) -> tuple[PretrainRun, list[int] | None]:
     """Check everything and assemble the run (nothing is trained, nothing written yet).
 
-    ``config.model`` is the student (None: the teacher's own config, see
-    :mod:`lmforge.distillation.student`); ``config.objective`` defaults to ``mlm``.
+    ``distill.student`` is the student (None: the teacher's own config, see
+    :mod:`lmforge.distillation.student`); ``config.objective`` defaults to the teacher's: ``clm`` for a
+    decoder, else ``mlm``.
 
     Returns:
         ``(run, layers)``: the assembled :class:`~lmforge.training.pretrain.PretrainRun` and the teacher
@@ -142,10 +143,10 @@ def build_distillation(config: TrainConfig, distill: DistillConfig) -> tuple[Pre
         raise ConfigError("missing the teacher: pass --teacher DIR")
     folder = teacher_folder(distill.teacher)
     config.require("data", "out")
-    objective = config.objective or "mlm"
+    teacher = _teacher_for_pretraining(folder)
+    objective = config.objective or ("clm" if teacher.config.arch == "decoder" else "mlm")
     if objective not in OBJECTIVES:
         raise ConfigError(f"objective={objective!r}: distillation takes {' or '.join(OBJECTIVES)}")
-    teacher = _teacher_for_pretraining(folder)
     check_architecture(objective, teacher.config.arch)
     tokenizer = load_tokenizer(config)
     checkpoint.check_tokenizer(folder, tokenizer, f"the tokenizer of {config.data}")

@@ -139,7 +139,8 @@ def distill_task(config: TrainConfig, distill: DistillConfig, *, log: Callable[[
     layers = None if is_folder(distill.student) else init_from_teacher(body, teacher.body)
     if log is not None:
         log(f"teacher {folder} ({teacher.body.config.n_layers} layers) -> student {body.config.n_layers} layers, "
-            f"{describe_init(distill.student, layers)} | loss {distill.alpha:g} soft (T={distill.temperature:g}) + {1 - distill.alpha:g} gold")
+            f"{describe_init(distill.student, layers)} | loss {distill.alpha:g} soft (T={distill.temperature:g}) "
+            f"+ {1 - distill.alpha:g} gold")
     # The teacher reads the student's batches: inputs no longer than either model's context.
     spec = spec.replace(max_length=min(spec.max_length, teacher.body.config.max_seq_len))
     ctx = distributed.setup(config.strategy, config.device)
