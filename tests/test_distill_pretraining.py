@@ -146,6 +146,11 @@ def test_bad_teacher_and_occupied_run_folder_are_one_line_refusals(teacher, tmp_
     assert "already holds a run" in capsys.readouterr().err
     assert sorted(p.name for p in out.rglob("*")) == before
 
+    # A student folder keeps its own weights (continued distillation), and is paired with the teacher as well.
+    again = tmp_path / "again"
+    assert main(distill_args(folder, data, again, max_steps=1, student=out / "model")) == 0
+    assert f"the weights of {out / 'model'}" in capsys.readouterr().err
+
 
 def test_a_decoder_teacher_distils_on_its_causal_lm_objective(data_root, tmp_path, capsys):  # noqa: F811
     data = prepared(data_root, "gpt")
