@@ -8,6 +8,8 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+from safetensors.torch import load_file
+
 import lmforge
 from lmforge.cli.main import main
 from test_distill_pretraining import distill_args, teacher  # noqa: F401
@@ -56,6 +58,5 @@ def test_task_distillation_resumes_exactly_after_sigkill(task_teacher, tmp_path)
     keys = ("step", "loss", "lr", "grad_norm", "eval_accuracy", "eval_loss")
     assert curve(out, keys) == curve(tmp_path / "ref", keys) and len(curve(out)) == 3 * N
     assert_same_weights(weights(out / "model"), weights(tmp_path / "ref" / "model"))
-    from safetensors.torch import load_file
     assert_same_weights(load_file(str(out / "model" / "task_head.safetensors")),
                         load_file(str(tmp_path / "ref" / "model" / "task_head.safetensors")))
