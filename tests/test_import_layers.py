@@ -40,6 +40,7 @@ LAYERS = {
     "peft": 6,
     "prompting": 6,
     "embeddings": 6,
+    "distillation": 6,
     "quickstart": 7,
     "cli": 8,
 }

@@ -83,7 +83,7 @@ def finetune(model, spec: TaskSpec, train, eval=None, *, config: TrainConfig, re
              warmup_ratio: float | None = None, peft: PeftConfig | None = None,
              wrap: Callable[[nn.Module], nn.Module] | None = None,
              log: Callable[[str], None] | None = None,
-             on_start: Callable[[], None] | None = None) -> FinetuneResult:
+             on_start: Callable[[], None] | None = None, loss=None) -> FinetuneResult:
     """Fine-tune ``model`` on a task and return the result (see :class:`FinetuneResult`).
 
     Args:
@@ -104,6 +104,7 @@ def finetune(model, spec: TaskSpec, train, eval=None, *, config: TrainConfig, re
         log: called with one-line progress notes (what is trained on what), e.g. ``print``.
         on_start: writes the caller's run files once the Trainer has checked and locked ``out`` (see
             :class:`~lmforge.training.Trainer`).
+        loss: the Trainer's ``loss(model, batch)`` in place of the task model's own (task distillation).
     """
     # Everything initialised here (a from-scratch body, the new head, PEFT weights) draws from the global
     # generators: seed them, or the same command gives a different model in every process.
@@ -125,14 +126,14 @@ def finetune(model, spec: TaskSpec, train, eval=None, *, config: TrainConfig, re
         if peft is not None and config.resume and (out / PEFT_BASE_DIR / "config.json").is_file():
             source, random_init = out / PEFT_BASE_DIR, False  # the snapshot this run's base was saved to
         return _finetune(source, spec, train, eval, config, recipe, out, tokenizer, random_init, epochs,
-                         warmup_ratio, peft, wrap, log, on_start, lock)
+                         warmup_ratio, peft, wrap, log, on_start, lock, loss)
     finally:
         if lock is not None:
             lock.release()  # a no-op once the Trainer's fit has released it
 
 
 def _finetune(source, spec, train, eval, config, recipe, out, tokenizer, random_init, epochs, warmup_ratio, peft,
-              wrap, log, on_start, lock) -> FinetuneResult:
+              wrap, log, on_start, lock, loss=None) -> FinetuneResult:
     body, tok = load_body(source, tokenizer, random_init)
     cfg = body.config
     train_tables, eval_tables = task_tables(spec, train, eval)
@@ -171,7 +172,7 @@ def _finetune(source, spec, train, eval, config, recipe, out, tokenizer, random_
             + f" | {sum(len(s) for s in train_sets)} train / {len(eval_examples)} eval examples | "
             f"{config.max_steps} steps x {config.batch_size} | lr {config.lr:g} {config.schedule} | {trainable}")
     trainer = FinetuneTrainer(task_model, task, batches, config, recipe, out=out, eval_examples=eval_examples or None,
-                              tokenizer=tok, peft_base=base, on_start=on_start, lock=lock)
+                              tokenizer=tok, peft_base=base, on_start=on_start, lock=lock, loss=loss)
     params = {"trainable": report.trainable, "total": report.total} if report else trainer.parameter_counts()
     result = trainer.fit()
     counts = {"train": sum(len(s) for s in train_sets), "eval": len(eval_examples)}

@@ -46,13 +46,15 @@ class FinetuneTrainer(Trainer):
             ``model/`` (which hold the adapter and head only).
         on_start: the Trainer's ``on_start`` (the run's own files, written once the run folder is checked and
             locked). lock: the Trainer's ``lock`` (the folder's lock, taken by a caller that writes first).
+        loss: the Trainer's ``loss`` (e.g. task distillation, :mod:`lmforge.distillation.task`); evaluation
+            still scores the task model alone.
     """
 
     def __init__(self, model: nn.Module, task, train_data, config: TrainConfig, recipe: Recipe, *,
                  out: str | Path, eval_examples: list | None = None, tokenizer=None,
-                 peft_base: str | Path | None = None, on_start=None, lock=None) -> None:
+                 peft_base: str | Path | None = None, on_start=None, lock=None, loss=None) -> None:
         super().__init__(model, task.collate, train_data, config, out=out, eval_data=None,
-                         eval_objective=task.collate, tokenizer=tokenizer, on_start=on_start, lock=lock)
+                         eval_objective=task.collate, tokenizer=tokenizer, on_start=on_start, lock=lock, loss=loss)
         self.task, self.recipe = task, recipe
         self.eval_examples = eval_examples
         self.metric = recipe.metric or task.default_metric

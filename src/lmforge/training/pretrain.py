@@ -48,7 +48,7 @@ import inspect
 import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -65,6 +65,7 @@ from lmforge.tokenization import Tokenizer
 from lmforge.training import distributed
 from lmforge.training.config import TrainConfig
 from lmforge.training.trainer import Trainer, TrainResult
+from lmforge.utils.io import atomic_write_text
 
 FRAMING_TOKENS = 2  # room left in a document segment for the special tokens an objective wraps it in
 TOKEN_FIELDS = tuple(f.name for f in fields(ModelConfig) if f.name.endswith("_token_id"))
@@ -185,8 +186,14 @@ def _absolute(config: TrainConfig) -> TrainConfig:
     return config.updated(paths)
 
 
-def build_pretraining(config: TrainConfig) -> PretrainRun:
-    """Check ``config`` and assemble tokenizer, model, objective, data and Trainer (nothing is trained)."""
+def build_pretraining(config: TrainConfig, *, loss=None, init: Callable[[Transformer], None] | None = None,
+                      run_files: dict[str, str] | None = None) -> PretrainRun:
+    """Check ``config`` and assemble tokenizer, model, objective, data and Trainer (nothing is trained).
+
+    Other recipes on the same data and objective (distillation, :mod:`lmforge.distillation`) pass the Trainer's
+    ``loss``; ``init(model)`` initialises a model that has no weights of its own (a preset or config file);
+    ``run_files`` (name -> text) are written into the run folder beside ``config.yaml`` when the run starts.
+    """
     config.require("model", "objective", "data", "out")
     ctx = distributed.setup(config.strategy, config.device)  # before the datasets: they read rank and world size
     tokenizer = load_tokenizer(config)
@@ -224,6 +231,8 @@ def build_pretraining(config: TrainConfig) -> PretrainRun:
         model_checkpoint.load_weights(model.saved_model if electra else model,
                                       Path(config.model) / model_checkpoint.WEIGHTS_FILE,
                                       strict=not electra or model_config.head == "rtd")
+    elif init is not None:
+        init(model)
 
     config = _absolute(config)
     out = Path(config.out)
@@ -231,9 +240,11 @@ def build_pretraining(config: TrainConfig) -> PretrainRun:
     def write_run_files() -> None:  # by the Trainer, once the run folder is checked and locked
         config.save(out / "config.yaml")
         tokenizer.save(out / "tokenizer")
+        for name, text in (run_files or {}).items():
+            atomic_write_text(out / name, text)
 
     trainer = Trainer(model, objective, train_data, config, eval_data=eval_data, eval_objective=eval_objective,
-                      tokenizer=tokenizer, dist=ctx, on_start=write_run_files)
+                      tokenizer=tokenizer, dist=ctx, on_start=write_run_files, loss=loss)
     if not config.resume:
         trainer.check_fresh()  # refuse early, before the model is trained or anything is written
     return PretrainRun(config, tokenizer, model, trainer)
