@@ -10,6 +10,7 @@ name                class                          architecture        paper
 ==================  =============================  ==================  ==========================
 ``mlm``             ``MaskedLM``                   encoder             BERT; SpanBERT
 ``nsp``             ``NextSentencePrediction``     encoder             BERT (off unless asked)
+``mlm+nsp``         ``MaskedLMAndNSP``             encoder             BERT (MLM + NSP; RoBERTa §4.2)
 ``clm``             ``CausalLM``                   decoder             GPT
 ``prefix-lm``       ``PrefixLM``                   decoder             T5 §3.2; UniLM
 ``span-corruption`` ``SpanCorruption``             encoder-decoder     T5
@@ -35,7 +36,7 @@ from lmforge.objectives.bilm import BiLMObjective
 from lmforge.objectives.clm import CausalLM
 from lmforge.objectives.denoising import BartDenoising
 from lmforge.objectives.mlm import MaskedLM
-from lmforge.objectives.nsp import NextSentencePrediction
+from lmforge.objectives.nsp import MaskedLMAndNSP, NextSentencePrediction
 from lmforge.objectives.prefix_lm import PrefixLM
 from lmforge.objectives.span_corruption import SpanCorruption, compute_input_and_target_lengths
 from lmforge.errors import UserInputError
@@ -46,6 +47,7 @@ ARCHITECTURES = ("encoder", "decoder", "encoder-decoder", "bilstm")
 OBJECTIVES = {
     "mlm": MaskedLM,
     "nsp": NextSentencePrediction,
+    "mlm+nsp": MaskedLMAndNSP,
     "clm": CausalLM,
     "prefix-lm": PrefixLM,
     "span-corruption": SpanCorruption,
@@ -57,6 +59,8 @@ OBJECTIVES = {
 FITS = {
     "mlm": (("encoder",), "it predicts tokens from bidirectional context at the input positions"),
     "nsp": (("encoder",), "it classifies a sentence pair from the [CLS] output of a bidirectional encoder"),
+    "mlm+nsp": (("encoder",), "it predicts masked tokens and classifies the sentence pair from the [CLS] output "
+                              "of a bidirectional encoder"),
     "clm": (("decoder",), "it trains next-token prediction under a causal mask"),
     "prefix-lm": (("decoder",), "it passes a (B, T, T) prefix mask to a single decoder stack"),
     "span-corruption": (
@@ -79,7 +83,7 @@ def _canonical(name: str) -> str:
 
 
 def build_objective(name: str, **options):
-    """Construct an objective by name (``mlm|nsp|clm|prefix-lm|span-corruption|denoising|bilm``).
+    """Construct an objective by name (``mlm|nsp|mlm+nsp|clm|prefix-lm|span-corruption|denoising|bilm``).
 
     ``options`` are the class's keyword arguments: special-token ids, rates and ``seed``.
     """
@@ -112,6 +116,7 @@ __all__ = [
     "BiLMObjective",
     "CausalLM",
     "MaskedLM",
+    "MaskedLMAndNSP",
     "NextSentencePrediction",
     "PrefixLM",
     "SpanCorruption",
