@@ -38,7 +38,8 @@ from lmforge.utils.io import removed_on_failure
 OPTIONS = [
     ("model", "preset name (e.g. gpt-tiny, bert-tiny, elmo-tiny for --objective bilm), config file or model "
               "folder (a folder's weights are loaded)"),
-    ("objective", "pre-training objective"),
+    ("objective", "pre-training objective (mlm+nsp: BERT's MLM plus next sentence prediction, which adds a "
+                  "pooler and NSP head to the model; mlm alone is RoBERTa's no-NSP recipe)"),
     ("tokenizer", "tokenizer folder (default: the copy inside --data)"),
     ("data", "prepared shards (output of `lmforge data prepare`)"),
     ("out", "run folder: config, tokenizer, checkpoints, logs, final model"),
@@ -135,7 +136,8 @@ def _run(args) -> int:
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "pretrain", help="pre-train a model (MLM, causal LM, prefix LM, span corruption, denoising, ELMo biLM)",
+        "pretrain", help="pre-train a model (MLM, MLM + NSP, causal LM, prefix LM, span corruption, denoising, "
+                         "ELMo biLM)",
         description="Pre-train a model on shards from `lmforge data prepare`. Every option can also be a key "
                     "of --config FILE.yaml (dashes or underscores); the command line wins. Writes OUT/config.yaml, "
                     "OUT/tokenizer/, OUT/checkpoints/step-NNNNNNNN/, OUT/metrics.jsonl, OUT/tensorboard/, "
@@ -146,6 +148,10 @@ def register(subparsers) -> None:
     parser.add_argument("--override", action="append", default=None, metavar="KEY=VALUE",
                         help="set a ModelConfig field, e.g. --override n_layers=2 --override d_model=64 (repeatable)")
     parser.add_argument("--objective-option", action="append", default=None, metavar="KEY=VALUE",
-                        help="set an objective argument, e.g. --objective-option mlm_probability=0.2 (repeatable)")
+                        help="set an objective argument, e.g. --objective-option mlm_probability=0.2 (repeatable). "
+                             "format=segment-pair|sentence-pair (mlm+nsp; default segment-pair, BERT's) or "
+                             "format=full-sentences|doc-sentences (mlm) picks RoBERTa's input format: pairs of "
+                             "multi-sentence segments or of single sentences, or whole sentences packed across "
+                             "documents or kept within one")
     add_load_flags(parser)  # --model FOLDER is checked against its manifest like every other load
     parser.set_defaults(func=run)
