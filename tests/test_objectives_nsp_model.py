@@ -135,6 +135,10 @@ def test_grad_accumulation_weighs_the_nsp_mean_by_pairs(tmp_path):
     assert stats_b["loss"] == pytest.approx(float(whole), rel=1e-6)
     ga, gb = grads(a), grads(b)
     assert "nsp_head.classifier.weight" in gb
+    c = bert_nsp()
+    c(**collate(examples)).loss.backward()  # the gradient of HF's loss of the one big batch
+    for name, grad in grads(c).items():
+        torch.testing.assert_close(gb[name], grad, rtol=1e-5, atol=1e-7, msg=name)
     for name in gb:
         torch.testing.assert_close(ga[name], gb[name], rtol=1e-5, atol=1e-7, msg=name)
     # Weighing the NSP term by the micro-batch's token share instead (out.loss * n / N) is a different gradient.
