@@ -99,6 +99,7 @@ def test_objectives_and_data_of_each_format(data_root, tmp_path):
     ("clm", ["--objective-option", "format=doc-sentences"], "--objective clm takes no format"),
     ("mlm+nsp", ["--batch-size", "1"], "needs batch_size >= 2 (got 1)"),
     ("mlm+nsp", ["--override", "nsp_head=false"], "needs a model with nsp_head=True"),
+    ("mlm+nsp", ["--override", "type_vocab_size=1"], "pass --override type_vocab_size=2"),
 ])
 def test_bad_combinations_are_one_line_errors(objective, extra, expected, data_root, tmp_path, capsys):
     data = prepared(data_root, "bert")

@@ -233,6 +233,9 @@ def build_pretraining(config: TrainConfig) -> PretrainRun:
     if missing:
         raise ConfigError(f"objective {config.objective!r} needs a model with {', '.join(missing)}, which "
                           f"{config.model} does not have; start from a preset, or train it with --objective mlm")
+    if needs.get("nsp_head") and model_config.type_vocab_size == 1:
+        raise ConfigError(f"objective {config.objective!r} marks sentence B with token_type_ids=1, but the model has "
+                          "type_vocab_size=1; pass --override type_vocab_size=2 (or 0: no segment embeddings)")
     if needs.get("nsp_head") and config.batch_size < 2:
         raise ConfigError(f"objective {config.objective!r} needs batch_size >= 2 (got {config.batch_size}): "
                           "NotNext sentences come from another document of the batch")
