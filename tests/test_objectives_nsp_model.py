@@ -4,6 +4,8 @@ under gradient accumulation (grad_accum=k, batch b == grad_accum=1, batch k*b)."
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -101,7 +103,6 @@ def test_to_hf_writes_bert_for_pretraining_and_round_trips(tmp_path):
     assert ours.keys() == again.keys() and all(torch.equal(ours[k], again[k]) for k in ours)
     # Without the NSP head, the same model is still written as BertForMaskedLM.
     plain = lmforge.build_model("bert-tiny", d_model=32, n_heads=4, d_ff=64, n_layers=1, vocab_size=V, pooler=True)
-    import json
     written = json.loads((lmforge.to_hf(plain, tmp_path / "plain") / "config.json").read_text())
     assert written["architectures"] == ["BertForMaskedLM"]
 

@@ -244,8 +244,10 @@ def build_pretraining(config: TrainConfig) -> PretrainRun:
         raise ConfigError(f"seq_len={seq_len} exceeds the model's max_seq_len={model_config.max_seq_len}; "
                           f"lower --seq-len or pass --override max_seq_len={seq_len}")
     framing = framing_tokens(config.objective)
-    if not packed_fits(config.objective) and seq_len <= framing:
-        raise ConfigError(f"seq_len={seq_len} leaves no room for text besides the {framing} framing tokens")
+    text = 2 if needs.get("nsp_head") else 1  # a pair needs a token of A and one of B
+    if not packed_fits(config.objective) and seq_len < framing + text:
+        raise ConfigError(f"seq_len={seq_len} leaves no room for {text} token(s) of text besides the {framing} "
+                          "framing tokens")
     ends = tokenizer.sentence_end_ids() if sentence_aligned(config) else None
     objective = build_objective_for(config, tokenizer, distributed.rank_seed(config.seed, ctx.rank), seq_len, ends)
     eval_objective = build_objective_for(config, tokenizer, config.seed + 1, seq_len, ends)
