@@ -1,5 +1,7 @@
 """Registry, architecture fit, and determinism: same seed -> same batch; a saved state replays the next batch."""
 
+import re
+
 import pytest
 import torch
 
@@ -24,6 +26,9 @@ def options(name: str, seed: int) -> dict:
         mlm = MaskedLM(vocab_size=1000, mask_token_id=MASK, pad_token_id=PAD, cls_token_id=CLS, sep_token_id=SEP,
                        seed=seed + 1)
         return dict(cls_token_id=CLS, sep_token_id=SEP, pad_token_id=PAD, mlm=mlm, seed=seed)
+    if name == "mlm+nsp":  # flat documents, cut into sentences after each 5
+        return dict(vocab_size=1000, mask_token_id=MASK, cls_token_id=CLS, sep_token_id=SEP, pad_token_id=PAD,
+                    sentence_end_ids=[5], seed=seed)
     if name in ("clm", "bilm"):
         return dict(pad_token_id=PAD)
     if name == "prefix-lm":
@@ -91,7 +96,7 @@ def test_architecture_table_and_errors():
             if arch in architectures_for(name):
                 check_architecture(name, arch)
             else:
-                with pytest.raises(ValueError, match=f"'{name}' does not fit arch='{arch}'.*needs arch="):
+                with pytest.raises(ValueError, match=f"'{re.escape(name)}' does not fit arch='{arch}'.*needs arch="):
                     check_architecture(name, arch)
     with pytest.raises(ValueError, match="unknown architecture"):
         check_architecture("mlm", "rnn")

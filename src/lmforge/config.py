@@ -191,7 +191,8 @@ class ModelConfig(ConfigBase):
         layers: ``norm``, ``norm_position``, ``final_norm``, ``activation``, ``bias``, ``attn_scale``
             (False for T5, which folds 1/sqrt(d) into its init), ``share_layers`` (ALBERT).
         heads: ``head`` (lm | mlm | rtd | none; rtd is ELECTRA's replaced-token detector), ``lm_head_bias``,
-            ``lm_head_scale`` (T5 v1.0 scales the decoder output by d_model**-0.5 before its tied head), ``pooler``.
+            ``lm_head_scale`` (T5 v1.0 scales the decoder output by d_model**-0.5 before its tied head), ``pooler``,
+            ``nsp_head`` (BERT's next-sentence classifier on the pooler output; needs ``pooler``).
         special tokens: ids recorded from the tokenizer (None when absent).
     """
 
@@ -245,6 +246,7 @@ class ModelConfig(ConfigBase):
     lm_head_bias: bool = False
     lm_head_scale: bool = False
     pooler: bool = False
+    nsp_head: bool = False  # BERT's [CLS] IsNext/NotNext classifier (HF cls.seq_relationship) on the pooler
     mlm_head_activation: str = "gelu"
     initializer_range: float = 0.02
     # --- special tokens (recorded from the tokenizer) ----------------------------------------
@@ -348,6 +350,9 @@ class ModelConfig(ConfigBase):
             raise ConfigError(f"ModelConfig.head={self.head!r} needs arch='encoder' (got arch={self.arch!r})")
         if self.pooler and self.arch != "encoder":
             raise ConfigError(f"ModelConfig.pooler=True needs arch='encoder' (got arch={self.arch!r})")
+        if self.nsp_head and (self.arch != "encoder" or not self.pooler):
+            raise ConfigError(f"ModelConfig.nsp_head=True needs arch='encoder' and pooler=True (got arch={self.arch!r}, "
+                              f"pooler={self.pooler}); the NSP classifier reads the pooler output")
         if self.n_decoder_layers is not None and self.arch != "encoder-decoder":
             raise ConfigError("ModelConfig.n_decoder_layers is only meaningful for arch='encoder-decoder'")
         for name in (f.name for f in fields(self) if f.name.endswith("_token_id")):

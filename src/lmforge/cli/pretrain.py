@@ -38,8 +38,9 @@ from lmforge.utils.io import removed_on_failure
 OPTIONS = [
     ("model", "preset name (e.g. gpt-tiny, bert-tiny, elmo-tiny for --objective bilm), config file or model "
               "folder (a folder's weights are loaded)"),
-    ("objective", "pre-training objective (enc-dec-lm: T5's prefix LM for encoder-decoders, the encoder reads a "
-                  "random prefix and the decoder writes the rest)"),
+    ("objective", "pre-training objective (mlm+nsp: BERT's MLM plus next sentence prediction, which adds a "
+                  "pooler and NSP head to the model; mlm alone is RoBERTa's no-NSP recipe; enc-dec-lm: T5's prefix "
+                  "LM for encoder-decoders, the encoder reads a random prefix and the decoder writes the rest)"),
     ("tokenizer", "tokenizer folder (default: the copy inside --data)"),
     ("data", "prepared shards (output of `lmforge data prepare`)"),
     ("out", "run folder: config, tokenizer, checkpoints, logs, final model"),
@@ -136,8 +137,8 @@ def _run(args) -> int:
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "pretrain", help="pre-train a model (MLM, causal LM, prefix LM, span corruption, denoising, "
-                         "encoder-decoder LM, ELMo biLM)",
+        "pretrain", help="pre-train a model (MLM, MLM + NSP, ELECTRA, causal LM, prefix LM, span corruption, "
+                         "denoising, encoder-decoder LM, ELMo biLM)",
         description="Pre-train a model on shards from `lmforge data prepare`. Every option can also be a key "
                     "of --config FILE.yaml (dashes or underscores); the command line wins. Writes OUT/config.yaml, "
                     "OUT/tokenizer/, OUT/checkpoints/step-NNNNNNNN/, OUT/metrics.jsonl, OUT/tensorboard/, "
@@ -152,6 +153,10 @@ def register(subparsers) -> None:
                              "mlm also takes: masking=static (BERT: each sequence masked once per copy, epoch e "
                              "showing copy e mod static_copies) or masking=dynamic (RoBERTa: a new mask every "
                              "epoch; the default); static_copies=N (default 10); whole_word=true (mask every piece "
-                             "of a word or none); span_masking=true (SpanBERT: spans of whole words)")
+                             "of a word or none); span_masking=true (SpanBERT: spans of whole words); "
+                             "format=segment-pair|sentence-pair (mlm+nsp; default segment-pair, BERT's) or "
+                             "format=full-sentences|doc-sentences (mlm) picks RoBERTa's input format: pairs of "
+                             "multi-sentence segments or of single sentences, or whole sentences packed across "
+                             "documents or kept within one")
     add_load_flags(parser)  # --model FOLDER is checked against its manifest like every other load
     parser.set_defaults(func=run)

@@ -15,7 +15,9 @@ pure function of ``(seed, epoch, batch index, rank, world_size)``:
 
   A block ``x`` trains on inputs ``x[:-1]`` and targets ``x[1:]``.
 * **Documents** (:class:`DocumentDataset`). Each document is cut into segments of at most ``max_len``
-  tokens; a sample is one segment, without special tokens.
+  tokens; a sample is one segment, without special tokens. With ``sentence_end_ids`` the cuts fall after a
+  sentence end where one fits (:func:`sentence_segments`), so a segment holds whole sentences (BERT's
+  sentence pairs, RoBERTa's DOC-SENTENCES / FULL-SENTENCES inputs).
 * **Ranks and workers.** Sample ``g`` of the epoch goes to rank ``g % world_size``; each rank keeps the same
   number of samples (the remainder, fewer than ``world_size``, is dropped) and cuts them into batches.
   Batch ``i`` of a rank is produced by DataLoader worker ``i % num_workers``, which is the order in
@@ -42,6 +44,8 @@ Example:
     >>> docs = DocumentDataset(d / "data", max_len=4, batch_size=3)  # documents of 6 tokens: cut into 4 + 2
     >>> [x.shape for x in next(iter(docs))]
     [torch.Size([2]), torch.Size([4]), torch.Size([2])]
+    >>> sentence_segments(np.array([7, 7, 5, 7, 5, 7, 7, 7, 7]), np.array([0, 9]), max_len=4, end_ids=[5])
+    (array([0, 3, 5]), array([3, 2, 4]))
     >>> loader = StatefulLoader(PackedDataset(d / "data", 16, 4), num_workers=2)
     >>> for step, batch in enumerate(loader):  # batch: (4, 17)
     ...     if step == 10: torch.save(loader.state_dict(), d / "loader.pt")
@@ -347,6 +351,32 @@ class PackedDataset(_ShardDataset):
         return torch.from_numpy(out.reshape(len(index), self.block))
 
 
+def sentence_segments(tokens: np.ndarray, offsets: np.ndarray, max_len: int,
+                      end_ids) -> tuple[np.ndarray, np.ndarray]:
+    """Cut documents into segments of at most ``max_len`` tokens at sentence ends: greedily, each segment
+    takes as many whole sentences as fit (a sentence ends at, and includes, a token of ``end_ids``; a
+    document's end closes its last one). A sentence longer than ``max_len`` is cut at ``max_len`` tokens.
+
+    Args:
+        tokens: (N,) a shard's tokens. offsets: (D + 1,) document boundaries. end_ids: sentence-end ids.
+    Returns:
+        ``(start, length)``, both (U,) int64, in file order; empty documents give no segment.
+    """
+    ends = np.flatnonzero(np.isin(tokens, np.asarray(list(end_ids), dtype=np.int64))) + 1  # exclusive ends
+    cuts = np.union1d(ends, offsets)  # (C,) sorted places a segment may end
+    starts, lengths = [], []
+    start, last = int(offsets[0]), int(offsets[-1])
+    while start < last:
+        doc_end = int(offsets[np.searchsorted(offsets, start, side="right")])  # a segment never crosses it
+        limit = min(start + max_len, doc_end)
+        end = int(cuts[np.searchsorted(cuts, limit, side="right") - 1])  # the furthest cut that fits
+        end = end if end > start else limit
+        starts.append(start)
+        lengths.append(end - start)
+        start = end
+    return np.array(starts, dtype=np.int64), np.array(lengths, dtype=np.int64)
+
+
 class DocumentDataset(_ShardDataset):
     """Per-document samples for objectives that need whole documents (MLM segments, T5 / BART denoising).
 
@@ -359,6 +389,8 @@ class DocumentDataset(_ShardDataset):
         max_len: longest segment, in tokens.
         batch_size: segments per batch.
         split, seed, shuffle, rank, world_size: as for :class:`PackedDataset`.
+        sentence_end_ids: cut at sentence ends (:func:`sentence_segments`) instead of every ``max_len`` tokens;
+            counting the segments then reads every token once, at construction.
 
     Example:
         >>> ds = DocumentDataset("data/corpus", max_len=510, batch_size=16)  # doctest: +SKIP
@@ -371,38 +403,51 @@ class DocumentDataset(_ShardDataset):
     kind = "documents"
 
     def __init__(self, folder: str | Path, max_len: int, batch_size: int, *, split: str = "train", seed: int = 0,
-                 shuffle: bool = True, rank: int | None = None, world_size: int | None = None) -> None:
+                 shuffle: bool = True, rank: int | None = None, world_size: int | None = None,
+                 sentence_end_ids=None) -> None:
         super().__init__(folder, split=split, batch_size=batch_size, seed=seed, shuffle=shuffle, rank=rank,
                          world_size=world_size)
         if max_len < 1:
             raise ValueError(f"max_len={max_len} must be >= 1")
         self.max_len = max_len
+        self.sentence_end_ids = None if sentence_end_ids is None else sorted({int(i) for i in sentence_end_ids})
         # Segments per shard; reading every offsets file once is O(documents), done at construction.
-        self.units = np.array([int(((self.data.lengths(s) + max_len - 1) // max_len).sum())
-                               for s in range(len(self.data))], dtype=np.int64)  # (S,)
+        if self.sentence_end_ids is None:
+            self.units = np.array([int(((self.data.lengths(s) + max_len - 1) // max_len).sum())
+                                   for s in range(len(self.data))], dtype=np.int64)  # (S,)
+        else:
+            self.units = np.array([len(self._cut(s)[0]) for s in range(len(self.data))], dtype=np.int64)
         self.data._open.clear()
         if len(self) == 0:
             raise DataError(f"{folder} split {split!r}: {int(self.units.sum()):,} segments make fewer than one "
                             f"batch of {batch_size} per rank ({self.world_size} ranks)")
 
     def _settings(self) -> dict[str, Any]:
-        return {"max_len": self.max_len}
+        # Only when set, so that checkpoints written before the option existed still resume.
+        return {"max_len": self.max_len, **({"sentence_end_ids": self.sentence_end_ids}
+                                            if self.sentence_end_ids is not None else {})}
 
     def num_samples(self) -> int:
         return int(self.units.sum())
 
+    def _cut(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
+        """Segments of ``shard`` in file order: token start (U,) and length (U,)."""
+        tokens, offsets = self.data.arrays(shard)
+        if self.sentence_end_ids is not None:
+            return sentence_segments(tokens, offsets, self.max_len, self.sentence_end_ids)
+        lengths = offsets[1:] - offsets[:-1]
+        count = (lengths + self.max_len - 1) // self.max_len  # (D,)
+        doc = np.repeat(np.arange(len(lengths)), count)  # (U,)
+        first = np.repeat(np.cumsum(count) - count, count)
+        seg = np.arange(len(doc)) - first  # segment number inside its document
+        start = offsets[:-1][doc] + seg * self.max_len
+        return start, np.minimum(self.max_len, lengths[doc] - seg * self.max_len)
+
     def _segments(self, epoch: int, shard: int):
         """Segments of ``shard`` in epoch order: token start (U,) and length (U,)."""
         def build():
-            offsets = self.data.arrays(shard)[1]
-            lengths = offsets[1:] - offsets[:-1]
-            count = (lengths + self.max_len - 1) // self.max_len  # (D,)
-            doc = np.repeat(np.arange(len(lengths)), count)  # (U,)
-            first = np.repeat(np.cumsum(count) - count, count)
-            seg = np.arange(len(doc)) - first  # segment number inside its document
-            start = offsets[:-1][doc] + seg * self.max_len
-            length = np.minimum(self.max_len, lengths[doc] - seg * self.max_len)
-            perm = self._permutation(epoch, shard, len(doc))
+            start, length = self._cut(shard)
+            perm = self._permutation(epoch, shard, len(start))
             return start[perm], length[perm]
         return self._cached(("segments", epoch, shard), build)
 

@@ -9,6 +9,7 @@
     encoder.layer.i.{intermediate,output}.dense, output.LayerNorm     ffn.up, ffn.down, ffn_norm
     pooler.dense                               pooler.dense
     cls.predictions.* (RoBERTa: lm_head.*)     mlm_head.*
+    cls.seq_relationship (BertForPreTraining)  nsp_head.classifier   (next sentence prediction, on the pooler)
 
 RoBERTa differs only in its position table, which starts after the padding id (positions ``pad + 1 + i``,
 so ``position_offset = pad_token_id + 1``), and in its MLM head, which always uses exact GELU. HF counts
@@ -94,12 +95,13 @@ BERT = Family(
     architectures={
         "BertModel": Arch(optional=POOLER),
         "BertForMaskedLM": Arch("mlm", True, POOLER),
-        "BertForPreTraining": Arch("mlm", True, POOLER),  # its NSP head is reported as unused
+        "BertForPreTraining": Arch("mlm", True, POOLER + (("nsp_head", "cls.seq_relationship.weight"),)),
         "BertForSequenceClassification": Arch("none", True, POOLER, task="classifier."),
     },
     config_from_hf=lambda c, arch: _from_hf(c, roberta=False),
     config_to_hf=lambda cfg: _to_hf(cfg, roberta=False),
-    rules=lambda cfg: _body() + _mlm_head("cls.predictions.transform", "LayerNorm", "cls.predictions"),
+    rules=lambda cfg: _body() + _mlm_head("cls.predictions.transform", "LayerNorm", "cls.predictions")
+    + [Rule("nsp_head.classifier", "cls.seq_relationship")],
     prefix="bert.",
     embedding="embeddings.word_embeddings.weight",
     output_embedding="cls.predictions.decoder.weight",

@@ -40,7 +40,7 @@ class Rule:
 
     Args:
         ours: lmforge name, ``{i}`` for a layer index, e.g. ``"decoder.layers.{i}.attn.o"``.
-        theirs: HF name relative to the base model (head rules, ``lm_head*``/``mlm_head*``/``rtd_head*``, are
+        theirs: HF name relative to the base model (head rules, ``lm_head*``/``mlm_head*``/``rtd_head*``/``nsp_head*``, are
             top level).
         conv1d: HF stores the weight as (in, out) (GPT-2's Conv1D), so it is transposed.
         part: ``(k, n)``: ours is the k-th of n equal row blocks of theirs (GPT-2's fused q/k/v).
@@ -55,7 +55,7 @@ class Rule:
 
     @property
     def top_level(self) -> bool:
-        return self.ours.startswith(("lm_head", "mlm_head", "rtd_head"))
+        return self.ours.startswith(("lm_head", "mlm_head", "rtd_head", "nsp_head"))
 
     def hf_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         shape = tuple(shape)
@@ -145,7 +145,11 @@ class Family:
         """The HF class to write for ``cfg`` (or the task head's class), or None if there is none."""
         if task is not None:
             return task if task in self.architectures and self.architectures[task].head == cfg.head else None
-        return next((n for n, a in self.architectures.items() if a.head == cfg.head and a.task is None), None)
+        # The first class with cfg's head that holds every optional tensor cfg has (BERT + NSP head:
+        # BertForPreTraining, not BertForMaskedLM).
+        wanted = {f for a in self.architectures.values() for f, _ in a.optional if getattr(cfg, f)}
+        return next((n for n, a in self.architectures.items() if a.head == cfg.head and a.task is None
+                     and wanted <= {f for f, _ in a.optional}), None)
 
 
 class HFConfig:

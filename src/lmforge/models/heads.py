@@ -1,4 +1,4 @@
-"""Output heads: the LM head, BERT's MLM head and the pooler.
+"""Output heads: the LM head, BERT's MLM head, the pooler and BERT's next-sentence head.
 
 - :class:`LMHead` maps hidden states to vocabulary logits, ``(B, T, D) -> (B, T, V)``. Tied to the
   input embeddings by default (Press & Wolf 2017), in which case it owns no weight: the caller passes
@@ -7,12 +7,17 @@
 - :class:`RTDHead` is ELECTRA's discriminator head: dense -> activation -> one logit per token,
   ``(B, T, D) -> (B, T)``, > 0 meaning "this token was replaced".
 - :class:`Pooler` is BERT's sentence vector: tanh(dense(h[:, 0])), ``(B, T, D) -> (B, D)``.
+- :class:`NSPHead` is BERT's next sentence prediction classifier (Devlin et al. 2019, §3.1 "Task #2"): one
+  linear layer from the pooler output to two logits, ``(B, D) -> (B, 2)``, class 0 = IsNext, 1 = NotNext
+  (HF ``BertForPreTraining.cls.seq_relationship``). Its loss is the mean cross-entropy over the pairs.
 
 Example:
     >>> import torch
     >>> head = LMHead(d_model=8, vocab_size=20, embed_dim=8, tied=False)
     >>> head(torch.randn(2, 3, 8)).shape
     torch.Size([2, 3, 20])
+    >>> NSPHead(d_model=8)(Pooler(8)(torch.randn(2, 3, 8))).shape  # (B, 2): IsNext / NotNext logits
+    torch.Size([2, 2])
 """
 
 from __future__ import annotations
@@ -89,3 +94,12 @@ class Pooler(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:  # (B, T, D) -> (B, D)
         return torch.tanh(self.dense(h[:, 0]))
+
+
+class NSPHead(nn.Module):
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.classifier = nn.Linear(d_model, 2)
+
+    def forward(self, pooled: torch.Tensor) -> torch.Tensor:  # (B, D) -> (B, 2)
+        return self.classifier(pooled)

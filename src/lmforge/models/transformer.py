@@ -16,6 +16,16 @@ Forward contract (tasks, PEFT, generation and the Trainer rely on it)::
     out.loss                mean cross-entropy over labels != -100, when labels are given
                             (with label_weights (B, T): sum of weight * cross-entropy over them instead);
                             head="rtd" (ELECTRA's discriminator): binary cross-entropy, labels 1 = replaced
+    out.n_targets           how many labels out.loss is a mean over
+    out.nsp_logits          (B, 2) IsNext/NotNext logits, when the model has an NSP head (nsp_head=True)
+
+Next sentence prediction (BERT). With ``next_sentence_label`` (B,) (0 = IsNext, 1 = NotNext, -100 = none)
+the loss is HF ``BertForPreTraining``'s: ``out.loss = MLM mean CE + NSP mean CE`` (NSP alone without
+``labels``). The two means are over different things (masked tokens, pairs), so ``out.n_targets`` (the
+masked tokens) cannot weigh their sum in a gradient-accumulated mean. ``out.loss_terms`` therefore lists
+each term with the batch key of its labels, and the Trainer weighs every term by its own count over the
+whole accumulated batch (see :mod:`lmforge.training.trainer`): the update of ``grad_accum=k, batch=b`` is
+that of ``grad_accum=1, batch=k*b``, whose loss is exactly HF's sum of the two means.
 
 ``labels`` are aligned with the predictions (the model does not shift them): the loss is
 CE(logits[:, t], labels[:, t]). With labels, logits are computed only at the labelled positions and
@@ -43,12 +53,23 @@ from torch import nn
 
 from lmforge import generation, model_folder
 from lmforge.config import ModelConfig
-from lmforge.models.heads import LMHead, MLMHead, Pooler, RTDHead
+from lmforge.models.heads import LMHead, MLMHead, NSPHead, Pooler, RTDHead
 from lmforge.models.stack import TransformerStack
 from lmforge.nn.kv_cache import KVCache
-from lmforge.nn.labels import shift_right
+from lmforge.nn.labels import IGNORE_INDEX, shift_right
 from lmforge.nn.loss import cross_entropy
 from lmforge.errors import UserInputError
+
+
+@dataclass
+class LossTerm:
+    """One term of a summed loss: ``loss`` is the mean over the entries of ``batch[labels_key]`` that are not
+    -100; ``logits`` (the labels' shape + (C,)) score them, for an accuracy."""
+
+    name: str
+    labels_key: str
+    loss: torch.Tensor
+    logits: torch.Tensor | None = None
 
 
 @dataclass
@@ -62,6 +83,8 @@ class ModelOutput:
     encoder_last_hidden_state: torch.Tensor | None = None
     encoder_hidden_states: list[torch.Tensor] | None = None
     pooler_output: torch.Tensor | None = None
+    nsp_logits: torch.Tensor | None = None  # (B, 2), HF's seq_relationship_logits
+    loss_terms: list[LossTerm] | None = None  # the terms of ``loss`` when it sums means over different labels
 
 
 class Transformer(nn.Module):
@@ -93,6 +116,7 @@ class Transformer(nn.Module):
             self.rtd_head = RTDHead(cfg.d_model, cfg.activation)
         if cfg.pooler:
             self.pooler = Pooler(cfg.d_model)
+        self.nsp_head = NSPHead(cfg.d_model) if cfg.nsp_head else None
         self.reset_parameters()
 
     # ------------------------------------------------------------------ init
@@ -192,11 +216,12 @@ class Transformer(nn.Module):
         encoder_hidden_states: torch.Tensor | None = None,
         output_hidden_states: bool = False,
         label_weights: torch.Tensor | None = None,
+        next_sentence_label: torch.Tensor | None = None,
     ) -> ModelOutput:
         """See the module docstring. ``encoder_hidden_states`` (B, S, D) skips re-running the encoder
         (generation); ``inputs_embeds`` (B, T, E) replaces the token lookup (prompt tuning);
         ``label_weights`` (B, T) weighs each label's cross-entropy in a summed loss (an example-averaged
-        loss, say), read only where ``labels`` != -100."""
+        loss, say), read only where ``labels`` != -100; ``next_sentence_label`` (B,) adds BERT's NSP loss."""
         cfg = self.config
         out = ModelOutput()
         cache = past_key_values if past_key_values is not None else (KVCache() if use_cache else None)
@@ -233,17 +258,36 @@ class Transformer(nn.Module):
             )
         out.last_hidden_state = h
         out.past_key_values = cache if use_cache else None
-        if cfg.head == "none":
-            return out
-        if labels is None:
-            out.logits = self._head(h)  # (B, T, V)
-            return out
-        if label_weights is not None and label_weights.shape != labels.shape:
-            raise ValueError(f"label_weights has shape {tuple(label_weights.shape)}; labels have {tuple(labels.shape)}")
-        out.logits, out.loss, out.n_targets = self._labelled_loss(
-            h, labels, torch.compiler.is_compiling(), label_weights
-        )
+        if self.nsp_head is not None:
+            out.nsp_logits = self.nsp_head(out.pooler_output)  # (B, 2)
+        if cfg.head != "none":
+            if labels is None:
+                out.logits = self._head(h)  # (B, T, V)
+            else:
+                if label_weights is not None and label_weights.shape != labels.shape:
+                    raise ValueError(f"label_weights has shape {tuple(label_weights.shape)}; "
+                                     f"labels have {tuple(labels.shape)}")
+                out.logits, out.loss, out.n_targets = self._labelled_loss(
+                    h, labels, torch.compiler.is_compiling(), label_weights
+                )
+        if next_sentence_label is not None:
+            self._add_nsp_loss(out, next_sentence_label)
         return out
+
+    @torch.compiler.disable  # selecting the labelled pairs has a data-dependent shape, as in _labelled_loss
+    def _add_nsp_loss(self, out: ModelOutput, label: torch.Tensor) -> None:
+        """NSP mean CE over the pairs with label != -100, added to ``out.loss`` as HF does (see module doc)."""
+        if out.nsp_logits is None:
+            raise UserInputError(f"model {self.config.name!r} has no NSP head: next_sentence_label needs "
+                                 "nsp_head=True (with pooler=True)")
+        valid = label != IGNORE_INDEX  # (B,)
+        nsp = cross_entropy(out.nsp_logits[valid], label[valid])
+        if out.loss is None:  # NSP alone: a mean over the pairs
+            out.loss, out.n_targets = nsp, int(valid.sum())
+            return
+        out.loss_terms = [LossTerm("tokens", "labels", out.loss), LossTerm("nsp", "next_sentence_label", nsp,
+                                                                           out.nsp_logits)]
+        out.loss = out.loss + nsp
 
     # Selecting the labelled rows has a data-dependent shape, which torch.compile cannot trace
     # without a break; excluding this method keeps the whole body in one compiled graph, and the

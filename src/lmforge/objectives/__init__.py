@@ -10,6 +10,7 @@ name                class                          architecture        paper
 ==================  =============================  ==================  ==========================
 ``mlm``             ``MaskedLM``                   encoder             BERT; SpanBERT
 ``nsp``             ``NextSentencePrediction``     encoder             BERT (off unless asked)
+``mlm+nsp``         ``MaskedLMAndNSP``             encoder             BERT (MLM + NSP; RoBERTa §4.2)
 ``clm``             ``CausalLM``                   decoder             GPT
 ``prefix-lm``       ``PrefixLM``                   decoder             T5 §3.2; UniLM
 ``span-corruption`` ``SpanCorruption``             encoder-decoder     T5
@@ -39,7 +40,7 @@ from lmforge.objectives.denoising import BartDenoising
 from lmforge.objectives.enc_dec_lm import EncDecLM
 from lmforge.objectives.electra import ReplacedTokenDetection
 from lmforge.objectives.mlm import MaskedLM
-from lmforge.objectives.nsp import NextSentencePrediction
+from lmforge.objectives.nsp import MaskedLMAndNSP, NextSentencePrediction
 from lmforge.objectives.prefix_lm import PrefixLM
 from lmforge.objectives.span_corruption import SpanCorruption, compute_input_and_target_lengths
 from lmforge.errors import UserInputError
@@ -50,6 +51,7 @@ ARCHITECTURES = ("encoder", "decoder", "encoder-decoder", "bilstm")
 OBJECTIVES = {
     "mlm": MaskedLM,
     "nsp": NextSentencePrediction,
+    "mlm+nsp": MaskedLMAndNSP,
     "clm": CausalLM,
     "prefix-lm": PrefixLM,
     "span-corruption": SpanCorruption,
@@ -63,6 +65,8 @@ OBJECTIVES = {
 FITS = {
     "mlm": (("encoder",), "it predicts tokens from bidirectional context at the input positions"),
     "nsp": (("encoder",), "it classifies a sentence pair from the [CLS] output of a bidirectional encoder"),
+    "mlm+nsp": (("encoder",), "it predicts masked tokens and classifies the sentence pair from the [CLS] output "
+                              "of a bidirectional encoder"),
     "clm": (("decoder",), "it trains next-token prediction under a causal mask"),
     "prefix-lm": (("decoder",), "it passes a (B, T, T) prefix mask to a single decoder stack"),
     "span-corruption": (
@@ -87,7 +91,7 @@ def _canonical(name: str) -> str:
 
 
 def build_objective(name: str, **options):
-    """Construct an objective by name (``mlm|nsp|clm|prefix-lm|span-corruption|denoising|enc-dec-lm|bilm``).
+    """Construct an objective by name (``mlm|nsp|mlm+nsp|clm|prefix-lm|span-corruption|denoising|enc-dec-lm|bilm|electra``).
 
     ``options`` are the class's keyword arguments: special-token ids, rates and ``seed``.
     """
@@ -121,6 +125,7 @@ __all__ = [
     "CausalLM",
     "EncDecLM",
     "MaskedLM",
+    "MaskedLMAndNSP",
     "NextSentencePrediction",
     "PrefixLM",
     "ReplacedTokenDetection",

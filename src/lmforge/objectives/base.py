@@ -60,6 +60,20 @@ def pad_labels(sequences: Sequence) -> torch.Tensor:
     return pad(sequences, IGNORE_INDEX)[0]
 
 
+def split_sentences(tokens: torch.Tensor, sentence_end_ids: Iterable[int] | torch.Tensor) -> list[torch.Tensor]:
+    """Cut a document (T,) into its sentences: each ends at, and includes, a token of ``sentence_end_ids``;
+    tokens after the last end form one more sentence. An empty document has no sentence.
+
+    Example:
+        >>> [s.tolist() for s in split_sentences(torch.tensor([5, 6, 9, 7, 9, 8]), [9])]
+        [[5, 6, 9], [7, 9], [8]]
+    """
+    ends_at = sentence_end_ids if isinstance(sentence_end_ids, torch.Tensor) else id_set(sentence_end_ids)
+    ends = torch.isin(tokens, ends_at).nonzero().squeeze(1) + 1  # exclusive ends
+    bounds = torch.unique(torch.cat([torch.tensor([0]), ends, torch.tensor([len(tokens)])]))
+    return list(tokens.split(bounds.diff().tolist())) if len(tokens) else []
+
+
 def next_token_batch(examples: Sequence, pad_id: int, min_tokens: int,
                      too_short: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Inputs and next-token targets of decoder-only objectives: ``(input_ids, real, labels)``, each (B, T).

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from lmforge.objectives.base import Seeded, as_ids, id_set, place_spans, seq2seq_batch
+from lmforge.objectives.base import Seeded, as_ids, place_spans, seq2seq_batch, split_sentences
 
 
 def token_masking(tokens: torch.Tensor, prob: float, mask_token_id: int, generator=None) -> torch.Tensor:
@@ -107,12 +107,11 @@ def sentence_permutation(
     more sentence. Or pass the ``sentence_lengths`` directly; they must sum to T.
     """
     if sentence_lengths is None:
-        ends = torch.isin(tokens, id_set(() if sentence_end_ids is None else sentence_end_ids)).nonzero().squeeze(1) + 1  # exclusive ends
-        bounds = torch.unique(torch.cat([torch.tensor([0]), ends, torch.tensor([len(tokens)])]))
-        sentence_lengths = bounds.diff().tolist()
-    if sum(sentence_lengths) != len(tokens):
+        sentences = split_sentences(tokens, () if sentence_end_ids is None else sentence_end_ids)
+    elif sum(sentence_lengths) != len(tokens):
         raise ValueError(f"sentence lengths sum to {sum(sentence_lengths)}, the document has {len(tokens)} tokens")
-    sentences = tokens.split(list(sentence_lengths))
+    else:
+        sentences = tokens.split(list(sentence_lengths))
     order = torch.randperm(len(sentences), generator=generator)
     return torch.cat([sentences[i] for i in order]) if sentences else tokens
 

@@ -17,6 +17,13 @@ This is where the pieces meet; the Trainer itself stays ignorant of objectives a
   (:class:`~lmforge.data.PackedDataset`); the others read document segments (:class:`~lmforge.data.DocumentDataset`)
   of ``seq_len - 2`` tokens, leaving room for the framing tokens they add ([CLS] ... [SEP], <s> ... </s>,
   ... </s>). Evaluation uses the ``val`` split in file order.
+* **NSP and input formats.** ``mlm+nsp`` (BERT: MLM + next sentence prediction) reads segments of
+  ``seq_len - 3`` tokens cut at sentence ends (the tokenizer's ``sentence_end_ids``), turns them into
+  ``[CLS] A [SEP] B [SEP]`` pairs, and switches on the model's pooler and NSP head unless the model folder's
+  weights fix them. ``--objective-option format=`` picks RoBERTa's input format
+  (:mod:`lmforge.objectives.input_formats`): segment-pair (default) or sentence-pair for ``mlm+nsp``,
+  full-sentences or doc-sentences for ``mlm`` (sentence-aligned segments; full-sentences also packs them
+  across documents). Plain ``mlm`` is unchanged.
 
 * **Ranks.** Under torchrun (``strategy`` ddp/fsdp) the process group is joined first, so that the datasets
   take this rank's slice; the training objective's seed is :func:`~lmforge.training.distributed.rank_seed`, so
@@ -61,6 +68,7 @@ from lmforge.checkpoint import bilm_config, is_bilm
 from lmforge.models.bilstm_lm import BiLM, BiLMConfig
 from lmforge.models.electra import ElectraPretrainer
 from lmforge.objectives import OBJECTIVES, ReplacedTokenDetection, architectures_for, check_architecture
+from lmforge.objectives.input_formats import FullSentences, check_format
 from lmforge.tokenization import Tokenizer
 from lmforge.training import distributed
 from lmforge.training.config import TrainConfig
@@ -110,8 +118,9 @@ def model_config_for(spec: str, tokenizer: Tokenizer, overrides: dict[str, Any])
 
 
 def objective_kwargs(name: str, tokenizer: Tokenizer, seed: int, options: dict[str, Any],
-                     static_seed: int | None = None) -> dict[str, Any]:
-    """Keyword arguments for objective ``name``: its parameters that the tokenizer can fill, then ``options``.
+                     seq_len: int | None = None, static_seed: int | None = None) -> dict[str, Any]:
+    """Keyword arguments for objective ``name``: its parameters that the tokenizer (and ``seq_len``, as
+    ``max_length``) can fill, then ``options``.
 
     ``seed`` may differ between data-parallel ranks; ``static_seed`` (default ``seed``) is the one they share,
     for randomness that must not depend on the rank (MLM's static masks).
@@ -129,6 +138,7 @@ def objective_kwargs(name: str, tokenizer: Tokenizer, seed: int, options: dict[s
         "vocab_size": tokenizer.vocab_size,  # random replacements are drawn from the real tokens
         "special_token_ids": sorted(specials),
         "add_cls_sep": "cls_token_id" in ids and "sep_token_id" in ids,
+        "max_length": seq_len,
         "seed": seed,
         "static_seed": static_seed,
     }
@@ -154,16 +164,28 @@ def packed_fits(objective: str) -> bool:
     return "decoder" in architectures_for(objective)
 
 
-def datasets_for(config: TrainConfig, seq_len: int) -> tuple[Any, Any]:
-    """``(train, eval)`` raw-batch sources for ``config.objective``; ``eval`` is None without a usable val split."""
+def framing_tokens(objective: str) -> int:
+    """Special tokens ``objective`` adds to a document segment ([CLS] A [SEP] B [SEP]: 3; most: 2)."""
+    return getattr(OBJECTIVES[objective], "framing_tokens", FRAMING_TOKENS)
+
+
+def sentence_aligned(config: TrainConfig) -> bool:
+    """True when the objective reads document segments cut at sentence ends (NSP, RoBERTa's formats)."""
+    return bool(getattr(OBJECTIVES[config.objective], "sentence_segments", False)
+                or config.objective_options.get("format") is not None)
+
+
+def datasets_for(config: TrainConfig, seq_len: int, sentence_end_ids: list[int] | None = None) -> tuple[Any, Any]:
+    """``(train, eval)`` raw-batch sources for ``config.objective``; ``eval`` is None without a usable val split.
+    With ``sentence_end_ids``, document segments are cut at sentence ends."""
     packed = packed_fits(config.objective)
 
     def make(split: str, shuffle: bool):
         if packed:
             return PackedDataset(config.data, seq_len, config.batch_size, split=split, seed=config.seed,
                                  shuffle=shuffle)
-        return DocumentDataset(config.data, seq_len - FRAMING_TOKENS, config.batch_size, split=split,
-                               seed=config.seed, shuffle=shuffle)
+        return DocumentDataset(config.data, seq_len - framing_tokens(config.objective), config.batch_size,
+                               split=split, seed=config.seed, shuffle=shuffle, sentence_end_ids=sentence_end_ids)
 
     train = make("train", True)
     evaluation = None
@@ -186,6 +208,25 @@ def _absolute(config: TrainConfig) -> TrainConfig:
     return config.updated(paths)
 
 
+def build_objective_for(config: TrainConfig, tokenizer: Tokenizer, seed: int, seq_len: int,
+                        sentence_end_ids: list[int] | None, static_seed: int | None = None):
+    """The run's objective (its ``format`` option applied, see :mod:`lmforge.objectives.input_formats`)."""
+    options = dict(config.objective_options)
+    fmt = check_format(config.objective, options.get("format"))
+    if config.objective == "mlm":  # the format is the data's and the packing's, not MaskedLM's
+        options.pop("format", None)
+    objective = OBJECTIVES[config.objective](**objective_kwargs(config.objective, tokenizer, seed, options, seq_len,
+                                                                static_seed=static_seed))
+    if fmt == "full-sentences":
+        sep = tokenizer.special_token_ids().get("sep_token_id")
+        if sep is None:
+            raise ConfigError(f"format='full-sentences' separates documents with [SEP], which the tokenizer "
+                              f"(family {tokenizer.family!r}) does not define; use a BERT or RoBERTa tokenizer")
+        objective = FullSentences(objective, sentence_end_ids=sentence_end_ids or [], separator_id=sep,
+                                  max_length=seq_len - FRAMING_TOKENS)
+    return objective
+
+
 def build_pretraining(config: TrainConfig, *, loss=None, init: Callable[[Transformer], None] | None = None,
                       run_files: dict[str, str] | None = None) -> PretrainRun:
     """Check ``config`` and assemble tokenizer, model, objective, data and Trainer (nothing is trained).
@@ -197,23 +238,39 @@ def build_pretraining(config: TrainConfig, *, loss=None, init: Callable[[Transfo
     config.require("model", "objective", "data", "out")
     ctx = distributed.setup(config.strategy, config.device)  # before the datasets: they read rank and world size
     tokenizer = load_tokenizer(config)
-    model_config = model_config_for(config.model, tokenizer, config.overrides)
+    check_format(config.objective, config.objective_options.get("format"))
+    # An objective's head (NSP: pooler + nsp_head) is switched on, unless weights or the overrides say otherwise.
+    needs = getattr(OBJECTIVES[config.objective], "model_fields", {})
+    has_weights = (Path(config.model) / model_checkpoint.WEIGHTS_FILE).is_file()
+    model_config = model_config_for(config.model, tokenizer, {**({} if has_weights else needs), **config.overrides})
     check_architecture(config.objective, model_config.arch)
     if getattr(model_config, "head", None) == "rtd" and config.objective != "electra":
         raise ConfigError(f"model {config.model} has ELECTRA's replaced-token head (head: rtd), which objective "
                           f"{config.objective!r} cannot train; continue it with --objective electra, or fine-tune it")
+    missing = [f"{k}={v}" for k, v in needs.items() if getattr(model_config, k, None) != v]
+    if missing:
+        raise ConfigError(f"objective {config.objective!r} needs a model with {', '.join(missing)}, which "
+                          f"{config.model} does not have; start from a preset, or train it with --objective mlm")
+    if needs.get("nsp_head") and model_config.type_vocab_size == 1:
+        raise ConfigError(f"objective {config.objective!r} marks sentence B with token_type_ids=1, but the model has "
+                          "type_vocab_size=1; pass --override type_vocab_size=2 (or 0: no segment embeddings)")
+    if needs.get("nsp_head") and config.batch_size < 2:
+        raise ConfigError(f"objective {config.objective!r} needs batch_size >= 2 (got {config.batch_size}): "
+                          "NotNext sentences come from another document of the batch")
     seq_len = config.seq_len or model_config.max_seq_len
     if seq_len > model_config.max_seq_len:
         raise ConfigError(f"seq_len={seq_len} exceeds the model's max_seq_len={model_config.max_seq_len}; "
                           f"lower --seq-len or pass --override max_seq_len={seq_len}")
-    if not packed_fits(config.objective) and seq_len <= FRAMING_TOKENS:
-        raise ConfigError(f"seq_len={seq_len} leaves no room for text besides the {FRAMING_TOKENS} framing tokens")
-    objective = OBJECTIVES[config.objective](
-        **objective_kwargs(config.objective, tokenizer, distributed.rank_seed(config.seed, ctx.rank),
-                           config.objective_options, static_seed=config.seed))
-    eval_objective = OBJECTIVES[config.objective](
-        **objective_kwargs(config.objective, tokenizer, config.seed + 1, config.objective_options))
-    train_data, eval_data = datasets_for(config, seq_len)
+    framing = framing_tokens(config.objective)
+    text = 2 if needs.get("nsp_head") else 1  # a pair needs a token of A and one of B
+    if not packed_fits(config.objective) and seq_len < framing + text:
+        raise ConfigError(f"seq_len={seq_len} leaves no room for {text} token(s) of text besides the {framing} "
+                          "framing tokens")
+    ends = tokenizer.sentence_end_ids() if sentence_aligned(config) else None
+    objective = build_objective_for(config, tokenizer, distributed.rank_seed(config.seed, ctx.rank), seq_len, ends,
+                                    static_seed=config.seed)
+    eval_objective = build_objective_for(config, tokenizer, config.seed + 1, seq_len, ends)
+    train_data, eval_data = datasets_for(config, seq_len, ends)
 
     torch.manual_seed(config.seed)  # the same seed, the same initial weights
     if isinstance(model_config, BiLMConfig):

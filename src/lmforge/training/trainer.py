@@ -13,6 +13,13 @@ Weighting each micro-batch by its share of the targets (rather than averaging th
 ``grad_accum=k, batch_size=b`` produce the same update as ``grad_accum=1, batch_size=k*b``, even when the
 micro-batches hold different numbers of targets (MLM masks ~15% of each, padding varies).
 
+A loss that sums means over different targets (BERT's MLM + NSP: a mean over masked tokens plus a mean over
+sentence pairs) lists them in ``out.loss_terms``, each with the batch key of its labels. Each term is weighed
+by its own share: ``backward(sum_t loss_t,k * n_t,k / N_t)``, with ``N_t`` the count of ``batch[key] != -100``
+over the accumulated batch, so the NSP mean stays a mean over all the step's pairs, as with one big batch.
+The logged loss is the sum of the terms' means; evaluation reports ``eval_<name>_loss`` and
+``eval_<name>_accuracy`` of every term besides the token labels (``eval_nsp_accuracy``).
+
 The trainer never learns which objective it runs: the objective turns raw batches into model inputs, and
 the model computes the loss. A training signal the model does not compute itself (sentence embeddings: one
 encoder over every side of a pair, then a contrastive loss) is a ``loss``: ``loss(model, batch)`` returns the
@@ -293,8 +300,9 @@ class Trainer:
         total = sum(self.count_targets(b) for b in batches)  # known before any backward: the divisor of every term
         if world > 1:  # the global batch's count: every rank divides by the same N
             total = int(self.dist.all_reduce([total])[0])
+        totals = {"labels": total}  # labels key -> its count over the accumulated batch (further terms: lazily)
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum = torch.zeros((), device=self.device)
+        loss_sums: dict[str, torch.Tensor] = {}
         for k, batch in enumerate(batches):
             with distributed.gradient_sync(self._wrapped, sync=k == len(batches) - 1):
                 with autocast(self.device, self.autocast_dtype):
@@ -302,13 +310,24 @@ class Trainer:
                 if out.loss is None:
                     raise ValueError("the model returned no loss; the objective's batches must carry labels")
                 n = out.n_targets if out.n_targets is not None else self.count_targets(batch)
-                # out.loss is the mean over this micro-batch's n targets; n / total turns it into its share of
+                terms = [(t.labels_key, t.loss, n if t.labels_key == "labels" else _count(batch, t.labels_key))
+                         for t in getattr(out, "loss_terms", None) or ()] or [("labels", out.loss, n)]
+                for key, _, _ in terms:
+                    if key not in totals:  # every micro-batch is collated already: count the key over all of them
+                        count = sum(_count(b, key) for b in batches)
+                        totals[key] = int(self.dist.all_reduce([count])[0]) if world > 1 else count
+                # Each term is the mean over this micro-batch's n targets; n / total turns it into its share of
                 # the mean over the whole accumulated batch, and the factor `world` undoes the averaging of
                 # the ranks' gradients by DDP/FSDP.
-                (out.loss * (n * world / max(total, 1))).backward()
-            loss_sum += out.loss.detach().float() * n
-        loss = self.dist.all_reduce([loss_sum.item()])[0] if world > 1 else loss_sum.item()
-        return {"loss": loss / total if total else None, "targets": total}
+                sum(loss * (n * world / max(totals[key], 1)) for key, loss, n in terms).backward()
+            for key, loss, n in terms:
+                loss_sums[key] = loss_sums.get(key, 0.0) + loss.detach().float() * n
+        keys = list(loss_sums)
+        sums = [float(loss_sums[key]) for key in keys]
+        if world > 1:
+            sums = self.dist.all_reduce(sums)
+        loss = sum(s / max(totals[key], 1) for key, s in zip(keys, sums))
+        return {"loss": loss if total else None, "targets": total}
 
     def count_targets(self, batch: dict[str, Any]) -> int:
         """How many targets the model's mean loss over ``batch`` is over: its labelled tokens (labels != -100).
@@ -366,6 +385,7 @@ class Trainer:
         was_training = self.model.training
         self.model.eval()
         loss_sum, correct, total = 0.0, 0, 0
+        terms: dict[str, list[float]] = {}  # further loss terms (NSP): name -> [loss sum, correct, count]
         data = iter(self.eval_data)
         try:
             for _ in range(self.config.eval_batches):
@@ -384,18 +404,37 @@ class Trainer:
                     out = self._forward(**batch)
                 labels = batch["labels"]
                 target = labels[labels != IGNORE_INDEX]  # (N,), in the order of out.logits' rows
-                loss_sum += float(out.loss) * len(target)
+                token_loss = out.loss
+                for term in getattr(out, "loss_terms", None) or ():
+                    if term.labels_key == "labels":
+                        token_loss = term.loss
+                        continue
+                    term_labels = batch[term.labels_key]
+                    valid = term_labels != IGNORE_INDEX
+                    sums = terms.setdefault(term.name, [0.0, 0, 0])
+                    sums[0] += float(term.loss) * int(valid.sum())
+                    sums[1] += int((term.logits.argmax(-1)[valid] == term_labels[valid]).sum())
+                    sums[2] += int(valid.sum())
+                loss_sum += float(token_loss) * len(target)
                 correct += int((out.logits.argmax(-1) == target).sum())
                 total += len(target)
         finally:
             self.model.train(was_training)
+        names = list(terms)
         if self.dist.world_size > 1:
-            loss_sum, correct, total = self.dist.all_reduce([loss_sum, correct, total])
+            loss_sum, correct, total, *flat = self.dist.all_reduce(
+                [loss_sum, correct, total, *(v for name in names for v in terms[name])])
+            terms = {name: flat[3 * i:3 * i + 3] for i, name in enumerate(names)}
         if total == 0:
             return {}
         loss = loss_sum / total
-        return {"eval_loss": loss, "eval_ppl": math.exp(loss) if loss < 700 else None,
-                "eval_accuracy": correct / total}
+        record = {"eval_loss": loss, "eval_ppl": math.exp(loss) if loss < 700 else None,
+                  "eval_accuracy": correct / total}
+        for name in names:
+            term_loss, term_correct, count = terms[name]
+            if count:
+                record.update({f"eval_{name}_loss": term_loss / count, f"eval_{name}_accuracy": term_correct / count})
+        return record
 
     # ------------------------------------------------------------------ checkpoints
     def rank_state(self) -> dict[str, Any]:
@@ -680,6 +719,11 @@ class Trainer:
         finally:
             for s, h in previous.items():
                 signal.signal(s, h)
+
+
+def _count(batch: dict[str, Any], key: str) -> int:
+    """Labelled entries of ``batch[key]`` (those that are not -100)."""
+    return int((batch[key] != IGNORE_INDEX).sum())
 
 
 def _state_of(obj) -> Any:
