@@ -5,7 +5,11 @@ attention mask once per forward and hands them to every layer through an Attenti
 
     tokens (B, T, E) -> embeddings -> layer_1 ... layer_N -> final norm -> (B, T, D)
 
-With ``share_layers`` (ALBERT) one layer's weights serve every depth.
+With ``share_layers`` (ALBERT) one layer's weights serve every depth. Adding ``step_embeddings`` makes it
+the Universal Transformer's recurrence in depth (Dehghani et al. 2019): before step t the stack adds a
+sinusoidal signal of t (the paper's timestep coordinate embedding), so the one shared layer knows how
+deep it is. The paper's adaptive computation time (a halting unit per position) is not included: every
+position takes ``n_layers`` steps.
 
 Example:
     >>> import torch
@@ -32,6 +36,7 @@ from lmforge.nn.norms import build_norm
 from lmforge.nn.positions.alibi import ALiBi
 from lmforge.nn.positions.deberta import RelativeEmbeddings
 from lmforge.nn.positions.rope import RotaryEmbedding
+from lmforge.nn.positions.sinusoidal import sinusoidal_table
 from lmforge.nn.positions.t5_bias import T5RelativeBias
 
 
@@ -56,7 +61,19 @@ class TransformerStack(nn.Module):
             else None
         )
         self.layers = nn.ModuleList(Block(cfg, cross) for _ in range(1 if cfg.share_layers else n_layers))
+        if cfg.attn_scale_by_layer:  # GPT-2's scale_attn_by_inverse_layer_idx: layer i's logits / (i + 1)
+            for i, block in enumerate(self.layers):
+                block.attn.scale /= i + 1
+        self.register_buffer(  # (L, D): the Universal Transformer's timestep signal, added before each step
+            "step_signal", torch.empty(n_layers, cfg.d_model) if cfg.step_embeddings else None, persistent=False
+        )
+        self.reset_buffers()
         self.final_norm = build_norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.bias) if cfg.final_norm else None
+
+    def reset_buffers(self) -> None:
+        """Recompute the derived step signal (checkpoints do not store it)."""
+        if self.step_signal is not None:
+            self.step_signal.copy_(sinusoidal_table(*self.step_signal.shape))
 
     def forward(
         self,
@@ -129,6 +146,8 @@ class TransformerStack(nn.Module):
         hidden = [x] if output_hidden_states else None
         for i in range(self.n_layers):
             layer = self.layers[0 if len(self.layers) == 1 else i]
+            if self.step_signal is not None:
+                x = x + self.step_signal[i].to(x.dtype)
             x = layer(x, ctx, memory, layer=i)
             if hidden is not None:
                 hidden.append(x)
