@@ -44,6 +44,7 @@ class TransformerStack(nn.Module):
     def __init__(self, cfg: ModelConfig, n_layers: int, causal: bool, cross: bool = False):
         super().__init__()
         self.causal = causal
+        self.window = cfg.sliding_window if causal else None  # Mistral: each query sees its last W keys
         self.n_layers = n_layers
         self.position = cfg.position
         self.embed = StackEmbeddings(cfg)
@@ -105,6 +106,7 @@ class TransformerStack(nn.Module):
         device = tokens.device
         past = cache.seq_len() if cache is not None else 0
         S = past + T
+        offset = cache.offset() if cache is not None else 0  # a sliding-window cache keeps positions offset.. only
         if position_ids is None:
             position_ids = torch.arange(past, S, device=device)[None]  # (1, T)
         x = self.embed(tokens, position_ids, token_type_ids)  # (B, T, D)
@@ -115,7 +117,7 @@ class TransformerStack(nn.Module):
         logit_terms = self.position in ("relative", "deberta")  # relative schemes whose bias each layer computes
         if self.rel_bias is not None or self.alibi is not None or logit_terms:
             # Only relative schemes need these; skipping them keeps the one-token decode step short.
-            q_pos, k_pos = torch.arange(past, S, device=device), torch.arange(S, device=device)
+            q_pos, k_pos = torch.arange(past, S, device=device), torch.arange(offset, S, device=device)
         if self.rel_bias is not None:
             bias = self.rel_bias(q_pos, k_pos)  # (1, H, T, S)
         elif self.alibi is not None:
@@ -125,12 +127,13 @@ class TransformerStack(nn.Module):
         elif self.relative_positions is not None:
             rel_embeddings, rel_index = self.relative_positions(q_pos, k_pos)  # (2k, D), (T, S)
         has_bias = bias is not None or logit_terms
-        plain_causal = self.causal and explicit is None and T == S and not has_bias
+        windowed = self.window is not None and S - offset > self.window
+        plain_causal = self.causal and explicit is None and T == S and not has_bias and not windowed
         no_padding = padding is None or (not torch.compiler.is_compiling() and bool(padding.bool().all()))
         if plain_causal and no_padding:
             mask, is_causal = None, True  # SDPA's built-in causal kernel, no mask tensor at all
         else:
-            mask = build_mask(T, S, self.causal, padding, explicit, device)
+            mask = build_mask(T, S - offset, self.causal, padding, explicit, device, window=self.window)
             is_causal = False
         ctx = AttentionContext(
             mask=mask,

@@ -199,7 +199,7 @@ class Transformer(nn.Module):
         loss, say), read only where ``labels`` != -100."""
         cfg = self.config
         out = ModelOutput()
-        cache = past_key_values if past_key_values is not None else (KVCache() if use_cache else None)
+        cache = past_key_values if past_key_values is not None else (KVCache(window=cfg.sliding_window) if use_cache else None)
         if cfg.arch == "encoder":
             h, out.hidden_states = self.encode(
                 input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_hidden_states
