@@ -14,6 +14,18 @@ Implementations and Applications?", table 1)::
     glu       down(sigmoid(gate(x)) * up(x))                   (Dauphin et al. 2017)
     liglu     down(gate(x) * up(x)): bilinear, no nonlinearity (Shazeer 2020's "Bilinear")
 
+The table's other cheap rows live where they act: ReZero (``ModelConfig.rezero``) in :mod:`lmforge.nn.block`,
+the Universal Transformer's shared layer with per-step signals (``share_layers`` + ``step_embeddings``) in
+:mod:`lmforge.models.stack`. Two rows are left out:
+
+- Fixup initialisation (Zhang et al. 2019) is more than an init: it also removes the norms and adds scalar
+  multipliers and biases in front of every projection and activation of each branch, so every FFN and
+  attention module would grow parameters HF checkpoints do not have; ReZero covers the same idea (a residual
+  branch that starts at zero) with one scalar per layer.
+- Mixture of softmaxes (Yang et al. 2018) makes the head return log-probabilities of a mixture, not logits:
+  temperature, repetition penalties and the fused cross-entropy all treat the head's output as logits, and
+  would silently compute something else on it.
+
 Example:
     >>> x = torch.tensor([-1.0, 0.0, 2.0])
     >>> [round(v, 4) for v in activation_fn("elu")(x).tolist()]  # exp(-1) - 1 for the negative input
