@@ -193,7 +193,8 @@ def main() -> None:
     parser.add_argument("--memory-gb", type=float, default=None,
                         help="stop a layer before a length whose predicted peak passes this (default: 3/4 of the "
                              "device's memory)")
-    parser.add_argument("--fit-points", type=int, default=3, help="longest lengths per layer the slopes fit (default 3)")
+    parser.add_argument("--fit-points", type=int, default=3,
+                        help="how many of each layer's longest lengths the slopes fit (default 3)")
     parser.add_argument("--plot", default=None, help="where to write the log-log plot (default: the temp folder)")
     parser.add_argument("--quick", action="store_true", help="n = 128 .. 1024, 2 repeats")
     args = parser.parse_args()

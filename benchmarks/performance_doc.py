@@ -156,7 +156,8 @@ def attention_scaling_detail(data: dict) -> str:
     cross = []
     for full, modes in data["crossover"].items():
         for mode, c in modes.items():
-            where = "not within the lengths run" if c is None else f"n = {c['n']} (interpolated {c['interpolated_n']:.0f})"
+            where = ("not within the lengths run" if c is None
+                     else f"n = {c['n']} (interpolated {c['interpolated_n']:.0f})")
             cross.append([full, mode.removesuffix("_s").replace("_", " + "), where])
     return (table(["layer", "time slope, forward", "time slope, fwd + bwd", "memory slope"], slopes) +
             f"\n\nLinformer (k = {data['linformer_k']}) is faster than full attention from:\n\n" +

@@ -67,7 +67,8 @@ def test_projection_shapes_by_sharing():
     shapes = {}
     for sharing in ("headwise", "key-value", "none"):
         proj = Transformer(_linformer(linformer_k=6, linformer_sharing=sharing, n_kv_heads=2)).encoder.layers[0].attn
-        shapes[sharing] = (tuple(proj.linformer.E.shape), None if proj.linformer.F is None else tuple(proj.linformer.F.shape))
+        E, F = proj.linformer.E, proj.linformer.F
+        shapes[sharing] = (tuple(E.shape), None if F is None else tuple(F.shape))
     assert shapes == {"headwise": ((1, 6, 12), (1, 6, 12)), "key-value": ((1, 6, 12), None),
                       "none": ((2, 6, 12), (2, 6, 12))}
 
