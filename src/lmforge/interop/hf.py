@@ -6,7 +6,8 @@
 Each family is one small module (:mod:`~lmforge.interop.hf_bert`, ``hf_gpt2``, ``hf_t5``, ``hf_bart``,
 ``hf_llama`` (also Qwen2 and Mistral), ``hf_deberta``, ``hf_electra``) declaring a :class:`Family`: the HF
 config <-> ModelConfig translation, the HF classes it reads (:class:`Arch`: which lmforge head, where the body
-sits in the state dict) and a table of :class:`Rule` s from lmforge tensor names to HF ones, in the vocabulary of :mod:`~lmforge.interop.hf_family`.
+sits in the state dict) and a table of :class:`Rule` s from lmforge tensor names to HF ones, in the vocabulary
+of :mod:`~lmforge.interop.hf_family`.
 This module is the engine that applies those tables.
 
 Why conversion is exact: a rule only renames, transposes, splits or concatenates tensors, so
