@@ -64,6 +64,8 @@ def test_rezero_layers_start_as_the_identity_and_learn_their_gate():
         for b in blocks:
             b.rezero.fill_(0.5)
     assert not torch.allclose(model(ids, output_hidden_states=True).hidden_states[-1], out.hidden_states[0])
+    model.reset_parameters()  # a random re-initialisation closes the gates again
+    assert all(float(b.rezero.detach()) == 0.0 for b in blocks)
 
 
 def test_universal_transformer_adds_the_step_signal_before_each_shared_step():

@@ -115,3 +115,11 @@ def test_what_linformer_cannot_do_is_one_line_naming_the_field(overrides, field)
         _linformer(**overrides)
     message = str(info.value)
     assert f"ModelConfig.{field}=" in message and "\n" not in message
+
+
+def test_reset_parameters_redraws_the_projections():
+    model = Transformer(_linformer(linformer_k=4))
+    E = model.encoder.layers[0].attn.linformer.E
+    E.data.fill_(7.0)
+    model.reset_parameters()  # random_init of a loaded model reaches E and F too
+    assert not (E == 7.0).any() and abs(E.std().item() - 0.5) < 0.1

@@ -45,7 +45,9 @@ from lmforge import generation, model_folder
 from lmforge.config import ModelConfig
 from lmforge.models.heads import LMHead, MLMHead, Pooler, RTDHead
 from lmforge.models.stack import TransformerStack
+from lmforge.nn.block import Block
 from lmforge.nn.kv_cache import KVCache
+from lmforge.nn.linformer import LinformerProjection
 from lmforge.nn.labels import shift_right
 from lmforge.nn.loss import cross_entropy
 from lmforge.errors import UserInputError
@@ -116,6 +118,10 @@ class Transformer(nn.Module):
                     nn.init.ones_(module.weight)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
+            elif isinstance(module, LinformerProjection):
+                module.reset_parameters()
+            elif isinstance(module, Block) and module.rezero is not None:
+                nn.init.zeros_(module.rezero)  # ReZero: every layer starts as the identity
 
     def _gpt2_std(self, name: str, module: nn.Linear) -> float:
         cfg = self.config

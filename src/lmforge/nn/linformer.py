@@ -55,10 +55,15 @@ class LinformerProjection(nn.Module):
         super().__init__()
         self.k, self.max_len = cfg.linformer_k, cfg.max_seq_len
         groups = cfg.kv_heads if cfg.linformer_sharing == "none" else 1
-        # N(0, 1/k), as the reference implementations: E K keeps the scale of K summed over k draws.
-        self.E = nn.Parameter(torch.randn(groups, self.k, self.max_len) * self.k**-0.5)
-        self.F = None if cfg.linformer_sharing == "key-value" else nn.Parameter(
-            torch.randn(groups, self.k, self.max_len) * self.k**-0.5)
+        self.E = nn.Parameter(torch.empty(groups, self.k, self.max_len))
+        self.F = None if cfg.linformer_sharing == "key-value" else nn.Parameter(torch.empty_like(self.E))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """N(0, 1/k), as the reference implementations: E K keeps the scale of K summed over k draws."""
+        for p in (self.E, self.F):
+            if p is not None:
+                nn.init.normal_(p, std=self.k**-0.5)
 
     def forward(
         self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
