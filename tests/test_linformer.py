@@ -123,3 +123,12 @@ def test_reset_parameters_redraws_the_projections():
     E.data.fill_(7.0)
     model.reset_parameters()  # random_init of a loaded model reaches E and F too
     assert not (E == 7.0).any() and abs(E.std().item() - 0.5) < 0.1
+
+
+def test_no_hugging_face_family_expresses_linformer(tmp_path):
+    import lmforge
+    from lmforge.interop.hf import HFConversionError
+
+    with pytest.raises(HFConversionError, match="no Hugging Face architecture expresses"):
+        lmforge.to_hf(Transformer(_linformer(linformer_k=4)), tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
