@@ -8,8 +8,10 @@ import pytest
 import torch
 from helpers import tiny_config
 
+import lmforge
 from lmforge.config import ConfigError
 from lmforge.errors import UserInputError
+from lmforge.interop.hf import HFConversionError
 from lmforge.models import Transformer
 from lmforge.nn import attention
 
@@ -126,9 +128,6 @@ def test_reset_parameters_redraws_the_projections():
 
 
 def test_no_hugging_face_family_expresses_linformer(tmp_path):
-    import lmforge
-    from lmforge.interop.hf import HFConversionError
-
     with pytest.raises(HFConversionError, match="no Hugging Face architecture expresses"):
         lmforge.to_hf(Transformer(_linformer(linformer_k=4)), tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
