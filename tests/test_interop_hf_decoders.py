@@ -167,3 +167,10 @@ def test_compiled_decoding_refuses_a_sliding_window():
     model = build_model(tiny_config(arch="decoder", position="rope", sliding_window=3)).eval()
     with pytest.raises(UserInputError, match="sliding_window=3"):
         model.generate(torch.randint(1, 97, (1, 4)), max_new_tokens=2, compile=True)
+
+
+def test_flops_count_the_window_not_the_whole_prefix():
+    cfg = tiny_config(arch="decoder", position="rope", sliding_window=3)
+    windowed, full = build_model(cfg), build_model(cfg.replace(sliding_window=None))
+    assert full.flops_per_token(64) - windowed.flops_per_token(64) == cfg.n_layers * 12 * cfg.d_model * (64 - 3)
+    assert full.flops_per_token(2) == windowed.flops_per_token(2)  # shorter than the window: nothing changes

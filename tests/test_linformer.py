@@ -131,3 +131,11 @@ def test_no_hugging_face_family_expresses_linformer(tmp_path):
     with pytest.raises(HFConversionError, match="no Hugging Face architecture expresses"):
         lmforge.to_hf(Transformer(_linformer(linformer_k=4)), tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
+
+
+def test_flops_count_k_projected_keys_not_the_projection_weights():
+    cfg = _linformer(linformer_k=4, max_seq_len=64)
+    lin, full = Transformer(cfg), Transformer(cfg.replace(attention="full"))
+    d, L, T = cfg.d_model, cfg.n_layers, 64
+    # Same weights per token (E and F excluded); attention over k = 4 rows plus E K and F V, instead of T keys.
+    assert full.flops_per_token(T) - lin.flops_per_token(T) == L * (12 * d * T - 12 * 4 * (d + d))
