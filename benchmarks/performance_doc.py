@@ -147,8 +147,28 @@ def verify_cost_detail(data: dict) -> str:
             f"(+{data['load_verified_s'] - data['load_unverified_s']:.2f} s).")
 
 
+def attention_scaling_detail(data: dict) -> str:
+    def fmt(value) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    slopes = [[name, fmt(s["forward_s"]), fmt(s["forward_backward_s"]), fmt(s["peak_mb"])]
+              for name, s in data["slopes"].items()]
+    cross = []
+    for full, modes in data["crossover"].items():
+        for mode, c in modes.items():
+            where = ("not within the lengths run" if c is None
+                     else f"n = {c['n']} (interpolated {c['interpolated_n']:.0f})")
+            cross.append([full, mode.removesuffix("_s").replace("_", " + "), where])
+    return (table(["layer", "time slope, forward", "time slope, fwd + bwd", "memory slope"], slopes) +
+            f"\n\nLinformer (k = {data['linformer_k']}) is faster than full attention from:\n\n" +
+            table(["full attention", "pass", "from"], cross) +
+            f"\n\nLengths {data['lengths'][0]} to {data['lengths'][-1]}, d = {data['d_model']}, median of "
+            f"{data['repeats']}." + ("".join(f" {k} stopped: {v}." for k, v in data.get("stopped", {}).items())))
+
+
 DETAILS = {"train_step": train_step_detail, "generate": generate_detail, "data_pipeline": data_pipeline_detail,
-           "peft_memory": peft_memory_detail, "verify_cost": verify_cost_detail}
+           "peft_memory": peft_memory_detail, "verify_cost": verify_cost_detail,
+           "attention_scaling": attention_scaling_detail}
 
 # What each benchmark runs and against what: the method, which the figures above do not carry.
 METHODS = {
@@ -179,6 +199,13 @@ memory of the ready model, each configuration in a fresh process. **Reference**:
 model. The workers fix glibc's mmap threshold so that RSS follows live memory rather than the allocator's history.
 QLoRA is compared by the bytes of its NF4 base weights (double-quantised scales included) against fp32.""",
 }
+
+METHODS["attention_scaling"] = """\
+`benchmarks/attention_scaling.py`: the lecture's complexity table, measured. One layer at d = 256 (4 heads), batch
+1, fp32, for n = 128 … 8192 doubling: full self-attention through SDPA and through the written-out softmax,
+Linformer (k = 256), a one-layer LSTM and a kernel-3 1-D convolution; forward and forward + backward time, and the
+peak memory of forward + backward. **Reference**: full attention; the ratio is its time over Linformer's at the
+longest length both ran. Slopes are log-log fits over each layer's three longest lengths."""
 
 METHODS["verify_cost"] = """\
 `benchmarks/verify_cost.py`: what integrity checking adds to loading a model folder. A randomly initialised

@@ -30,6 +30,8 @@ RESULTS = {
                     "fp32_bytes": 8 * 2**20, "qlora_over_fp32": 0.125},
     "verify_cost": {"benchmark": "verify_cost", "preset": "gpt2", "parameters": 124_000_000, "folder_bytes": 5e8,
                     "repeats": 5, "load_verified_s": 1.2, "load_unverified_s": 1.0, "verify_only_s": 0.3, "ratio": 1.2},
+    "attention_scaling": {"benchmark": "attention_scaling", "linformer_k": 256, "at_longest": {
+        "full-sdpa": {"n": 8192, "linformer_s": 0.05, "full_s": 0.2}}},
 }
 
 
@@ -66,6 +68,8 @@ def test_rows_for_each_benchmark_format():
     assert [r.case for r in unsteady] == ["gpt eager (machine unsteady)"]
     assert [r.ratio for r in rows["data_pipeline"]] == [pytest.approx(0.95), pytest.approx(250.0)]
     assert [(r.ratio, r.better) for r in rows["peft_memory"]] == [(0.56, "lower"), (0.125, "lower")]
+    assert [(r.case, r.ratio) for r in rows["attention_scaling"]] == [
+        ("Linformer k=256 vs full attention (sdpa), fwd+bwd, n=8192", pytest.approx(4.0))]
     generic = bench.rows_for("new_bench", {"speed_ratio": 2.0, "other": 5, "a_over_b": 0.5})
     assert [(r.case, r.ratio) for r in generic] == [("speed_ratio", 2.0), ("a_over_b", 0.5)]
     with pytest.raises(ValueError, match="train_step: unexpected result format"):

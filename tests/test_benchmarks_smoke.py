@@ -23,6 +23,7 @@ SMOKE = {
     "data_pipeline": ["--mb", "0.2", "--repeats", "1"],
     "peft_memory": ["--preset", "bert-tiny", "--batch", "1", "--seq", "8", "--steps", "1"],
     "verify_cost": ["--repeats", "1"],
+    "attention_scaling": ["--max-len", "256", "--d-model", "32", "--linformer-k", "64", "--repeats", "1"],
 }
 
 

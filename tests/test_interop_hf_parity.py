@@ -83,6 +83,16 @@ CASES = {
         num_key_value_heads=2, head_dim=16, rope_theta=500.0))),
     "llama-mqa-tied-bias": lambda: tf.LlamaForCausalLM(tf.LlamaConfig(**_llama(
         num_key_value_heads=1, tie_word_embeddings=True, attention_bias=True, mlp_bias=True))),
+    "llama-attention-bias-only": lambda: tf.LlamaForCausalLM(tf.LlamaConfig(**_llama(
+        num_key_value_heads=2, attention_bias=True, mlp_bias=False))),
+    "gpt2-inverse-layer-scale": lambda: tf.GPT2LMHeadModel(tf.GPT2Config(**_gpt2(
+        scale_attn_by_inverse_layer_idx=True, n_layer=3))),
+    "qwen2-qkv-bias": lambda: tf.Qwen2ForCausalLM(tf.Qwen2Config(**_llama(num_key_value_heads=2))),
+    "qwen2-sliding-window": lambda: tf.Qwen2ForCausalLM(tf.Qwen2Config(**_llama(
+        num_key_value_heads=4, use_sliding_window=True, sliding_window=3, max_window_layers=0))),
+    "mistral-sliding-window": lambda: tf.MistralForCausalLM(tf.MistralConfig(**_llama(
+        num_key_value_heads=2, sliding_window=3))),  # windows of 3 over 9 positions
+    "mistral-model-no-window": lambda: tf.MistralModel(tf.MistralConfig(**_llama(num_key_value_heads=4, sliding_window=None))),
     "deberta-v3": lambda: tf.DebertaV2Model(tf.DebertaV2Config(**_deberta())),
     "deberta-mlm-own-pos-proj": lambda: tf.DebertaV2ForMaskedLM(tf.DebertaV2Config(**_deberta(
         share_att_key=False, type_vocab_size=2, norm_rel_ebd="none", hidden_act="gelu_new"))),

@@ -42,8 +42,12 @@ DEBERTA_TERMS = ("c2p", "p2c")  # DeBERTa's position terms: content->position, p
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
 # "-tanh" variants use the tanh approximation of GELU (GPT-2's gelu_new, T5 v1.1's gated-gelu).
-ACTIVATIONS = ("relu", "gelu", "gelu-tanh", "silu", "geglu", "geglu-tanh", "reglu", "swiglu")
-GATED_ACTIVATIONS = ("geglu", "geglu-tanh", "reglu", "swiglu")
+# Narang et al. 2021's rows: elu, selu, sigmoid, softplus; glu (sigmoid gate), liglu (bilinear: no gate function).
+ACTIVATIONS = ("relu", "gelu", "gelu-tanh", "silu", "geglu", "geglu-tanh", "reglu", "swiglu",
+               "elu", "selu", "sigmoid", "softplus", "glu", "liglu")
+GATED_ACTIVATIONS = ("geglu", "geglu-tanh", "reglu", "swiglu", "glu", "liglu")
+ATTENTIONS = ("full", "linformer")  # linformer: keys/values projected to linformer_k along the sequence
+LINFORMER_SHARING = ("headwise", "key-value", "none")  # one E, F per layer; E = F; E_h, F_h per kv head
 HEADS = ("lm", "mlm", "rtd", "none")  # rtd: ELECTRA's replaced-token detection head (B, T)
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -241,6 +245,16 @@ class ModelConfig(ConfigBase):
     bias: bool = True
     attn_scale: bool = True
     share_layers: bool = False
+    # --- attention variants and residual gates (see the docstring's "attention" and "residuals") ------
+    attention: str = "full"
+    linformer_k: int = 256
+    linformer_sharing: str = "headwise"
+    qkv_bias: bool | None = None
+    o_bias: bool | None = None
+    attn_scale_by_layer: bool = False
+    sliding_window: int | None = None
+    rezero: bool = False
+    step_embeddings: bool = False
     # --- heads -------------------------------------------------------------------------------
     head: str = "lm"
     lm_head_bias: bool = False
@@ -340,6 +354,7 @@ class ModelConfig(ConfigBase):
             raise ConfigError(f"ModelConfig.relative_k={self.relative_k} must be positive")
         if self.position == "deberta":
             self._validate_deberta()
+        self._validate_attention_variants()
         if self.layer_norm_eps <= 0:
             raise ConfigError(f"ModelConfig.layer_norm_eps={self.layer_norm_eps} must be positive")
         if self.position_offset < 0:
@@ -360,6 +375,37 @@ class ModelConfig(ConfigBase):
             if tid is not None and not 0 <= tid < self.vocab_size:
                 raise ConfigError(f"ModelConfig.{name}={tid} is outside the vocabulary [0, {self.vocab_size})")
         return self
+
+    def _validate_attention_variants(self) -> None:
+        if self.attention not in ATTENTIONS:
+            raise ConfigError(f"ModelConfig.attention={self.attention!r} is not one of {', '.join(ATTENTIONS)}")
+        if self.attention == "linformer":
+            if self.arch != "encoder":
+                raise ConfigError(f"ModelConfig.attention='linformer' needs arch='encoder' (got arch={self.arch!r}): "
+                                  "its projection along the sequence mixes future positions into every key, "
+                                  "so it cannot be causal")
+            if not 0 < self.linformer_k <= self.max_seq_len:
+                raise ConfigError(f"ModelConfig.linformer_k={self.linformer_k} must be in [1, max_seq_len="
+                                  f"{self.max_seq_len}] (keys are projected from max_seq_len positions to k)")
+            if self.linformer_sharing not in LINFORMER_SHARING:
+                raise ConfigError(f"ModelConfig.linformer_sharing={self.linformer_sharing!r} is not one of "
+                                  f"{', '.join(LINFORMER_SHARING)}")
+            if self.position not in ("learned", "sinusoidal", "rope", "none"):
+                raise ConfigError(f"ModelConfig.position={self.position!r} adds a (T, S) bias, which has no meaning "
+                                  "over Linformer's projected keys; use learned, sinusoidal, rope or none")
+        if self.sliding_window is not None:
+            if self.sliding_window <= 0:
+                raise ConfigError(f"ModelConfig.sliding_window={self.sliding_window} must be a positive integer")
+            if self.arch != "decoder":
+                raise ConfigError(f"ModelConfig.sliding_window needs arch='decoder' (got arch={self.arch!r})")
+        if self.attn_scale_by_layer and self.share_layers:
+            raise ConfigError("ModelConfig.attn_scale_by_layer=True cannot combine with share_layers=True "
+                              "(one shared layer has one attention scale)")
+        if self.step_embeddings and not self.share_layers:
+            raise ConfigError("ModelConfig.step_embeddings=True needs share_layers=True (the Universal Transformer "
+                              "applies one layer repeatedly and tells the steps apart by these embeddings)")
+        if self.step_embeddings and self.d_model % 2:
+            raise ConfigError(f"ModelConfig.step_embeddings=True needs an even d_model (got {self.d_model})")
 
     def _validate_deberta(self) -> None:
         terms = self.pos_att_type.split("|")

@@ -6,6 +6,7 @@ table of lmforge against its reference, each ratio measured side by side in the 
     generate.py       greedy generation tokens/s (batch 1 and 8)             HF generate
     data_pipeline.py  data prepare MB/s; packed loader tokens/s              raw tokenizers encode_batch; a target
     peft_memory.py    peak training memory of LoRA; QLoRA's NF4 base bytes   full fine-tuning; fp32 weights
+    attention_scaling.py  one layer's time vs length: Linformer (k=256)         full attention (SDPA; matmul)
 
 Each script runs in its own process (so one's memory and threads do not disturb the next), prints its own
 lines (shown on stderr as they come) and ends with one JSON line, which this command reads. The quality
@@ -42,7 +43,7 @@ import lmforge
 from lmforge.cli.main import UserError
 from lmforge.utils.machine import machine_info
 
-BENCHMARKS = ("train_step", "generate", "data_pipeline", "peft_memory", "verify_cost")
+BENCHMARKS = ("train_step", "generate", "data_pipeline", "peft_memory", "verify_cost", "attention_scaling")
 QUICK_FLAGS = {name: ["--quick"] for name in BENCHMARKS}  # every speed benchmark has its own --quick
 STEADY_TOLERANCE = 0.15  # the matmul peak may move this much between start and end (as train_step.py allows)
 
@@ -117,6 +118,16 @@ def _verify_cost(data: dict) -> list[Row]:
                 "lower")]
 
 
+def _attention_scaling(data: dict) -> list[Row]:
+    # Forward + backward of one layer at the longest length both ran; slopes and crossover are in its own output.
+    k = data["linformer_k"]
+    return [Row("attention_scaling", f"Linformer k={k} vs full attention ({full.removeprefix('full-')}), "
+                                     f"fwd+bwd, n={r['n']}",
+                f"{r['linformer_s'] * 1e3:,.2f} ms", f"{full} {r['full_s'] * 1e3:,.2f} ms",
+                r["full_s"] / r["linformer_s"], "higher")
+            for full, r in data.get("at_longest", {}).items()]
+
+
 def _generic(name: str, data: dict) -> list[Row]:
     """A benchmark without an adapter: every top-level number named like a ratio."""
     return [Row(name, key, "-", "-", float(value), "higher") for key, value in data.items()
@@ -125,7 +136,7 @@ def _generic(name: str, data: dict) -> list[Row]:
 
 ADAPTERS: dict[str, Callable[[dict], list[Row]]] = {
     "train_step": _train_step, "generate": _generate, "data_pipeline": _data_pipeline, "peft_memory": _peft_memory,
-    "verify_cost": _verify_cost,
+    "verify_cost": _verify_cost, "attention_scaling": _attention_scaling,
 }
 
 

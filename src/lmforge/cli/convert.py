@@ -24,7 +24,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "convert", help="convert Hugging Face model folders to lmforge and back",
         description="Convert between Hugging Face model folders and lmforge model folders. Supported: BERT, "
-        "RoBERTa, GPT-2, T5 (v1.0 and v1.1), BART, mBART and Llama.",
+        "RoBERTa, GPT-2, T5 (v1.0 and v1.1), BART, mBART, Llama, Qwen2 and Mistral.",
     )
     sub = parser.add_subparsers(dest="convert_command", metavar="SUBCOMMAND")
 

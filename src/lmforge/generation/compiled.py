@@ -82,6 +82,9 @@ def check_supported(model) -> None:
     mc = model.config
     if mc.arch != "decoder":
         raise UserInputError(f"compile=True supports decoder models only; {mc.name!r} is {mc.arch} (use compile=False)")
+    if mc.sliding_window is not None:
+        raise UserInputError(f"compile=True does not support sliding-window attention ({mc.name!r} has "
+                             f"sliding_window={mc.sliding_window}); use compile=False")
     if mc.position not in SUPPORTED_POSITIONS:
         raise UserInputError(
             f"compile=True supports position schemes {', '.join(SUPPORTED_POSITIONS)}; {mc.name!r} uses "

@@ -110,7 +110,7 @@ class Stepper:
             self.positions = (self.valid.long().cumsum(-1) - 1).clamp(min=0)  # (N, L_max)
         else:  # shared by all rows; slicing it each step is cheaper than the model's own arange
             self.positions = torch.arange(T0 + max_new_tokens, device=device)[None]  # (1, L_max)
-        self.cache = KVCache(capacity=T0 + max_new_tokens) if use_cache else None
+        self.cache = KVCache(capacity=T0 + max_new_tokens, window=model.config.sliding_window) if use_cache else None
 
     @property
     def batch_size(self) -> int:

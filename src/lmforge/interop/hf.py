@@ -4,9 +4,10 @@
     lmforge model     --to_hf----> config.json + model.safetensors (+ tokenizer.json, tokenizer_config.json)
 
 Each family is one small module (:mod:`~lmforge.interop.hf_bert`, ``hf_gpt2``, ``hf_t5``, ``hf_bart``,
-``hf_llama``, ``hf_deberta``, ``hf_electra``) declaring a :class:`Family`: the HF config <-> ModelConfig translation, the HF
-classes it reads (:class:`Arch`: which lmforge head, where the body sits in the state dict) and a table of
-:class:`Rule` s from lmforge tensor names to HF ones, in the vocabulary of :mod:`~lmforge.interop.hf_family`.
+``hf_llama`` (also Qwen2 and Mistral), ``hf_deberta``, ``hf_electra``) declaring a :class:`Family`: the HF
+config <-> ModelConfig translation, the HF classes it reads (:class:`Arch`: which lmforge head, where the body
+sits in the state dict) and a table of :class:`Rule` s from lmforge tensor names to HF ones, in the vocabulary
+of :mod:`~lmforge.interop.hf_family`.
 This module is the engine that applies those tables.
 
 Why conversion is exact: a rule only renames, transposes, splits or concatenates tensors, so
@@ -49,7 +50,7 @@ from lmforge.interop.hf_deberta import DEBERTA_V2
 from lmforge.interop.hf_electra import ELECTRA
 from lmforge.interop.hf_family import Arch, Family, HFConfig, HFConversionError, Mapper, Rule
 from lmforge.interop.hf_gpt2 import GPT2
-from lmforge.interop.hf_llama import LLAMA
+from lmforge.interop.hf_llama import LLAMA, MISTRAL, QWEN2
 from lmforge.interop.hf_t5 import T5
 from lmforge.model_folder import materialise, save
 from lmforge.models import load_transformer
@@ -74,7 +75,8 @@ NOT_CARRIED = frozenset({"name", "extra", "unk_token_id", "mask_token_id", "cls_
 # ---------------------------------------------------------------------------------------- registry
 def families() -> dict[str, Family]:
     """All supported families by HF ``model_type``."""
-    return {f.model_type: f for f in (BERT, ROBERTA, GPT2, T5, BART, MBART, LLAMA, DEBERTA_V2, ELECTRA)}
+    return {f.model_type: f for f in (BERT, ROBERTA, GPT2, T5, BART, MBART, LLAMA, DEBERTA_V2, ELECTRA,
+                                                  QWEN2, MISTRAL)}
 
 
 def _family(model_type: Any, source: str) -> Family:
@@ -448,6 +450,8 @@ def _relevant_fields(cfg: ModelConfig) -> list[str]:
         skip.add("tie_embeddings")
     if cfg.arch != "encoder-decoder":
         skip |= {"share_embeddings", "n_decoder_layers"}
+    if cfg.attention != "linformer":
+        skip |= {"linformer_k", "linformer_sharing"}
     return [k for k in cfg.to_dict() if k not in skip]
 
 
@@ -455,7 +459,8 @@ def _canonical(cfg: ModelConfig) -> dict[str, Any]:
     # Explicit and implied values are the same model: n_kv_heads None means n_heads, and so on.
     d = cfg.to_dict()
     d.update(n_kv_heads=cfg.kv_heads, head_dim=cfg.dim_per_head, embedding_dim=cfg.embed_dim,
-             n_decoder_layers=cfg.decoder_layers)
+             n_decoder_layers=cfg.decoder_layers, qkv_bias=cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias,
+             o_bias=cfg.bias if cfg.o_bias is None else cfg.o_bias)
     return d
 
 

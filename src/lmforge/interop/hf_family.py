@@ -192,6 +192,9 @@ class HFConfig:
 def hf_activation(activation: str) -> str:
     """ModelConfig activation (plain, or the gate's function of a gated one) -> HF name."""
     base = {v: k for k, v in GATED.items()}.get(activation, activation)
+    if base not in HF_ACTIVATION:
+        raise HFConversionError(f"ModelConfig.activation={activation!r} has no Hugging Face counterpart in this family "
+                                f"(supported: {', '.join(HF_ACTIVATION)} and their gated forms)")
     return HF_ACTIVATION[base]
 
 

@@ -12,6 +12,9 @@ GPT-2 computes its projections with ``Conv1D``, which stores the weight as (in, 
 ``x @ W + b``; ``nn.Linear`` stores (out, in). Every 2-D projection weight is therefore transposed, and
 ``c_attn``'s (D, 3D) output columns are the query, key and value projections side by side.
 
+``scale_attn_by_inverse_layer_idx`` (Mistral's GPT-2 runs, for fp16 stability) divides layer i's logits by
+i + 1 on top of 1/sqrt(hd): ModelConfig ``attn_scale_by_layer``.
+
 Example:
     >>> import transformers, lmforge
     >>> hf = transformers.GPT2Model(transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4))
@@ -27,7 +30,6 @@ from lmforge.interop.hf_family import Arch, Family, HFConfig, Rule, hf_activatio
 
 def _from_hf(c: HFConfig, arch: Arch) -> dict:
     c.require("scale_attn_weights", (True,), True)
-    c.require("scale_attn_by_inverse_layer_idx", (False,), False)
     c.require("add_cross_attention", (False,), False)
     d_model = c("n_embd", 768)
     return dict(
@@ -37,6 +39,7 @@ def _from_hf(c: HFConfig, arch: Arch) -> dict:
         layer_norm_eps=c("layer_norm_epsilon", 1e-5), activation=c.activation("activation_function", "gelu_new"),
         dropout=c("resid_pdrop", 0.1), attn_dropout=c("attn_pdrop", 0.1),
         initializer_range=c("initializer_range", 0.02),
+        attn_scale_by_layer=bool(c("scale_attn_by_inverse_layer_idx", False)),
     )
 
 
@@ -46,6 +49,7 @@ def _to_hf(cfg: ModelConfig) -> dict:
         n_positions=cfg.max_seq_len, layer_norm_epsilon=cfg.layer_norm_eps,
         activation_function=hf_activation(cfg.activation), resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout,
         attn_pdrop=cfg.attn_dropout, initializer_range=cfg.initializer_range,
+        scale_attn_by_inverse_layer_idx=cfg.attn_scale_by_layer,
     )
 
 

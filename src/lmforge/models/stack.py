@@ -5,7 +5,11 @@ attention mask once per forward and hands them to every layer through an Attenti
 
     tokens (B, T, E) -> embeddings -> layer_1 ... layer_N -> final norm -> (B, T, D)
 
-With ``share_layers`` (ALBERT) one layer's weights serve every depth.
+With ``share_layers`` (ALBERT) one layer's weights serve every depth. Adding ``step_embeddings`` makes it
+the Universal Transformer's recurrence in depth (Dehghani et al. 2019): before step t the stack adds a
+sinusoidal signal of t (the paper's timestep coordinate embedding), so the one shared layer knows how
+deep it is. The paper's adaptive computation time (a halting unit per position) is not included: every
+position takes ``n_layers`` steps.
 
 Example:
     >>> import torch
@@ -32,6 +36,7 @@ from lmforge.nn.norms import build_norm
 from lmforge.nn.positions.alibi import ALiBi
 from lmforge.nn.positions.deberta import RelativeEmbeddings
 from lmforge.nn.positions.rope import RotaryEmbedding
+from lmforge.nn.positions.sinusoidal import sinusoidal_table
 from lmforge.nn.positions.t5_bias import T5RelativeBias
 
 
@@ -39,6 +44,7 @@ class TransformerStack(nn.Module):
     def __init__(self, cfg: ModelConfig, n_layers: int, causal: bool, cross: bool = False):
         super().__init__()
         self.causal = causal
+        self.window = cfg.sliding_window if causal else None  # Mistral: each query sees its last W keys
         self.n_layers = n_layers
         self.position = cfg.position
         self.embed = StackEmbeddings(cfg)
@@ -56,7 +62,19 @@ class TransformerStack(nn.Module):
             else None
         )
         self.layers = nn.ModuleList(Block(cfg, cross) for _ in range(1 if cfg.share_layers else n_layers))
+        if cfg.attn_scale_by_layer:  # GPT-2's scale_attn_by_inverse_layer_idx: layer i's logits / (i + 1)
+            for i, block in enumerate(self.layers):
+                block.attn.scale /= i + 1
+        self.register_buffer(  # (L, D): the Universal Transformer's timestep signal, added before each step
+            "step_signal", torch.empty(n_layers, cfg.d_model) if cfg.step_embeddings else None, persistent=False
+        )
+        self.reset_buffers()
         self.final_norm = build_norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.bias) if cfg.final_norm else None
+
+    def reset_buffers(self) -> None:
+        """Recompute the derived step signal (checkpoints do not store it)."""
+        if self.step_signal is not None:
+            self.step_signal.copy_(sinusoidal_table(*self.step_signal.shape))
 
     def forward(
         self,
@@ -88,6 +106,7 @@ class TransformerStack(nn.Module):
         device = tokens.device
         past = cache.seq_len() if cache is not None else 0
         S = past + T
+        offset = cache.offset() if cache is not None else 0  # a sliding-window cache keeps positions offset.. only
         if position_ids is None:
             position_ids = torch.arange(past, S, device=device)[None]  # (1, T)
         x = self.embed(tokens, position_ids, token_type_ids)  # (B, T, D)
@@ -98,7 +117,7 @@ class TransformerStack(nn.Module):
         logit_terms = self.position in ("relative", "deberta")  # relative schemes whose bias each layer computes
         if self.rel_bias is not None or self.alibi is not None or logit_terms:
             # Only relative schemes need these; skipping them keeps the one-token decode step short.
-            q_pos, k_pos = torch.arange(past, S, device=device), torch.arange(S, device=device)
+            q_pos, k_pos = torch.arange(past, S, device=device), torch.arange(offset, S, device=device)
         if self.rel_bias is not None:
             bias = self.rel_bias(q_pos, k_pos)  # (1, H, T, S)
         elif self.alibi is not None:
@@ -108,12 +127,13 @@ class TransformerStack(nn.Module):
         elif self.relative_positions is not None:
             rel_embeddings, rel_index = self.relative_positions(q_pos, k_pos)  # (2k, D), (T, S)
         has_bias = bias is not None or logit_terms
-        plain_causal = self.causal and explicit is None and T == S and not has_bias
+        windowed = self.window is not None and S - offset > self.window
+        plain_causal = self.causal and explicit is None and T == S and not has_bias and not windowed
         no_padding = padding is None or (not torch.compiler.is_compiling() and bool(padding.bool().all()))
         if plain_causal and no_padding:
             mask, is_causal = None, True  # SDPA's built-in causal kernel, no mask tensor at all
         else:
-            mask = build_mask(T, S, self.causal, padding, explicit, device)
+            mask = build_mask(T, S - offset, self.causal, padding, explicit, device, window=self.window)
             is_causal = False
         ctx = AttentionContext(
             mask=mask,
@@ -129,6 +149,8 @@ class TransformerStack(nn.Module):
         hidden = [x] if output_hidden_states else None
         for i in range(self.n_layers):
             layer = self.layers[0 if len(self.layers) == 1 else i]
+            if self.step_signal is not None:
+                x = x + self.step_signal[i].to(x.dtype)
             x = layer(x, ctx, memory, layer=i)
             if hidden is not None:
                 hidden.append(x)

@@ -55,8 +55,10 @@ from lmforge import generation, model_folder
 from lmforge.config import ModelConfig
 from lmforge.models.heads import LMHead, MLMHead, NSPHead, Pooler, RTDHead
 from lmforge.models.stack import TransformerStack
+from lmforge.nn.block import Block
 from lmforge.nn.kv_cache import KVCache
 from lmforge.nn.labels import IGNORE_INDEX, shift_right
+from lmforge.nn.linformer import LinformerProjection
 from lmforge.nn.loss import cross_entropy
 from lmforge.errors import UserInputError
 
@@ -140,6 +142,10 @@ class Transformer(nn.Module):
                     nn.init.ones_(module.weight)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
+            elif isinstance(module, LinformerProjection):
+                module.reset_parameters()
+            elif isinstance(module, Block) and module.rezero is not None:
+                nn.init.zeros_(module.rezero)  # ReZero: every layer starts as the identity
 
     def _gpt2_std(self, name: str, module: nn.Linear) -> float:
         cfg = self.config
@@ -224,7 +230,7 @@ class Transformer(nn.Module):
         loss, say), read only where ``labels`` != -100; ``next_sentence_label`` (B,) adds BERT's NSP loss."""
         cfg = self.config
         out = ModelOutput()
-        cache = past_key_values if past_key_values is not None else (KVCache() if use_cache else None)
+        cache = past_key_values if past_key_values is not None else (KVCache(window=cfg.sliding_window) if use_cache else None)
         if cfg.arch == "encoder":
             h, out.hidden_states = self.encode(
                 input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_hidden_states
@@ -343,7 +349,8 @@ class Transformer(nn.Module):
     def flops_per_token(self, seq_len: int | None = None) -> int:
         """Estimated training FLOPs per token (forward + backward), PaLM appendix B:
         6 * N_matmul + 12 * L * d_attn * T, where N_matmul counts the weights every token multiplies
-        by (non-embedding parameters plus the output projection to the vocabulary).
+        by (non-embedding parameters plus the output projection to the vocabulary). A sliding window or
+        Linformer shortens the T keys each query attends to (see ``_attention_flops``).
 
         For an encoder-decoder a "token" is one source token *and* one target token (both stacks run);
         use :meth:`train_flops` to count a batch whose source and target lengths differ."""
@@ -369,8 +376,8 @@ class Transformer(nn.Module):
         d_attn = cfg.n_heads * cfg.dim_per_head
         head = cfg.vocab_size * cfg.embed_dim if cfg.head in ("lm", "mlm") and cfg.tie_embeddings else 0
         if cfg.arch != "encoder-decoder":
-            n = self.num_parameters(exclude_embeddings=True) + head
-            return int((6 * n + 12 * cfg.n_layers * d_attn * seq_len) * seq_len)
+            n = self.num_parameters(exclude_embeddings=True) + head - _linformer_weights(self)
+            return int((6 * n + cfg.n_layers * _attention_flops(cfg, seq_len)) * seq_len)
         S, T = seq_len, target_len or seq_len
         n_enc = _stack_weights(self.encoder)
         n_dec = self.num_parameters(exclude_embeddings=True) - n_enc + head
@@ -381,6 +388,21 @@ class Transformer(nn.Module):
     def save(self, path: str | Path, tokenizer=None) -> Path:
         """Write ``config.json`` + ``model.safetensors`` (+ tokenizer) atomically; see lmforge.model_folder."""
         return model_folder.save(self, path, tokenizer=tokenizer)
+
+
+def _attention_flops(cfg: ModelConfig, seq_len: int) -> int:
+    """Training FLOPs per token and layer of the scores and the weighted sum: 12 * d_attn per key a query
+    attends to. A sliding window attends to at most W keys; Linformer to its k projected rows, plus
+    projecting K and V onto them (E K, F V: 12 * k * d_kv per token)."""
+    d_attn, d_kv = cfg.n_heads * cfg.dim_per_head, cfg.kv_heads * cfg.dim_per_head
+    if cfg.attention == "linformer":
+        return 12 * cfg.linformer_k * (d_attn + d_kv)
+    return 12 * d_attn * (seq_len if cfg.sliding_window is None else min(seq_len, cfg.sliding_window))
+
+
+def _linformer_weights(model: nn.Module) -> int:
+    """Linformer's E and F: their cost is counted by :func:`_attention_flops`, not per weight."""
+    return sum(p.numel() for name, p in model.named_parameters() if ".linformer." in name)
 
 
 def _stack_weights(stack: nn.Module) -> int:

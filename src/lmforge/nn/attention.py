@@ -7,6 +7,7 @@ shares one key/value head, which shrinks the KV cache. Position information that
 attention arrives through :class:`AttentionContext`: RoPE's cos/sin, an additive bias (T5, ALiBi),
 Shaw relative tables (owned by the layer, since Shaw learns them per layer) or DeBERTa's relative-position
 table, which each layer projects into its content->position and position->content logit terms.
+``attention="linformer"`` projects keys and values along the sequence first (:mod:`lmforge.nn.linformer`).
 
 The fast path is ``F.scaled_dot_product_attention`` (fused kernels on CPU and GPU). Only Shaw's
 relative *values* need the attention weights themselves, so that case runs the explicit softmax.
@@ -33,6 +34,7 @@ from torch import nn
 from lmforge.config import ModelConfig
 from lmforge.nn.kv_cache import KVCache
 from lmforge.nn.linear import apply_linear
+from lmforge.nn.linformer import LinformerProjection
 from lmforge.nn.positions.deberta import DisentangledBias
 from lmforge.nn.positions.rope import apply_rotary
 from lmforge.nn.positions.shaw_relative import ShawRelativePositions
@@ -74,10 +76,11 @@ class Attention(nn.Module):
         self.cross = cross
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.dim_per_head
         inner, kv_inner = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-        self.q = nn.Linear(cfg.d_model, inner, bias=cfg.bias)
-        self.k = nn.Linear(cfg.d_model, kv_inner, bias=cfg.bias)
-        self.v = nn.Linear(cfg.d_model, kv_inner, bias=cfg.bias)
-        self.o = nn.Linear(inner, cfg.d_model, bias=cfg.bias)
+        qkv_bias = cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias  # Llama's attention_bias, Qwen2's q/k/v bias
+        self.q = nn.Linear(cfg.d_model, inner, bias=qkv_bias)
+        self.k = nn.Linear(cfg.d_model, kv_inner, bias=qkv_bias)
+        self.v = nn.Linear(cfg.d_model, kv_inner, bias=qkv_bias)
+        self.o = nn.Linear(inner, cfg.d_model, bias=cfg.bias if cfg.o_bias is None else cfg.o_bias)
         # T5 folds 1/sqrt(d) into its initialisation, so its logits are unscaled.
         self.scale = self.head_dim**-0.5 if cfg.attn_scale else 1.0
         self.dropout = cfg.attn_dropout
@@ -91,6 +94,8 @@ class Attention(nn.Module):
         if self.disentangled is not None and cfg.attn_scale:
             # DeBERTa sums 1 + (c2p, p2c) terms of similar variance: 1/sqrt(3 hd) keeps the logits' scale.
             self.scale = (self.head_dim * self.disentangled.scale_factor) ** -0.5
+        # Linformer (encoders only): keys and values projected along the sequence to linformer_k rows.
+        self.linformer = LinformerProjection(cfg) if cfg.attention == "linformer" and not cross else None
 
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
         B, T, _ = x.shape
@@ -138,6 +143,9 @@ class Attention(nn.Module):
             mask, bias, is_causal = ctx.cross_mask, None, False
         else:
             mask, bias, is_causal = ctx.mask, ctx.bias, ctx.is_causal
+        if self.linformer is not None:
+            k, v = self.linformer(k, v, mask)  # (B, Hkv, k, hd): padding zeroed, so no mask is left
+            mask = None
         if self.relative is not None:
             rel_bias = self.relative.key_bias(q, ctx.rel_index, self.scale)  # (B, H, T, S)
             bias = rel_bias if bias is None else bias + rel_bias

@@ -6,6 +6,12 @@
 Pre-norm keeps an identity path from input to output, which is why deep pre-norm stacks train
 without warmup tricks; post-norm is what the original BERT/BART checkpoints use.
 
+    ReZero (Bachlechner et al. 2020, ``rezero=True``):  x = x + alpha * Sublayer(x)
+
+ReZero drops the layer's norms and gates both residual branches by one learned scalar ``alpha``,
+initialised at 0: every layer starts as the identity, so signals and gradients pass a deep stack
+unchanged at first (the role Fixup's rescaled initialisation plays for ResNets).
+
 Example:
     >>> import torch
     >>> from lmforge.config import ModelConfig
@@ -33,7 +39,11 @@ class Block(nn.Module):
         self.pre_norm = cfg.norm_position == "pre"
         self.dropout = cfg.dropout
 
+        self.rezero = nn.Parameter(torch.zeros(())) if cfg.rezero else None  # alpha, () scalar
+
         def norm() -> nn.Module:
+            if cfg.rezero:
+                return nn.Identity()
             return build_norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.bias)
 
         self.attn_norm, self.attn = norm(), Attention(cfg)
@@ -42,6 +52,8 @@ class Block(nn.Module):
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias, cfg.ffn_dropout)
 
     def _residual(self, x: torch.Tensor, norm: nn.Module, sublayer) -> torch.Tensor:
+        if self.rezero is not None:
+            return x + self._drop(self.rezero * sublayer(x))
         if self.pre_norm:
             return x + self._drop(sublayer(norm(x)))
         return norm(x + self._drop(sublayer(x)))

@@ -58,6 +58,10 @@ class StaticKVCache:
         """Past positions as the stack counts them: attention spans the whole capacity (see the module docstring)."""
         return self.capacity - 1
 
+    def offset(self, layer: int = 0) -> int:
+        """Positions no longer kept: none (see :meth:`KVCache.offset`)."""
+        return 0
+
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k, v (B, H_kv, T, hd) at ``index``; return the whole buffers (B, H_kv, capacity, hd)."""
         self.keys[layer].index_copy_(2, self.index, k)
