@@ -13,9 +13,9 @@ What A and B are is the input ``format`` (RoBERTa §4.2; see :mod:`lmforge.objec
     sentence-pair  A = one sentence, B = the next one (IsNext) or a random sentence of another document.
 
 Labels follow the HF convention: ``next_sentence_label`` 0 = IsNext, 1 = NotNext. ``token_type_ids`` is 0
-on ``[CLS] A [SEP]`` and 1 on ``B [SEP]``. The MLM masks the pairs and never the framing tokens, afresh in every batch: static masking (one mask per sequence and
-copy, :mod:`lmforge.objectives.static_masking`) is refused, since the pairs themselves are drawn anew;
-whole-word and span masking work on the pairs as they do on plain sequences.
+on ``[CLS] A [SEP]`` and 1 on ``B [SEP]``. The MLM masks the pairs, never the framing tokens, afresh in every
+batch: static masking (one mask per sequence and copy, :mod:`lmforge.objectives.static_masking`) is refused,
+since the pairs themselves are drawn anew; whole-word and span masking work on pairs as on plain sequences.
 
 Input: a list of *documents*, each either a list of sentences (token-id sequences) or one flat sequence,
 cut into sentences after each id of ``sentence_end_ids`` (how ``lmforge pretrain`` hands over its
