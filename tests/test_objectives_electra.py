@@ -75,7 +75,7 @@ def test_electra_masking_shares_and_no_random_tokens():
 
 def test_options_and_architecture_refusals():
     assert build_objective("electra", vocab_size=V, mask_token_id=MASK, pad_token_id=PAD).pretrainer_options() == {
-        "generator_size": 0.25, "rtd_weight": 50.0, "mask_rate": 0.15}
+        "generator_size": 0.25, "rtd_weight": 50.0}
     with pytest.raises(ValueError, match="generator_size must be in"):
         objective(generator_size=1.5)
     check_architecture("electra", "encoder")
@@ -128,27 +128,35 @@ def test_a_sampled_token_equal_to_the_original_is_labelled_original():
     assert out.rtd_labels.tolist() == [[0, 1, 0]]
 
 
-def test_joint_loss_equals_a_hand_computation():
-    model = pair(rtd_weight=50.0, mask_rate=0.15).eval()
-    batch = objective(mlm_probability=0.4, seed=3)([[10, 11, 12, 13, 14, 15], [16, 17, 18]])
-    out = model(**batch)
-    selected = batch["labels"] != -100
+def rtd_by_hand(model, batch, out):
+    """The discriminator's BCE (R,) and replaced/original predictions (R,) at the R real tokens, from its
+    logits at every position."""
     real = batch["attention_mask"].bool()
-    n, r = int(selected.sum()), int(real.sum())
-    assert out.n_targets == n > 0 and r == 13
-
-    ce = F.cross_entropy(out.logits, batch["labels"][selected], reduction="none")  # (N,) the generator's MLM
     z = model.discriminator(out.corrupted_ids, batch["attention_mask"]).logits  # (B, T): every position's logit
     y = out.rtd_labels[real].float()
     p = torch.sigmoid(z[real])
-    bce = -(y * p.log() + (1 - y) * (1 - p).log())  # (R,)
-    expected = (ce.sum() + 50.0 * 0.15 * bce.sum()) / n
-    torch.testing.assert_close(out.loss, expected, rtol=1e-5, atol=1e-5)
+    return -(y * p.log() + (1 - y) * (1 - p).log()), (z[real] > 0).long()
+
+
+def test_joint_loss_is_the_papers_formula_by_hand():
+    model = pair(rtd_weight=50.0).eval()
+    batch = objective(mlm_probability=0.4, seed=3)([[10, 11, 12, 13, 14, 15], [16, 17, 18]])
+    out = model(**batch)
+    selected = batch["labels"] != -100
+    n, r = int(selected.sum()), int(batch["attention_mask"].sum())
+    assert out.n_targets == n > 0 and r == 13
+
+    ce = F.cross_entropy(out.logits, batch["labels"][selected], reduction="none")  # (N,) the generator's MLM
+    bce, _ = rtd_by_hand(model, batch, out)  # (R,)
+    # L = mean CE over the masked tokens + lambda * mean BCE over the real ones (§2), whatever N / R is.
+    torch.testing.assert_close(out.loss, ce.mean() + 50.0 * bce.mean(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out.mlm_loss, ce.mean(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(out.rtd_loss, bce.mean(), rtol=1e-5, atol=1e-6)
-    # With rho = N / R exactly, it is the paper's L_MLM + lambda * L_RTD.
-    model.mask_rate = n / r
-    torch.testing.assert_close(model(**batch).loss, ce.mean() + 50.0 * bce.mean(), rtol=1e-5, atol=1e-5)
+    assert n != round(0.15 * r)  # the masking rate plays no part: far from it here
+    tokens, rtd = out.loss_terms
+    assert (tokens.name, tokens.labels_key, tokens.mask, tokens.weight) == ("tokens", "labels", False, 1.0)
+    assert (rtd.name, rtd.labels_key, rtd.mask, rtd.weight) == ("rtd", "attention_mask", True, 50.0)
+    assert rtd.logits.shape == (r,) and int((rtd.labels != -100).sum()) == r
 
 
 def test_no_gradient_flows_through_the_sample():
@@ -171,6 +179,9 @@ def test_grad_accumulation_2x2_equals_batch_4(tmp_path):
     counts = [int((h["labels"] != -100).sum()) for h in halves]
     reals = [int(h["attention_mask"].sum()) for h in halves]
     assert counts[0] * reals[1] != counts[1] * reals[0]  # the micro-batches mask different shares
+    reference = pair()
+    with torch.no_grad():
+        paper = reference(**whole)  # the paper's L_MLM + lambda * L_RTD over the one big batch
 
     def trainer(model, data, accum, out):
         cfg = TrainConfig(max_steps=2, lr=1e-3, weight_decay=0.01, eval_every=0, save_every=0, precision="fp32",
@@ -183,6 +194,7 @@ def test_grad_accumulation_2x2_equals_batch_4(tmp_path):
     stats_b = trainer(b, [whole], 1, tmp_path / "b").accumulate([whole])
     assert stats_a["targets"] == stats_b["targets"] == sum(counts)
     assert stats_a["loss"] == pytest.approx(stats_b["loss"], rel=1e-6)
+    assert stats_b["loss"] == pytest.approx(float(paper.mlm_loss + 50.0 * paper.rtd_loss), rel=1e-5)
     gb = {n: p.grad for n, p in b.named_parameters()}
     for name, p in a.named_parameters():
         torch.testing.assert_close(p.grad, gb[name], rtol=1e-5, atol=1e-6, msg=name)
@@ -199,3 +211,35 @@ def test_grad_accumulation_2x2_equals_batch_4(tmp_path):
     saved = load_file(str(tmp_path / "c" / "model" / "model.safetensors"))
     assert saved.keys() == canonical_state(a.discriminator)[0].keys()
     torch.testing.assert_close(saved["rtd_head.prediction.weight"], a.discriminator.rtd_head.prediction.weight)
+
+
+def test_evaluation_reports_the_generator_and_the_discriminator_apart(tmp_path):
+    model = pair()
+    g = torch.Generator().manual_seed(4)
+    batches = [objective(mlm_probability=0.3, seed=s)([torch.randint(5, V, (n,), generator=g) for n in lengths])
+               for s, lengths in ((1, (12, 5)), (2, (20, 9, 3)))]
+    cfg = TrainConfig(max_steps=1, eval_every=0, eval_batches=2, precision="fp32", progress=False,
+                      tensorboard=False, device="cpu")
+    record = Trainer(model, lambda b: b, batches, cfg, out=tmp_path, eval_data=batches,
+                     eval_objective=lambda b: b).evaluate()
+
+    model.eval()
+    ce, mlm_right, bce, rtd_right = [], [], [], []
+    with torch.no_grad():
+        for batch in batches:
+            out = model(**batch)
+            target = batch["labels"][batch["labels"] != -100]
+            ce.append(F.cross_entropy(out.logits, target, reduction="none"))
+            mlm_right.append(out.logits.argmax(-1) == target)
+            loss, predicted = rtd_by_hand(model, batch, out)
+            bce.append(loss)
+            rtd_right.append(predicted == out.rtd_labels[batch["attention_mask"].bool()])
+    ce, mlm_right, bce, rtd_right = (torch.cat(x) for x in (ce, mlm_right, bce, rtd_right))
+    # Means over each term's own targets of both batches, not exp(joint loss).
+    assert record.keys() == {"eval_loss", "eval_ppl", "eval_accuracy", "eval_rtd_loss", "eval_rtd_accuracy"}
+    assert record["eval_loss"] == pytest.approx(float(ce.mean()), rel=1e-5)
+    assert record["eval_ppl"] == pytest.approx(float(ce.mean().exp()), rel=1e-5)
+    assert record["eval_accuracy"] == pytest.approx(float(mlm_right.float().mean()))
+    assert record["eval_rtd_loss"] == pytest.approx(float(bce.mean()), rel=1e-5)
+    assert record["eval_rtd_accuracy"] == pytest.approx(float(rtd_right.float().mean()))
+    assert 0 < record["eval_rtd_accuracy"] < 1

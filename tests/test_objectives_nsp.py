@@ -72,6 +72,23 @@ def test_joint_mlm_never_masks_the_framing():
     assert (batch["labels"] != -100).any()
 
 
+def test_whole_word_masking_of_the_pairs_keeps_words_whole():
+    # Sentences of 6 pieces, two words of 3: pieces k = 1, 2, 4, 5 continue the word before them.
+    docs = [[sentence(d, i, 6) for i in range(5)] for d in range(20)]
+    cont = [t for doc in docs for sent in doc for t in sent if t % 10 in (1, 2, 4, 5)]
+    mlm = MaskedLM(vocab_size=3000, mask_token_id=MASK, pad_token_id=PAD, cls_token_id=CLS, sep_token_id=SEP,
+                   mlm_probability=0.3, whole_word=True, continuation_token_ids=cont, seed=1)
+    batch = NextSentencePrediction(cls_token_id=CLS, sep_token_id=SEP, pad_token_id=PAD, mlm=mlm, seed=0)(docs)
+    selected = batch["labels"] != -100
+    original = torch.where(selected, batch["labels"], batch["input_ids"])  # (B, T)
+    word = torch.cumsum(~torch.isin(original, torch.tensor(cont)), 1)  # (B, T) a word = a start and its pieces
+    assert selected.any()
+    for b in range(len(word)):
+        for w in word[b][selected[b]].unique():
+            assert bool(selected[b][word[b] == w].all()), (b, int(w))
+            assert int((word[b] == w).sum()) == 3  # a selected word is one of the sentences' 3-piece words
+
+
 def test_invalid_inputs_are_rejected():
     nsp = NextSentencePrediction(cls_token_id=CLS, sep_token_id=SEP, pad_token_id=PAD)
     with pytest.raises(ValueError, match="at least 2 documents"):

@@ -101,6 +101,8 @@ def test_objectives_and_data_of_each_format(data_root, tmp_path):
     ("mlm+nsp", ["--override", "nsp_head=false"], "needs a model with nsp_head=True"),
     ("mlm+nsp", ["--override", "type_vocab_size=1"], "pass --override type_vocab_size=2"),
     ("mlm+nsp", ["--seq-len", "4"], "seq_len=4 leaves no room for 2 token(s) of text besides the 3 framing tokens"),
+    ("mlm+nsp", ["--objective-option", "masking=static", "--objective-option", "whole_word=true"],
+     "objective option masking='static' does not work with NSP pairs"),
 ])
 def test_bad_combinations_are_one_line_errors(objective, extra, expected, data_root, tmp_path, capsys):
     data = prepared(data_root, "bert")

@@ -15,7 +15,8 @@ import torch
 from lmforge.cli.main import main
 from lmforge.config import ConfigError
 from lmforge.data import DocumentBatch, DocumentDataset
-from lmforge.objectives import MaskedLM
+from lmforge.objectives import MaskedLM, MaskedLMAndNSP
+from lmforge.objectives.nsp import NextSentencePrediction
 from lmforge.objectives.static_masking import copy_generator, copy_index
 from lmforge.tokenization import Tokenizer
 from lmforge.training.distributed import rank_seed
@@ -106,6 +107,17 @@ def test_bad_options_and_unidentified_batches_are_refused():
         DocumentBatch([torch.tensor([1])], epoch=0, sample_ids=[1, 2])
     # Dynamic masking (the default) takes plain lists, as before.
     assert make_mlm(masking="dynamic")([[10, 11, 12]])["input_ids"].shape == (1, 5)
+
+
+def test_nsp_pairs_refuse_static_masking_in_one_line():
+    # A pair is drawn anew in every batch, so no sequence has a fixed mask to keep: refused, not silently dynamic.
+    with pytest.raises(ConfigError, match=r"^objective option masking='static' does not work with NSP pairs"):
+        MaskedLMAndNSP(vocab_size=V, mask_token_id=MASK, cls_token_id=CLS, sep_token_id=SEP, pad_token_id=PAD,
+                       masking="static")
+    with pytest.raises(ConfigError, match="masking='static'"):
+        NextSentencePrediction(cls_token_id=CLS, sep_token_id=SEP, pad_token_id=PAD, mlm=make_mlm())
+    MaskedLMAndNSP(vocab_size=V, mask_token_id=MASK, cls_token_id=CLS, sep_token_id=SEP, pad_token_id=PAD,
+                   masking="dynamic")
 
 
 def test_cli_refuses_an_unknown_masking_in_one_line_and_writes_nothing(data_root, tmp_path, capsys):

@@ -4,6 +4,7 @@ discriminator (an ordinary encoder that fine-tunes), and models it cannot train 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -41,10 +42,19 @@ def test_short_run_lowers_validation_loss_and_saves_the_discriminator(data_root,
                                    eval_every=20, eval_batches=2, save_every=40, overrides={**SMALL, "dropout": 0.0},
                                    objective_options={"generator_size": 0.5}))
     assert run.model.generator.config.d_model == 16
+    before = run.trainer.evaluate()
     run.trainer.fit()
     records = metrics(out)
-    evals = [r["eval_loss"] for r in records if "eval_loss" in r]
-    assert len(evals) == 2 and evals[-1] < 0.8 * records[0]["loss"], (records[0]["loss"], evals)
+    evals = [r for r in records if "eval_loss" in r]
+    assert len(evals) == 2
+    after = evals[-1]
+    # The generator's MLM (eval_loss, eval_ppl = its exp) and the discriminator's RTD both learned.
+    assert after["eval_ppl"] == pytest.approx(math.exp(after["eval_loss"]))
+    assert after["eval_loss"] < before["eval_loss"] - 0.2, (before, after)
+    assert after["eval_rtd_loss"] < before["eval_rtd_loss"] - 0.2, (before, after)
+    assert after["eval_rtd_accuracy"] > 0.7, after
+    # The logged training loss is the joint one, L_MLM + 50 L_RTD.
+    assert records[0]["loss"] > 20 * before["eval_rtd_loss"]
 
     model = lmforge.load(out / "model")  # an ordinary encoder folder: ElectraForPreTraining's shape
     assert (model.config.arch, model.config.head, model.config.d_model) == ("encoder", "rtd", 32)

@@ -24,17 +24,17 @@ the same depth; the paper's 1/4 for small models), so it keeps the discriminator
 projects it to its own width (HF's ``embeddings_project``, lmforge's factorised embeddings ``embedding_dim``),
 and its MLM head maps back down to E before the tied output matrix.
 
-Targets, and the joint loss as lmforge computes it. The Trainer weighs each micro-batch by its number of
-targets, which needs a loss of the form (sum over targets) / (their count). ELECTRA's two means have different
-denominators (masked tokens; real tokens), so lmforge counts the N masked tokens (the ``labels``) as targets
-and brings the RTD sum over the R real tokens to that denominator with the masking rate rho::
+The joint loss (§2) is the paper's, on every batch::
 
-    L = (sum_masked CE + lambda * rho * sum_real BCE) / N
-      = L_MLM + lambda * (rho R / N) * L_RTD
+    L = L_MLM + lambda * L_RTD = mean_masked CE + lambda * mean_real BCE
 
-rho R / N is the expected share correction (N ~ rho R; [CLS]/[SEP] are never masked, so a little above 1),
-so L is the paper's L_MLM + lambda L_RTD up to a per-batch factor near 1 on its second term. What it buys:
-``grad_accum=k, batch_size=b`` gives exactly the update of ``grad_accum=1, batch_size=k*b``.
+Its two means are over different targets (the N masked tokens; the R real tokens), so the output lists them
+as ``loss_terms``: the MLM term counted over ``labels != -100``, the RTD term over the batch's
+``attention_mask`` (the discriminator's labels are made here, from the generator's sample, and are not in
+the batch). The Trainer weighs each by its own count over the accumulated batch, so ``grad_accum=k,
+batch_size=b`` gives exactly the update of ``grad_accum=1, batch_size=k*b``, and evaluation reports the
+generator's MLM as ``eval_loss`` / ``eval_ppl`` / ``eval_accuracy`` and the discriminator's RTD as
+``eval_rtd_loss`` / ``eval_rtd_accuracy``.
 
 Saving. :attr:`ElectraPretrainer.saved_model` is the discriminator: the Trainer writes it as ``RUN/model``, an
 ordinary encoder folder with ``head: rtd`` (HF ``ElectraForPreTraining``; fine-tuning strips the head). The
@@ -56,6 +56,8 @@ Example:
     >>> out = pair(ids, attention_mask=torch.ones(2, 7), labels=labels)
     >>> out.logits.shape, out.n_targets, out.rtd_labels.shape
     (torch.Size([2, 50]), 2, torch.Size([2, 7]))
+    >>> [(t.name, t.labels_key, t.weight) for t in out.loss_terms]
+    [('tokens', 'labels', 1.0), ('rtd', 'attention_mask', 50.0)]
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ import torch
 from torch import nn
 
 from lmforge.config import ConfigError, ModelConfig
-from lmforge.models.transformer import Transformer
+from lmforge.models.transformer import LossTerm, Transformer
 from lmforge.nn.labels import IGNORE_INDEX
 
 SHARED_EMBEDDINGS = ("positions", "token_types", "norm")  # of each stack's StackEmbeddings, besides the token table
@@ -124,7 +126,6 @@ class ElectraPairConfig:
     discriminator: dict[str, Any]
     generator: dict[str, Any]
     rtd_weight: float
-    mask_rate: float
 
     # What a run's summary line reads off a model config: the discriminator's, the model being pre-trained.
     @property
@@ -141,7 +142,7 @@ class ElectraPairConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {"electra": {"discriminator": self.discriminator, "generator": self.generator,
-                            "rtd_weight": self.rtd_weight, "mask_rate": self.mask_rate}}
+                            "rtd_weight": self.rtd_weight}}
 
 
 @dataclass
@@ -149,7 +150,8 @@ class ElectraOutput:
     """The pair's forward: the Trainer's fields (``loss``, ``n_targets``, ``logits``) and the parts.
 
     Attributes:
-        loss: the joint loss (module docstring). n_targets: N, the masked tokens.
+        loss: the joint loss L_MLM + lambda * L_RTD. n_targets: N, the masked tokens.
+        loss_terms: its two terms, each counted over its own targets (module docstring).
         logits: (N, V) the generator's logits at the masked positions (so evaluation's accuracy is the MLM's).
         mlm_loss: mean CE of the generator. rtd_loss: mean BCE of the discriminator over the real tokens.
         corrupted_ids: (B, T) the discriminator's input. rtd_labels: (B, T) 1 replaced, 0 original, -100 pad.
@@ -164,6 +166,7 @@ class ElectraOutput:
     corrupted_ids: torch.Tensor
     rtd_labels: torch.Tensor
     rtd_logits: torch.Tensor
+    loss_terms: list[LossTerm]
 
 
 class ElectraPretrainer(nn.Module):
@@ -174,12 +177,9 @@ class ElectraPretrainer(nn.Module):
         generator: an encoder Transformer with ``head="mlm"`` and the discriminator's embedding width; its
             embedding modules are replaced by the discriminator's.
         rtd_weight: lambda (paper: 50).
-        mask_rate: rho, the objective's ``mlm_probability``, which converts the RTD sum to the masked-token
-            denominator.
     """
 
-    def __init__(self, discriminator: Transformer, generator: Transformer, rtd_weight: float = 50.0,
-                 mask_rate: float = 0.15):
+    def __init__(self, discriminator: Transformer, generator: Transformer, rtd_weight: float = 50.0):
         super().__init__()
         d, g = discriminator.config, generator.config
         if d.arch != "encoder" or d.head != "rtd":
@@ -188,8 +188,6 @@ class ElectraPretrainer(nn.Module):
         if g.arch != "encoder" or g.head != "mlm":
             raise ConfigError(f"ELECTRA's generator must be an encoder with head='mlm' (got arch={g.arch!r}, "
                               f"head={g.head!r})")
-        if not 0.0 < mask_rate <= 1.0:
-            raise ConfigError(f"mask_rate={mask_rate} must be in (0, 1]")
         generator.embed_tokens = discriminator.embed_tokens
         for name in SHARED_EMBEDDINGS:
             ours, theirs = getattr(discriminator.encoder.embed, name), getattr(generator.encoder.embed, name)
@@ -202,23 +200,21 @@ class ElectraPretrainer(nn.Module):
         self.discriminator = discriminator
         self.generator = generator
         self.rtd_weight = float(rtd_weight)
-        self.mask_rate = float(mask_rate)
 
     @classmethod
-    def from_config(cls, config: ModelConfig, generator_size: float = 0.25, rtd_weight: float = 50.0,
-                    mask_rate: float = 0.15) -> "ElectraPretrainer":
+    def from_config(cls, config: ModelConfig, generator_size: float = 0.25,
+                    rtd_weight: float = 50.0) -> "ElectraPretrainer":
         """The pair for an encoder ``config`` (e.g. the bert-tiny preset): the discriminator is ``config`` with
         the RTD head, the generator :func:`generator_config` of it."""
         if config.arch != "encoder":
             raise ConfigError(f"ELECTRA pre-trains an encoder; model {config.name!r} has arch={config.arch!r}")
         discriminator = Transformer(config.replace(head="rtd"))
-        return cls(discriminator, Transformer(generator_config(discriminator.config, generator_size)), rtd_weight,
-                   mask_rate)
+        return cls(discriminator, Transformer(generator_config(discriminator.config, generator_size)), rtd_weight)
 
     @property
     def config(self) -> ElectraPairConfig:
         return ElectraPairConfig(self.discriminator.config.to_dict(), self.generator.config.to_dict(),
-                                 self.rtd_weight, self.mask_rate)
+                                 self.rtd_weight)
 
     def num_parameters(self) -> int:
         """Unique parameters of both models (the shared embeddings counted once)."""
@@ -235,7 +231,8 @@ class ElectraPretrainer(nn.Module):
         """One ELECTRA step's losses.
 
         Args:
-            input_ids: (B, T) masked ids. attention_mask: (B, T) 1 on real tokens (default: all real).
+            input_ids: (B, T) masked ids. attention_mask: (B, T) 1 on real tokens (default: all real; the
+                Trainer counts the RTD term's targets in it, so its batches must carry it).
             labels: (B, T) original ids at the masked positions, -100 elsewhere.
             sampling_noise: (B, T) U[0, 1) per position for the generator's sample (default: drawn from
                 torch's generator).
@@ -255,8 +252,9 @@ class ElectraPretrainer(nn.Module):
         # A sample that equals the original is no replacement: the label compares ids, not "was masked".
         rtd_labels = torch.where(real, (corrupted != original).long(), IGNORE_INDEX)  # (B, T)
         disc = self.discriminator(corrupted, attention_mask, token_type_ids, labels=rtd_labels)
-        n_real = disc.n_targets
-        loss = (gen.loss * n_masked + self.rtd_weight * self.mask_rate * disc.loss * n_real) / max(n_masked, 1)
-        return ElectraOutput(loss=loss, n_targets=n_masked, logits=gen.logits, mlm_loss=gen.loss,
-                             rtd_loss=disc.loss, corrupted_ids=corrupted, rtd_labels=rtd_labels,
-                             rtd_logits=disc.logits)
+        terms = [LossTerm("tokens", "labels", gen.loss, gen.logits),
+                 LossTerm("rtd", "attention_mask", disc.loss, disc.logits, labels=rtd_labels, mask=True,
+                          weight=self.rtd_weight)]
+        return ElectraOutput(loss=gen.loss + self.rtd_weight * disc.loss, n_targets=n_masked, logits=gen.logits,
+                             mlm_loss=gen.loss, rtd_loss=disc.loss, corrupted_ids=corrupted, rtd_labels=rtd_labels,
+                             rtd_logits=disc.logits, loss_terms=terms)

@@ -65,13 +65,23 @@ from lmforge.errors import UserInputError
 
 @dataclass
 class LossTerm:
-    """One term of a summed loss: ``loss`` is the mean over the entries of ``batch[labels_key]`` that are not
-    -100; ``logits`` (the labels' shape + (C,)) score them, for an accuracy."""
+    """One term of a summed loss, which adds ``weight * loss``.
+
+    ``loss`` is the mean over the term's targets, which ``batch[labels_key]`` marks: its entries that are not
+    -100, or, with ``mask=True``, its nonzero entries (``"attention_mask"``: every real token, for labels the
+    model makes itself, such as ELECTRA's replaced/original ones). The Trainer counts them there, in every
+    micro-batch, before any backward. ``logits`` score the n targets, flat in row-major order ((n, C), or (n,)
+    for one binary logit each, > 0 meaning 1), against ``labels`` (default ``batch[labels_key]``; a mask term
+    gives the labels it made, -100 off the mask), for an accuracy.
+    """
 
     name: str
     labels_key: str
     loss: torch.Tensor
     logits: torch.Tensor | None = None
+    labels: torch.Tensor | None = None
+    mask: bool = False
+    weight: float = 1.0
 
 
 @dataclass
@@ -291,8 +301,8 @@ class Transformer(nn.Module):
         if out.loss is None:  # NSP alone: a mean over the pairs
             out.loss, out.n_targets = nsp, int(valid.sum())
             return
-        out.loss_terms = [LossTerm("tokens", "labels", out.loss), LossTerm("nsp", "next_sentence_label", nsp,
-                                                                           out.nsp_logits)]
+        out.loss_terms = [LossTerm("tokens", "labels", out.loss, out.logits),
+                          LossTerm("nsp", "next_sentence_label", nsp, out.nsp_logits[valid])]
         out.loss = out.loss + nsp
 
     # Selecting the labelled rows has a data-dependent shape, which torch.compile cannot trace

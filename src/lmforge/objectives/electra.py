@@ -107,5 +107,4 @@ class ReplacedTokenDetection(MaskedLM):
 
     def pretrainer_options(self) -> dict[str, float]:
         """The settings :class:`~lmforge.models.electra.ElectraPretrainer` takes from the recipe."""
-        return {"generator_size": self.generator_size, "rtd_weight": self.rtd_weight,
-                "mask_rate": self.mlm_probability}
+        return {"generator_size": self.generator_size, "rtd_weight": self.rtd_weight}

@@ -13,7 +13,9 @@ What A and B are is the input ``format`` (RoBERTa §4.2; see :mod:`lmforge.objec
     sentence-pair  A = one sentence, B = the next one (IsNext) or a random sentence of another document.
 
 Labels follow the HF convention: ``next_sentence_label`` 0 = IsNext, 1 = NotNext. ``token_type_ids`` is 0
-on ``[CLS] A [SEP]`` and 1 on ``B [SEP]``. The MLM masks the pairs and never the framing tokens.
+on ``[CLS] A [SEP]`` and 1 on ``B [SEP]``. The MLM masks the pairs, never the framing tokens, afresh in every
+batch: static masking (one mask per sequence and copy, :mod:`lmforge.objectives.static_masking`) is refused,
+since the pairs themselves are drawn anew; whole-word and span masking work on pairs as on plain sequences.
 
 Input: a list of *documents*, each either a list of sentences (token-id sequences) or one flat sequence,
 cut into sentences after each id of ``sentence_end_ids`` (how ``lmforge pretrain`` hands over its
@@ -45,6 +47,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from lmforge.config import ConfigError
 from lmforge.objectives.base import Seeded, as_ids, id_set, pad, split_sentences
 from lmforge.objectives.mlm import MaskedLM
 
@@ -89,6 +92,11 @@ class NextSentencePrediction(Seeded):
             raise ValueError(f"max_length must leave room for [CLS] A [SEP] B [SEP] (>= 5), got {max_length}")
         if mlm is not None and not torch.isin(torch.tensor([cls_token_id, sep_token_id]), mlm.special_token_ids).all():
             raise ValueError("the MaskedLM given to NSP must list cls_token_id and sep_token_id as special ids")
+        if mlm is not None and mlm.masking == "static":
+            # A static mask is a function of (seed, sample, copy) for a fixed sequence; a pair is drawn anew in
+            # every batch (where A ends, IsNext or NotNext, B from another document of the batch), so it has none.
+            raise ConfigError("objective option masking='static' does not work with NSP pairs, which are drawn anew "
+                              "in every batch: use masking=dynamic with mlm+nsp, or objective mlm for static masks")
         if format not in PAIR_FORMATS:
             raise ValueError(f"format={format!r} is not an NSP input format; choose one of {', '.join(PAIR_FORMATS)}")
         self.cls_token_id, self.sep_token_id, self.pad_token_id = cls_token_id, sep_token_id, pad_token_id

@@ -14,11 +14,15 @@ Weighting each micro-batch by its share of the targets (rather than averaging th
 micro-batches hold different numbers of targets (MLM masks ~15% of each, padding varies).
 
 A loss that sums means over different targets (BERT's MLM + NSP: a mean over masked tokens plus a mean over
-sentence pairs) lists them in ``out.loss_terms``, each with the batch key of its labels. Each term is weighed
-by its own share: ``backward(sum_t loss_t,k * n_t,k / N_t)``, with ``N_t`` the count of ``batch[key] != -100``
-over the accumulated batch, so the NSP mean stays a mean over all the step's pairs, as with one big batch.
-The logged loss is the sum of the terms' means; evaluation reports ``eval_<name>_loss`` and
-``eval_<name>_accuracy`` of every term besides the token labels (``eval_nsp_accuracy``).
+sentence pairs; ELECTRA's MLM + lambda * RTD: masked tokens, real tokens) lists them in ``out.loss_terms``
+(:class:`lmforge.models.transformer.LossTerm`), each with the batch key that marks its targets. Each term is
+weighed by its own share: ``backward(sum_t w_t * loss_t,k * n_t,k / N_t)``, with ``N_t`` the count over the
+accumulated batch of the entries of ``batch[key]`` that are not -100 (labels) or, for a term with
+``mask=True``, that are nonzero (``attention_mask``: the real tokens, for labels the model makes itself). So
+every mean stays a mean over all the step's targets, as with one big batch. The logged loss is the weighted
+sum of the terms' means; evaluation reports the term of ``labels`` as ``eval_loss``, ``eval_ppl`` and
+``eval_accuracy``, and every other term, unweighted, as ``eval_<name>_loss`` and ``eval_<name>_accuracy``
+(``eval_nsp_accuracy``, ``eval_rtd_accuracy``).
 
 The trainer never learns which objective it runs: the objective turns raw batches into model inputs, and
 the model computes the loss. A training signal the model does not compute itself (sentence embeddings: one
@@ -80,6 +84,7 @@ import lmforge
 from lmforge import checkpoint as model_checkpoint
 from lmforge.config import ConfigError
 from lmforge.errors import LmforgeError, RunLocked, UserInputError
+from lmforge.models.transformer import LossTerm
 from lmforge.objectives.base import IGNORE_INDEX
 from lmforge.training import dist_checkpoint, distributed
 from lmforge.training.activation_checkpointing import enable_activation_checkpointing
@@ -300,9 +305,10 @@ class Trainer:
         total = sum(self.count_targets(b) for b in batches)  # known before any backward: the divisor of every term
         if world > 1:  # the global batch's count: every rank divides by the same N
             total = int(self.dist.all_reduce([total])[0])
-        totals = {"labels": total}  # labels key -> its count over the accumulated batch (further terms: lazily)
+        # (key, mask) of each term -> its count over the accumulated batch (further terms: lazily)
+        totals = {("labels", False): total}
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sums: dict[str, torch.Tensor] = {}
+        loss_sums: dict[tuple[str, bool], torch.Tensor] = {}
         for k, batch in enumerate(batches):
             with distributed.gradient_sync(self._wrapped, sync=k == len(batches) - 1):
                 with autocast(self.device, self.autocast_dtype):
@@ -310,11 +316,12 @@ class Trainer:
                 if out.loss is None:
                     raise ValueError("the model returned no loss; the objective's batches must carry labels")
                 n = out.n_targets if out.n_targets is not None else self.count_targets(batch)
-                terms = [(t.labels_key, t.loss, n if t.labels_key == "labels" else _count(batch, t.labels_key))
-                         for t in getattr(out, "loss_terms", None) or ()] or [("labels", out.loss, n)]
+                terms = [((t.labels_key, t.mask), t.loss * t.weight,
+                          n if (t.labels_key, t.mask) == ("labels", False) else _count(batch, t.labels_key, t.mask))
+                         for t in getattr(out, "loss_terms", None) or ()] or [(("labels", False), out.loss, n)]
                 for key, _, _ in terms:
                     if key not in totals:  # every micro-batch is collated already: count the key over all of them
-                        count = sum(_count(b, key) for b in batches)
+                        count = sum(_count(b, *key) for b in batches)
                         totals[key] = int(self.dist.all_reduce([count])[0]) if world > 1 else count
                 # Each term is the mean over this micro-batch's n targets; n / total turns it into its share of
                 # the mean over the whole accumulated batch, and the factor `world` undoes the averaging of
@@ -374,7 +381,8 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Loss, perplexity and argmax accuracy over the labelled tokens of the first ``eval_batches`` batches.
+        """Loss, perplexity and argmax accuracy over the labelled tokens of the first ``eval_batches`` batches,
+        and the loss and accuracy of each further loss term (module docstring).
 
         Returns ``{}`` without evaluation data. The model's train/eval mode is restored afterwards.
         """
@@ -384,8 +392,10 @@ class Trainer:
         _load_state(self.eval_data, copy.deepcopy(self._eval_data_state))
         was_training = self.model.training
         self.model.eval()
-        loss_sum, correct, total = 0.0, 0, 0
-        terms: dict[str, list[float]] = {}  # further loss terms (NSP): name -> [loss sum, correct, count]
+        # metric prefix -> [loss sum, correct, count]: "eval" for the token labels, "eval_<name>" for further
+        # terms (NSP, ELECTRA's RTD), whose accuracy is left out when they have no logits.
+        sums: dict[str, list[float]] = {}
+        unscored: set[str] = set()
         data = iter(self.eval_data)
         try:
             for _ in range(self.config.eval_batches):
@@ -402,38 +412,37 @@ class Trainer:
                 batch = self._to_device(self.eval_objective(raw))
                 with autocast(self.device, self.autocast_dtype):
                     out = self._forward(**batch)
-                labels = batch["labels"]
-                target = labels[labels != IGNORE_INDEX]  # (N,), in the order of out.logits' rows
-                token_loss = out.loss
-                for term in getattr(out, "loss_terms", None) or ():
-                    if term.labels_key == "labels":
-                        token_loss = term.loss
-                        continue
-                    term_labels = batch[term.labels_key]
-                    valid = term_labels != IGNORE_INDEX
-                    sums = terms.setdefault(term.name, [0.0, 0, 0])
-                    sums[0] += float(term.loss) * int(valid.sum())
-                    sums[1] += int((term.logits.argmax(-1)[valid] == term_labels[valid]).sum())
-                    sums[2] += int(valid.sum())
-                loss_sum += float(token_loss) * len(target)
-                correct += int((out.logits.argmax(-1) == target).sum())
-                total += len(target)
+                for term in getattr(out, "loss_terms", None) or [LossTerm("tokens", "labels", out.loss, out.logits)]:
+                    main = (term.labels_key, term.mask) == ("labels", False)
+                    prefix = "eval" if main else f"eval_{term.name}"
+                    labels = term.labels if term.labels is not None else batch[term.labels_key]
+                    target = labels[labels != IGNORE_INDEX]  # (n,), in the order of the logits' rows
+                    correct = _correct(term.logits, target)
+                    if correct is None:
+                        unscored.add(prefix)
+                    acc = sums.setdefault(prefix, [0.0, 0, 0])
+                    acc[0] += float(term.loss) * len(target)
+                    acc[1] += correct or 0
+                    acc[2] += len(target)
         finally:
             self.model.train(was_training)
-        names = list(terms)
+        names = list(sums)
         if self.dist.world_size > 1:
-            loss_sum, correct, total, *flat = self.dist.all_reduce(
-                [loss_sum, correct, total, *(v for name in names for v in terms[name])])
-            terms = {name: flat[3 * i:3 * i + 3] for i, name in enumerate(names)}
-        if total == 0:
+            flat = self.dist.all_reduce([v for name in names for v in sums[name]])
+            sums = {name: flat[3 * i:3 * i + 3] for i, name in enumerate(names)}
+        if not sums.get("eval", [0, 0, 0])[2]:
             return {}
-        loss = loss_sum / total
-        record = {"eval_loss": loss, "eval_ppl": math.exp(loss) if loss < 700 else None,
-                  "eval_accuracy": correct / total}
-        for name in names:
-            term_loss, term_correct, count = terms[name]
-            if count:
-                record.update({f"eval_{name}_loss": term_loss / count, f"eval_{name}_accuracy": term_correct / count})
+        record = {}
+        for prefix in names:
+            loss_sum, correct, count = sums[prefix]
+            if not count:
+                continue
+            loss = loss_sum / count
+            record[f"{prefix}_loss"] = loss
+            if prefix == "eval":
+                record["eval_ppl"] = math.exp(loss) if loss < 700 else None
+            if prefix not in unscored:
+                record[f"{prefix}_accuracy"] = correct / count
         return record
 
     # ------------------------------------------------------------------ checkpoints
@@ -721,9 +730,19 @@ class Trainer:
                 signal.signal(s, h)
 
 
-def _count(batch: dict[str, Any], key: str) -> int:
-    """Labelled entries of ``batch[key]`` (those that are not -100)."""
-    return int((batch[key] != IGNORE_INDEX).sum())
+def _count(batch: dict[str, Any], key: str, mask: bool = False) -> int:
+    """The targets ``batch[key]`` marks: its labelled entries (not -100), or with ``mask`` its nonzero ones."""
+    if key not in batch:
+        raise ValueError(f"a loss term counts its targets in batch[{key!r}], which the objective's batch lacks")
+    return int((batch[key] != 0).sum() if mask else (batch[key] != IGNORE_INDEX).sum())
+
+
+def _correct(logits: torch.Tensor | None, target: torch.Tensor) -> int | None:
+    """How many of the n ``target`` s (n,) the flat ``logits`` predict: argmax of (n, C), or > 0 of (n,)."""
+    if logits is None:
+        return None
+    predicted = logits.argmax(-1) if logits.dim() == target.dim() + 1 else (logits > 0).long()
+    return int((predicted == target).sum())
 
 
 def _state_of(obj) -> Any:
