@@ -326,11 +326,15 @@ class Trainer:
                 # Each term is the mean over this micro-batch's n targets; n / total turns it into its share of
                 # the mean over the whole accumulated batch, and the factor `world` undoes the averaging of
                 # the ranks' gradients by DDP/FSDP.
-                sum(loss * (n * world / max(totals[key], 1)) for key, loss, n in terms).backward()
+                # A term with no target in this micro-batch has a NaN mean (0/0): it adds nothing, but stays in the
+                # graph (its gradient is zero) so that every rank's backward reaches the same parameters.
+                sum((loss if n else torch.nan_to_num(loss)) * (n * world / max(totals[key], 1))
+                    for key, loss, n in terms).backward()
             for key, loss, n in terms:
-                loss_sums[key] = loss_sums.get(key, 0.0) + loss.detach().float() * n
-        keys = list(loss_sums)
-        sums = [float(loss_sums[key]) for key in keys]
+                if n:
+                    loss_sums[key] = loss_sums.get(key, 0.0) + loss.detach().float() * n
+        keys = [key for key in totals if totals[key]]  # global counts: the same keys on every rank
+        sums = [float(loss_sums.get(key, 0.0)) for key in keys]
         if world > 1:
             sums = self.dist.all_reduce(sums)
         loss = sum(s / max(totals[key], 1) for key, s in zip(keys, sums))
