@@ -55,7 +55,8 @@ class TransformerStack(nn.Module):
             if cfg.position == "rope"
             else None
         )
-        self.layers = nn.ModuleList(Block(cfg, cross) for _ in range(1 if cfg.share_layers else n_layers))
+        self.layers = nn.ModuleList(Block(cfg, cross, moe=cfg.moe_layer(i))
+                                    for i in range(1 if cfg.share_layers else n_layers))
         self.final_norm = build_norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.bias) if cfg.final_norm else None
 
     def forward(
