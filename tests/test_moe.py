@@ -118,7 +118,7 @@ def test_aux_loss_is_one_times_the_coefficient_for_a_uniform_router():
     plain = model.eval()(ids, labels=ids)  # evaluation: cross-entropy alone
     assert plain.aux_loss is None
     torch.testing.assert_close(out.loss, plain.loss + 0.25)
-    # ... and anything else is above it: f and P both peaked on expert 0.
+    # ... and routing that favours one expert is penalised: f and P both peaked on expert 0.
     peaked = torch.tensor([[[0.7, 0.1, 0.1, 0.1]]]).expand(1, 6, 4)
     assert load_balancing_loss(peaked, torch.zeros(1, 6, 1, dtype=torch.long)) > 1
 

@@ -23,7 +23,9 @@ Auxiliary losses (averaged over the model's MoE layers, so the coefficients do n
     load balance (Switch eq. 4)   L_aux = E * sum_e f_e * P_e
         f_e = share of the B*T*k routed slots that chose expert e (before capacity; sum_e f_e = 1)
         P_e = mean router probability of expert e over the B*T tokens
-        A uniform router (P_e = 1/E) gives exactly 1, its minimum over P for any f.
+        A uniform router (P_e = 1/E) gives exactly 1 whatever f is, as does perfectly balanced routing
+        (f_e = P_e = 1/E); collapse onto one expert drives it towards E. (It can dip slightly below 1 when the
+        experts chosen most often are not those with the highest mean probability.)
     router z-loss (ST-MoE)        L_z = mean_t logsumexp(logits_t)^2
 
 HF Mixtral normalises f by the tokens rather than the slots (its f sums to k), so its ``router_aux_loss_coef``
