@@ -33,8 +33,8 @@ import re
 import torch
 
 from lmforge.config import ModelConfig
-from lmforge.interop import hf_llama
 from lmforge.interop.hf_family import Arch, Family, HFConfig, Rule
+from lmforge.interop.hf_llama import LLAMA
 
 _FUSED = re.compile(r"(?P<layer>.*layers\.\d+\.)mlp\.(?P<what>gate\.weight|experts\.gate_up_proj|experts\.down_proj)$")
 
@@ -44,7 +44,7 @@ def _from_hf(c: HFConfig, arch: Arch) -> dict:
     k, experts = c("num_experts_per_tok", 2), c("num_local_experts", 8)
     if experts < 1:
         raise c.fail(f"num_local_experts {experts!r} must be positive")
-    fields = hf_llama.LLAMA.config_from_hf(c, arch)
+    fields = LLAMA.config_from_hf(c, arch)
     fields.update(
         bias=False,  # Mixtral's projections have no biases (and its config no attention_bias)
         moe_experts=experts, moe_top_k=k, moe_every=1, moe_renormalize=True,
@@ -57,7 +57,7 @@ def _from_hf(c: HFConfig, arch: Arch) -> dict:
 def _to_hf(cfg: ModelConfig) -> dict:
     # What Mixtral cannot express (biases, moe_every > 1, capacity, ...) reads back differently, and to_hf then
     # names the first such field.
-    hf = {k: v for k, v in hf_llama.LLAMA.config_to_hf(cfg).items() if k not in ("attention_bias", "mlp_bias")}
+    hf = {k: v for k, v in LLAMA.config_to_hf(cfg).items() if k not in ("attention_bias", "mlp_bias")}
     hf.update(num_local_experts=cfg.moe_experts, num_experts_per_tok=cfg.moe_top_k, sliding_window=None,
               router_jitter_noise=cfg.moe_jitter, router_aux_loss_coef=cfg.moe_aux_loss / cfg.moe_top_k)
     return hf
@@ -65,7 +65,7 @@ def _to_hf(cfg: ModelConfig) -> dict:
 
 def _rules(cfg: ModelConfig) -> list[Rule]:
     L, H = "decoder.layers.{i}", "layers.{i}.block_sparse_moe"
-    dense = [r for r in hf_llama.LLAMA.rules(cfg) if ".ffn." not in r.ours]
+    dense = [r for r in LLAMA.rules(cfg) if ".ffn." not in r.ours]
     return dense + [
         Rule(f"{L}.ffn.router", f"{H}.gate"),
         *(Rule(f"{L}.ffn.experts.{ours}", f"{H}.experts.{{e}}.{theirs}.weight", experts=True)
@@ -103,7 +103,7 @@ MIXTRAL = Family(
     prefix="model.",
     embedding="embed_tokens.weight",
     output_embedding="lm_head.weight",
-    ignore=hf_llama.LLAMA.ignore,
+    ignore=LLAMA.ignore,
     tokenizer_family=None,
     tie_default=False,
     unfuse=_unfuse,

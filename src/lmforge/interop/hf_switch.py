@@ -35,8 +35,8 @@ from __future__ import annotations
 import dataclasses
 
 from lmforge.config import ModelConfig
-from lmforge.interop import hf_t5
 from lmforge.interop.hf_family import Arch, Family, HFConfig, Rule
+from lmforge.interop.hf_t5 import T5
 
 
 def _sparse_layers(n_layers: int, n_sparse: int) -> list[int]:
@@ -63,7 +63,7 @@ def _from_hf(c: HFConfig, arch: Arch) -> dict:
     act = c("dense_act_fn", "relu")
     c.activation("dense_act_fn", "relu")  # refuses what HF's DenseActDense cannot run either (gated names)
     tied = c("tie_word_embeddings", True)
-    fields = hf_t5.T5.config_from_hf(HFConfig({**c.data, "feed_forward_proj": act, "scale_decoder_outputs": tied},
+    fields = T5.config_from_hf(HFConfig({**c.data, "feed_forward_proj": act, "scale_decoder_outputs": tied},
                                               c.source), arch)
     every = _moe_every(c, fields["n_layers"], fields["n_decoder_layers"])
     if every is None:
@@ -82,7 +82,7 @@ def _from_hf(c: HFConfig, arch: Arch) -> dict:
 def _to_hf(cfg: ModelConfig) -> dict:
     # What Switch cannot express (top-2, a capacity factor, shared experts, ...) reads back differently, and to_hf
     # then names the first such field.
-    t5 = hf_t5.T5.config_to_hf(cfg)
+    t5 = T5.config_to_hf(cfg)
     proj = t5.pop("feed_forward_proj")
     del t5["scale_decoder_outputs"]  # implied by tying
     return dict(
@@ -96,7 +96,7 @@ def _to_hf(cfg: ModelConfig) -> dict:
 
 
 def _rules(cfg: ModelConfig) -> list[Rule]:
-    rules = [dataclasses.replace(r, theirs=r.theirs.replace("DenseReluDense", "mlp")) for r in hf_t5.T5.rules(cfg)]
+    rules = [dataclasses.replace(r, theirs=r.theirs.replace("DenseReluDense", "mlp")) for r in T5.rules(cfg)]
     for stack, k in (("encoder", 1), ("decoder", 2)):
         L, M = f"{stack}.layers.{{i}}.ffn", f"{stack}.block.{{i}}.layer.{k}.mlp"
         rules += [Rule(f"{L}.router", f"{M}.router.classifier"),
@@ -113,7 +113,7 @@ SWITCH = Family(
     rules=_rules,
     embedding="shared.weight",
     output_embedding="lm_head.weight",
-    aliases=hf_t5.T5.aliases,
-    ignore=hf_t5.T5.ignore,
+    aliases=T5.aliases,
+    ignore=T5.ignore,
     tokenizer_family="t5",
 )
