@@ -251,3 +251,15 @@ def test_tiny_moe_presets_build_and_run():
         ids = torch.randint(1, 50, (1, 6))
         kwargs = {"decoder_input_ids": ids} if cfg.arch == "encoder-decoder" else {}
         assert model(ids, labels=ids, **kwargs).loss.isfinite()
+
+
+@pytest.mark.slow  # compiling takes most of a minute on a CPU
+def test_compiled_moe_model_equals_eager():
+    # fp32 experts leave the graph (grouped_mm traces in bf16 only) and run eagerly inside the compiled model
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(n_layers=1, moe_experts=4, moe_top_k=2, moe_capacity_factor=1.0))
+    ids = torch.randint(1, 97, (2, 16))
+    eager = model(ids, labels=ids)
+    compiled = torch.compile(model)(ids, labels=ids)
+    torch.testing.assert_close(compiled.loss, eager.loss, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(compiled.aux_loss, eager.aux_loss)

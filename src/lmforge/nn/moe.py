@@ -127,12 +127,15 @@ def z_loss(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(logits.float(), dim=-1).pow(2).mean()
 
 
-def _grouped_mm_works(x: torch.Tensor) -> bool:
+def _grouped_mm_works(x: torch.Tensor, widths: tuple[int, ...]) -> bool:
+    """Whether ``F.grouped_mm`` takes these operands: fp32/bf16 on CPU; bf16 on CUDA (SM 8.0+), whose kernels
+    also want 16-byte aligned rows (widths a multiple of 8)."""
     if not hasattr(F, "grouped_mm"):
         return False
     if x.device.type == "cpu":
         return x.dtype in (torch.float32, torch.bfloat16)
-    return x.is_cuda and x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (8, 0)
+    return (x.is_cuda and x.dtype == torch.bfloat16 and all(w % 8 == 0 for w in widths)
+            and torch.cuda.get_device_capability(x.device) >= (8, 0))
 
 
 class Experts(nn.Module):
@@ -160,7 +163,13 @@ class Experts(nn.Module):
         """x (N, D) rows sorted by expert, counts (E,) rows per expert (summing to N) -> (N, D)."""
         dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
         x = x.to(dtype)
-        if self.force_bmm or not _grouped_mm_works(x):
+        if torch.compiler.is_compiling() and dtype != torch.bfloat16:
+            return self._eager(x, counts)  # grouped_mm's tracing (fake) kernel accepts bf16 only
+        return self._grouped(x, counts)
+
+    def _grouped(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        if self.force_bmm or not _grouped_mm_works(x, tuple(self.up.shape[1:])):
             linear = _padded_bmm(counts, x.shape[0])
         else:
             offsets = counts.cumsum(0).to(torch.int32)
@@ -182,6 +191,10 @@ class Experts(nn.Module):
         if self.dropout and self.training:
             h = F.dropout(h, self.dropout, training=True)
         return project(h, self.down, self.down_bias)  # (N, D)
+
+    @torch.compiler.disable
+    def _eager(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        return self._grouped(x, counts)
 
 
 def _padded_bmm(counts: torch.Tensor, n: int):
