@@ -263,3 +263,17 @@ def test_compiled_moe_model_equals_eager():
     compiled = torch.compile(model)(ids, labels=ids)
     torch.testing.assert_close(compiled.loss, eager.loss, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(compiled.aux_loss, eager.aux_loss)
+
+
+@pytest.mark.parametrize("arch", ["encoder", "decoder", "encoder-decoder"])
+@pytest.mark.parametrize("activation, norm_position", [("gelu", "post"), ("swiglu", "pre")])
+def test_every_family_with_experts_trains_every_parameter(arch, activation, norm_position):
+    cfg = tiny_config(arch=arch, activation=activation, norm_position=norm_position, moe_experts=4, moe_top_k=2,
+                      moe_capacity_factor=1.0, moe_shared_experts=1, head="mlm" if arch == "encoder" else "lm")
+    model = Transformer(cfg)
+    ids = torch.randint(1, 97, (2, 7))
+    kwargs = {"decoder_input_ids": torch.randint(1, 97, (2, 5))} if arch == "encoder-decoder" else {}
+    out = model(ids, labels=torch.randint(1, 97, (2, 5 if kwargs else 7)), **kwargs)
+    out.loss.backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None or not bool(p.grad.abs().sum() > 0)]
+    assert not missing, missing

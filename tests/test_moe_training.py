@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+import lmforge
 from lmforge.cli.main import main
 from lmforge.training.pretrain import build_pretraining
 from test_training_pretrain import data_root, prepared, pretrain_args  # noqa: F401
@@ -30,6 +31,8 @@ def test_pretrain_with_moe_overrides_logs_router_metrics(data_root, tmp_path, ca
         assert len(r["moe_load"]) == 4 and sum(r["moe_load"]) == pytest.approx(1.0, abs=1e-4)
         assert 1.0 <= r["moe_load_max"] <= 4.0
     assert "eval_loss" in records[1]
+    model = lmforge.load(out / "model")  # the model folder holds the stacked expert weights
+    assert model.config.moe_experts == 4 and model.active_parameters() < model.num_parameters()
 
 
 def test_model_info_shows_total_and_active_parameters(capsys):
