@@ -248,7 +248,7 @@ class ModelConfig(ConfigBase):
     moe_experts: int = 0  # experts per MoE layer; 0 = every FFN is dense
     moe_top_k: int = 1  # experts per token: 1 = Switch, 2 = Mixtral / GShard
     moe_every: int = 1  # every k-th layer of a stack is MoE (0-based layers k-1, 2k-1, ...)
-    moe_capacity_factor: float | None = None  # capacity = ceil(factor * T * top_k / experts) per sequence; None = no limit
+    moe_capacity_factor: float | None = None  # slots per expert = ceil(factor * T * top_k / experts); None = no limit
     moe_expert_capacity: int | None = None  # a fixed capacity per sequence instead (HF Switch's expert_capacity)
     moe_renormalize: bool | None = None  # gate weights = top-k probabilities / their sum; None = when top_k > 1
     moe_aux_loss: float = 0.01  # Switch load-balancing loss coefficient (alpha)

@@ -16,8 +16,9 @@ def register(subparsers) -> None:
         help="architecture, parameter counts and training FLOPs per token",
         description="Print a model's architecture, its parameter count (total and non-embedding; for a "
         "mixture of experts also the active parameters a token multiplies by: router + top-k experts) and the "
-        "estimated training FLOPs per token (6N + 12·L·d·T, N counting active weights only). NAME_OR_DIR is a preset name, a config "
-        "file (.json/.yaml) or a model folder. Nothing is allocated: the model is built on the meta device.",
+        "estimated training FLOPs per token (6N + 12·L·d·T, N counting active weights only). NAME_OR_DIR is "
+        "a preset name, a config file (.json/.yaml) or a model folder. Nothing is allocated: the model is built "
+        "on the meta device.",
     )
     info.add_argument("model", metavar="NAME_OR_DIR", help=f"a preset ({', '.join(list_presets())}) or a path")
     info.add_argument("--seq-len", type=int, default=None, help="context length for the FLOPs estimate (default: max_seq_len)")

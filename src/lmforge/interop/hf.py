@@ -5,8 +5,9 @@
 
 Each family is one small module (:mod:`~lmforge.interop.hf_bert`, ``hf_gpt2``, ``hf_t5``, ``hf_bart``,
 ``hf_llama``, ``hf_deberta``, ``hf_electra``, ``hf_mixtral``, ``hf_switch``) declaring a :class:`Family`: the
-HF config <-> ModelConfig translation, the HF classes it reads (:class:`Arch`: which lmforge head, where the body sits in the state dict) and a table of
-:class:`Rule` s from lmforge tensor names to HF ones, in the vocabulary of :mod:`~lmforge.interop.hf_family`.
+HF config <-> ModelConfig translation, the HF classes it reads (:class:`Arch`: which lmforge head, where the body
+sits in the state dict) and a table of :class:`Rule` s from lmforge tensor names to HF ones, in the vocabulary of
+:mod:`~lmforge.interop.hf_family`.
 This module is the engine that applies those tables.
 
 Why conversion is exact: a rule only renames, transposes, splits or concatenates tensors, so

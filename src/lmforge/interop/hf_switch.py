@@ -51,7 +51,8 @@ def _moe_every(c: HFConfig, n_enc: int, n_dec: int) -> int | None:
     if not enc and not dec:
         return None
     for k in range(1, max(n_enc, n_dec) + 1):
-        if [i for i in range(n_enc) if (i + 1) % k == 0] == enc and [i for i in range(n_dec) if (i + 1) % k == 0] == dec:
+        ours = ([i for i in range(n) if (i + 1) % k == 0] for n in (n_enc, n_dec))
+        if list(ours) == [enc, dec]:
             return k
     raise c.fail(f"sparse layers {enc} (encoder) and {dec} (decoder) are not expressible: lmforge's moe_every k "
                  "puts experts in layers k-1, 2k-1, ... of both stacks")
