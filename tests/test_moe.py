@@ -277,3 +277,21 @@ def test_every_family_with_experts_trains_every_parameter(arch, activation, norm
     out.loss.backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None or not bool(p.grad.abs().sum() > 0)]
     assert not missing, missing
+
+
+def test_bf16_autocast_keeps_the_router_in_fp32(monkeypatch):
+    moe = _moe(capacity_factor=1.0)
+    seen, linear = [], torch.nn.functional.linear
+
+    def spy(*args, **kwargs):
+        out = linear(*args, **kwargs)
+        seen.append(out.dtype)
+        return out
+
+    x = torch.randn(2, 6, 16)
+    monkeypatch.setattr(torch.nn.functional, "linear", spy)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = moe(x)
+    assert seen[0] == torch.float32  # the router's logits (Switch's selective precision)
+    assert y.dtype == torch.float32 and torch.isfinite(y).all()
+    torch.testing.assert_close(y, moe(x), atol=0.1, rtol=0.1)  # bf16 experts, same routing

@@ -242,7 +242,8 @@ class MoEFeedForward(nn.Module):
         xr = x.float()
         if self.jitter and self.training:
             xr = xr * torch.empty_like(xr).uniform_(1.0 - self.jitter, 1.0 + self.jitter)
-        logits = F.linear(xr, self.router.weight.float())  # (B, T, E)
+        with torch.autocast(x.device.type, enabled=False):  # the router stays fp32 under bf16 autocast too
+            logits = F.linear(xr, self.router.weight.float())  # (B, T, E)
         capacity = expert_capacity(T, k, E, self.capacity_factor, self.fixed_capacity)
         probs, gates, experts, kept = route(logits, k, self.renormalize, capacity)
 
@@ -261,7 +262,7 @@ class MoEFeedForward(nn.Module):
             out = out + self.shared(x)
 
         with torch.no_grad():
-            self.last_load = torch.zeros(E, device=x.device).scatter_add_(0, expert, torch.ones_like(gates).view(-1))
+            self.last_load = torch.zeros(E, device=x.device).scatter_add_(0, expert, torch.ones_like(gates).reshape(-1))
             self.last_dropped = (~kept).sum()
         if self.training:
             aux, z = load_balancing_loss(probs, experts), z_loss(logits)
