@@ -134,7 +134,9 @@ def test_hf_configs_lmforge_cannot_express_are_refused(case, config, message):
     ("gpt-tiny-moe", {}, "moe_"),  # a GPT-2 with experts: no HF family has both
     ("mixtral-tiny", dict(moe_capacity_factor=1.0), "moe_capacity_factor=1.0"),
     ("mixtral-tiny", dict(moe_every=2), "moe_every=2"),
-    ("switch-tiny", dict(head_dim=8), "moe_capacity_factor=1.25"),  # Switch's capacity is fixed, not a factor
+    # Switch's capacity is fixed, not a factor
+    ("switch-tiny", dict(head_dim=8), "switch_transformers cannot express moe_capacity_factor=1.25"),
+    ("switch-tiny", dict(head_dim=8, moe_capacity_factor=None), "moe_expert_capacity=None (it has 64)"),
     ("switch-tiny", dict(head_dim=8, moe_capacity_factor=None, moe_expert_capacity=4, moe_top_k=2),
      "moe_top_k=2"),
 ])

@@ -88,7 +88,8 @@ def _to_hf(cfg: ModelConfig) -> dict:
     del t5["scale_decoder_outputs"]  # implied by tying
     return dict(
         t5, dense_act_fn=proj,
-        num_experts=cfg.moe_experts, expert_capacity=cfg.moe_expert_capacity,
+        # HF's default where lmforge has a factor or no limit: it reads back as a difference, named by to_hf
+        num_experts=cfg.moe_experts, expert_capacity=cfg.moe_expert_capacity or 64,
         num_sparse_encoder_layers=sum(cfg.moe_layer(i) for i in range(cfg.n_layers)),
         num_sparse_decoder_layers=sum(cfg.moe_layer(i) for i in range(cfg.decoder_layers)),
         router_bias=False, router_dtype="float32", router_jitter_noise=cfg.moe_jitter,
