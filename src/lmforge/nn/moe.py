@@ -16,7 +16,9 @@ most ``C = ceil(c * T * k / E)`` of a sequence's token slots (``moe_expert_capac
 Switch's ``expert_capacity`` does). Slots are served first come, first served: all first choices in sequence
 order, then all second choices (GShard), so whether token t is dropped depends on tokens <= t only. A dropped
 slot contributes nothing: a token whose every slot is dropped passes through the residual connection only.
-Dropping applies in evaluation too (as in HF Switch). Neither setting: no limit (dropless, Mixtral).
+Dropping applies in evaluation too (as in HF Switch), and padding takes capacity like any token. The groups are
+those of one forward call: cached decoding routes each new token on its own (never over capacity), so it equals
+the full forward exactly when that drops nothing. Neither setting: no limit (dropless, Mixtral).
 
 Auxiliary losses (averaged over the model's MoE layers, so the coefficients do not scale with depth):
 
