@@ -131,3 +131,45 @@ def test_albert_style_sharing_and_factorisation():
     assert len(shared.encoder.layers) == 1 and shared.num_parameters() < plain.num_parameters() / 2
     assert shared.embed_tokens.weight.shape == (97, 16)
     assert shared(torch.randint(1, 97, (1, 6))).logits.shape == (1, 6, 97)
+
+
+# Mixture-of-experts FFNs (lmforge.nn.moe). Dropless routing makes each token's output its own business, so
+# the cache must reproduce the full forward; with a capacity, the first-come-first-served queue still only
+# looks backwards, so nothing leaks from the future.
+MOE = {"top2-every-layer": dict(moe_experts=4, moe_top_k=2, activation="swiglu"),
+       "switch-every-other-shared": dict(moe_experts=4, moe_every=2, moe_shared_experts=1)}
+
+
+@pytest.mark.parametrize("moe", MOE)
+@pytest.mark.parametrize("position", ["rope", "learned", "t5-bias"])
+def test_kv_cache_matches_full_forward_moe_decoder(moe, position):
+    model = _decoder(position, n_kv_heads=2, **MOE[moe])
+    ids = torch.randint(1, 97, (2, 11))
+    full = model(ids).logits
+    cache = KVCache()
+    steps = [model(ids[:, :4], past_key_values=cache, use_cache=True).logits]
+    for t in range(4, 11):
+        steps.append(model(ids[:, t : t + 1], past_key_values=cache, use_cache=True).logits)
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("moe", MOE)
+def test_kv_cache_matches_full_forward_moe_encoder_decoder(moe):
+    model = _seq2seq("t5-bias", **MOE[moe])
+    src, tgt = torch.randint(1, 97, (2, 8)), torch.randint(1, 97, (2, 9))
+    full = model(src, decoder_input_ids=tgt).logits
+    memory = model.encode(src)[0]
+    cache = KVCache()
+    steps = [model(decoder_input_ids=tgt[:, t : t + 1], encoder_hidden_states=memory, past_key_values=cache,
+                   use_cache=True).logits for t in range(9)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("capacity", [None, 0.5])
+def test_moe_causal_mask_does_not_leak(capacity):
+    model = _decoder("rope", moe_experts=4, moe_capacity_factor=capacity)
+    ids = torch.randint(1, 97, (2, 12))
+    changed = ids.clone()
+    changed[:, 7:] = torch.randint(1, 97, (2, 5))
+    a, b = model(ids).logits, model(changed).logits
+    torch.testing.assert_close(a[:, :7], b[:, :7], atol=1e-6, rtol=0)

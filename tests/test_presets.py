@@ -38,6 +38,10 @@ def _hf(name: str):
             vocab_size=128100, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
             relative_attention=True, position_biased_input=False, pos_att_type="p2c|c2p", position_buckets=256,
             max_relative_positions=-1, share_att_key=True, norm_rel_ebd="layer_norm")),
+        "switch-base-8": lambda: hf.SwitchTransformersForConditionalGeneration(hf.SwitchTransformersConfig(
+            d_model=768, d_ff=3072, num_layers=12, num_decoder_layers=12, num_heads=12, num_experts=8,
+            num_sparse_encoder_layers=6, num_sparse_decoder_layers=6, expert_capacity=64)),
+        "mixtral-8x7b": lambda: hf.MixtralForCausalLM(hf.MixtralConfig(max_position_embeddings=32768)),
         "llama-1b": lambda: hf.LlamaForCausalLM(
             hf.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
                            num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048)
@@ -48,7 +52,7 @@ def _hf(name: str):
 
 
 FULL_SIZE = ["bert-base", "bert-large", "roberta-base", "gpt2", "gpt2-medium", "t5-small", "t5-base",
-             "bart-base", "bart-large", "llama-1b", "deberta-v3-base"]
+             "bart-base", "bart-large", "llama-1b", "deberta-v3-base", "switch-base-8", "mixtral-8x7b"]
 
 
 @pytest.mark.parametrize("name", FULL_SIZE)
@@ -64,6 +68,9 @@ def test_known_counts():
     with torch.device("meta"):
         assert Transformer(ModelConfig.from_preset("gpt2")).num_parameters() == 124_439_808
         assert Transformer(ModelConfig.from_preset("t5-small")).num_parameters() == 60_506_624
+        mixtral = Transformer(ModelConfig.from_preset("mixtral-8x7b"))
+        # 46.7B in total, 12.9B active per token (two of eight experts), as Mistral AI reports
+        assert (mixtral.num_parameters(), mixtral.active_parameters()) == (46_702_792_704, 12_879_925_248)
 
 
 @pytest.mark.parametrize("name", [n for n in list_presets() if n.endswith("-tiny")])

@@ -194,6 +194,10 @@ class ModelConfig(ConfigBase):
             ``tie_embeddings`` (input/output), ``share_embeddings`` (encoder/decoder).
         layers: ``norm``, ``norm_position``, ``final_norm``, ``activation``, ``bias``, ``attn_scale``
             (False for T5, which folds 1/sqrt(d) into its init), ``share_layers`` (ALBERT).
+        mixture of experts (:mod:`lmforge.nn.moe`): ``moe_experts`` (0 = dense FFNs), ``moe_top_k`` (1 = Switch,
+            2 = Mixtral/GShard), ``moe_every`` (layers k-1, 2k-1, ... of each stack are MoE), ``moe_capacity_factor``
+            or ``moe_expert_capacity`` (neither = dropless), ``moe_renormalize`` (None: when top_k > 1),
+            ``moe_aux_loss`` / ``moe_z_loss`` (coefficients), ``moe_jitter``, ``moe_shared_experts``.
         heads: ``head`` (lm | mlm | rtd | none; rtd is ELECTRA's replaced-token detector), ``lm_head_bias``,
             ``lm_head_scale`` (T5 v1.0 scales the decoder output by d_model**-0.5 before its tied head), ``pooler``,
             ``nsp_head`` (BERT's next-sentence classifier on the pooler output; needs ``pooler``).
@@ -255,6 +259,17 @@ class ModelConfig(ConfigBase):
     sliding_window: int | None = None
     rezero: bool = False
     step_embeddings: bool = False
+    # --- mixture of experts (lmforge.nn.moe) ---------------------------------------------------
+    moe_experts: int = 0  # experts per MoE layer; 0 = every FFN is dense
+    moe_top_k: int = 1  # experts per token: 1 = Switch, 2 = Mixtral / GShard
+    moe_every: int = 1  # every k-th layer of a stack is MoE (0-based layers k-1, 2k-1, ...)
+    moe_capacity_factor: float | None = None  # slots per expert = ceil(factor * T * top_k / experts); None = no limit
+    moe_expert_capacity: int | None = None  # a fixed capacity per sequence instead (HF Switch's expert_capacity)
+    moe_renormalize: bool | None = None  # gate weights = top-k probabilities / their sum; None = when top_k > 1
+    moe_aux_loss: float = 0.01  # Switch load-balancing loss coefficient (alpha)
+    moe_z_loss: float = 0.001  # ST-MoE router z-loss coefficient
+    moe_jitter: float = 0.0  # training only: router input times U(1 - j, 1 + j) (Switch)
+    moe_shared_experts: int = 0  # always-on experts beside the routed ones (DeepSeekMoE)
     # --- heads -------------------------------------------------------------------------------
     head: str = "lm"
     lm_head_bias: bool = False
@@ -299,6 +314,15 @@ class ModelConfig(ConfigBase):
     @property
     def gated(self) -> bool:
         return self.activation in GATED_ACTIVATIONS
+
+    @property
+    def moe_renormalizes(self) -> bool:
+        """Whether the top-k gate weights are renormalised to sum to 1 (``moe_renormalize``, default top_k > 1)."""
+        return self.moe_top_k > 1 if self.moe_renormalize is None else self.moe_renormalize
+
+    def moe_layer(self, index: int) -> bool:
+        """Whether layer ``index`` (0-based, within its stack) has an MoE FFN: every ``moe_every``-th layer."""
+        return self.moe_experts > 0 and (index + 1) % self.moe_every == 0
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> "ModelConfig":
@@ -370,6 +394,8 @@ class ModelConfig(ConfigBase):
                               f"pooler={self.pooler}); the NSP classifier reads the pooler output")
         if self.n_decoder_layers is not None and self.arch != "encoder-decoder":
             raise ConfigError("ModelConfig.n_decoder_layers is only meaningful for arch='encoder-decoder'")
+        if self.moe_experts:
+            self._validate_moe()
         for name in (f.name for f in fields(self) if f.name.endswith("_token_id")):
             tid = getattr(self, name)
             if tid is not None and not 0 <= tid < self.vocab_size:
@@ -406,6 +432,35 @@ class ModelConfig(ConfigBase):
                               "applies one layer repeatedly and tells the steps apart by these embeddings)")
         if self.step_embeddings and self.d_model % 2:
             raise ConfigError(f"ModelConfig.step_embeddings=True needs an even d_model (got {self.d_model})")
+
+    def _validate_moe(self) -> None:
+        def bad(name: str, rule: str) -> ConfigError:
+            return ConfigError(f"ModelConfig.{name}={getattr(self, name)!r} {rule}")
+
+        if self.moe_experts < 0:
+            raise bad("moe_experts", "must be >= 0 (0: dense FFNs)")
+        if not 1 <= self.moe_top_k <= self.moe_experts:
+            raise bad("moe_top_k", f"must be between 1 and moe_experts={self.moe_experts}")
+        if self.moe_every < 1:
+            raise bad("moe_every", "must be a positive integer")
+        if self.moe_every > max(self.n_layers, self.decoder_layers):
+            raise bad("moe_every", f"puts no MoE FFN in any layer (the model has {self.n_layers} layers); "
+                                   "lower it, or set moe_experts=0")
+        if self.share_layers and self.moe_every != 1:
+            raise bad("moe_every", "must be 1 with share_layers (one shared layer is either MoE or dense)")
+        cf = self.moe_capacity_factor
+        if cf is not None and not cf > 0:  # also refuses NaN
+            raise bad("moe_capacity_factor", "must be > 0 (null: no capacity limit)")
+        if self.moe_expert_capacity is not None:
+            if self.moe_expert_capacity < 1:
+                raise bad("moe_expert_capacity", "must be a positive integer (null: no fixed capacity)")
+            if cf is not None:
+                raise bad("moe_expert_capacity", "and moe_capacity_factor both set a capacity; keep one of them")
+        for name in ("moe_aux_loss", "moe_z_loss", "moe_shared_experts"):
+            if not getattr(self, name) >= 0:
+                raise bad(name, "must be >= 0")
+        if not 0 <= self.moe_jitter < 1:
+            raise bad("moe_jitter", "must be in [0, 1)")
 
     def _validate_deberta(self) -> None:
         terms = self.pos_att_type.split("|")

@@ -14,9 +14,11 @@ def register(subparsers) -> None:
     info = sub.add_parser(
         "info",
         help="architecture, parameter counts and training FLOPs per token",
-        description="Print a model's architecture, its parameter count (total and non-embedding) and the "
-        "estimated training FLOPs per token (6N + 12·L·d·T). NAME_OR_DIR is a preset name, a config "
-        "file (.json/.yaml) or a model folder. Nothing is allocated: the model is built on the meta device.",
+        description="Print a model's architecture, its parameter count (total and non-embedding; for a "
+        "mixture of experts also the active parameters a token multiplies by: router + top-k experts) and the "
+        "estimated training FLOPs per token (6N + 12·L·d·T, N counting active weights only). NAME_OR_DIR is "
+        "a preset name, a config file (.json/.yaml) or a model folder. Nothing is allocated: the model is built "
+        "on the meta device.",
     )
     info.add_argument("model", metavar="NAME_OR_DIR", help=f"a preset ({', '.join(list_presets())}) or a path")
     info.add_argument("--seq-len", type=int, default=None, help="context length for the FLOPs estimate (default: max_seq_len)")
@@ -45,8 +47,12 @@ def describe(name_or_path: str, seq_len: int | None = None) -> dict:
         "position": cfg.position,
         "norm": f"{cfg.norm} ({cfg.norm_position})",
         "activation": cfg.activation,
+        **({"experts": f"{cfg.moe_experts} (top-{cfg.moe_top_k}, in "
+                       f"{'every layer' if cfg.moe_every == 1 else f'1 of every {cfg.moe_every} layers'})"}
+           if cfg.moe_experts else {}),
         "parameters": model.num_parameters(),
         "non_embedding_parameters": model.num_parameters(exclude_embeddings=True),
+        **({"active_parameters": model.active_parameters()} if cfg.moe_experts else {}),
         "seq_len": T,
         "train_flops_per_token": model.flops_per_token(T),
     }

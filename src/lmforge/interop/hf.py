@@ -4,10 +4,10 @@
     lmforge model     --to_hf----> config.json + model.safetensors (+ tokenizer.json, tokenizer_config.json)
 
 Each family is one small module (:mod:`~lmforge.interop.hf_bert`, ``hf_gpt2``, ``hf_t5``, ``hf_bart``,
-``hf_llama`` (also Qwen2 and Mistral), ``hf_deberta``, ``hf_electra``) declaring a :class:`Family`: the HF
-config <-> ModelConfig translation, the HF classes it reads (:class:`Arch`: which lmforge head, where the body
-sits in the state dict) and a table of :class:`Rule` s from lmforge tensor names to HF ones, in the vocabulary
-of :mod:`~lmforge.interop.hf_family`.
+``hf_llama`` (also Qwen2 and Mistral), ``hf_deberta``, ``hf_electra``, ``hf_mixtral``, ``hf_switch``) declaring a
+:class:`Family`: the HF config <-> ModelConfig translation, the HF classes it reads (:class:`Arch`: which lmforge
+head, where the body sits in the state dict) and a table of :class:`Rule` s from lmforge tensor names to HF ones,
+in the vocabulary of :mod:`~lmforge.interop.hf_family`.
 This module is the engine that applies those tables.
 
 Why conversion is exact: a rule only renames, transposes, splits or concatenates tensors, so
@@ -51,6 +51,8 @@ from lmforge.interop.hf_electra import ELECTRA
 from lmforge.interop.hf_family import Arch, Family, HFConfig, HFConversionError, Mapper, Rule
 from lmforge.interop.hf_gpt2 import GPT2
 from lmforge.interop.hf_llama import LLAMA, MISTRAL, QWEN2
+from lmforge.interop.hf_mixtral import MIXTRAL
+from lmforge.interop.hf_switch import SWITCH
 from lmforge.interop.hf_t5 import T5
 from lmforge.model_folder import materialise, save
 from lmforge.models import load_transformer
@@ -69,14 +71,17 @@ TASK_CONFIG_KEYS = ("id2label", "label2id", "problem_type", "classifier_dropout"
 # Fields that only shape training (or that HF keeps in the tokenizer, not the config): to_hf writes them
 # where the family has a field, and does not refuse a config whose family lacks one.
 NOT_CARRIED = frozenset({"name", "extra", "unk_token_id", "mask_token_id", "cls_token_id", "sep_token_id",
-                         "dropout", "attn_dropout", "ffn_dropout", "initializer_range"})
+                         "dropout", "attn_dropout", "ffn_dropout", "initializer_range",
+                         "moe_aux_loss", "moe_z_loss", "moe_jitter"})
+MOE_FIELDS = ("moe_experts", "moe_top_k", "moe_every", "moe_capacity_factor", "moe_expert_capacity",
+              "moe_renormalize", "moe_shared_experts")
 
 
 # ---------------------------------------------------------------------------------------- registry
 def families() -> dict[str, Family]:
     """All supported families by HF ``model_type``."""
     return {f.model_type: f for f in (BERT, ROBERTA, GPT2, T5, BART, MBART, LLAMA, DEBERTA_V2, ELECTRA,
-                                                  QWEN2, MISTRAL)}
+                                                  QWEN2, MISTRAL, MIXTRAL, SWITCH)}
 
 
 def _family(model_type: Any, source: str) -> Family:
@@ -269,17 +274,25 @@ def _map_to_ours(shell, family: Family, arch: Arch, tensors: dict[str, torch.Ten
     expected = shell.state_dict()
     mapper = Mapper(family.rules(shell.config))
     state, used = {}, set()
-    for key, target in expected.items():
-        rule, theirs = mapper(key)
+
+    def fetch(key: str, rule: Rule, theirs: str, target_shape: tuple[int, ...]) -> torch.Tensor:
         shown = original.get(theirs, (family.prefix if arch.prefixed and not rule.top_level else "") + theirs)
         if theirs not in tensors:
             raise HFConversionError(f"{where}: tensor {shown!r} is missing (lmforge {key!r} needs it)")
-        tensor, shape = tensors[theirs], rule.hf_shape(target.shape)
+        tensor, shape = tensors[theirs], rule.hf_shape(target_shape)
         if tuple(tensor.shape) != shape:
             raise HFConversionError(
                 f"{where}: tensor {shown!r} has shape {tuple(tensor.shape)}, but {source} implies {shape}")
-        state[key] = rule.to_ours(tensor)
         used.add(theirs)
+        return rule.to_ours(tensor)
+
+    for key, target in expected.items():
+        rule, theirs = mapper(key)
+        if rule.experts:  # (E, ...) from E tensors, one per expert
+            state[key] = torch.stack([fetch(key, rule, theirs.replace("{e}", str(e)), tuple(target.shape[1:]))
+                                      for e in range(target.shape[0])])
+        else:
+            state[key] = fetch(key, rule, theirs, tuple(target.shape))
     return state, used
 
 
@@ -290,6 +303,8 @@ def _convert(hf_config: dict, tensors: dict[str, torch.Tensor], source: str, arc
     family = _family(c("model_type"), source)
     architecture = _architecture(family, c, architecture)
     arch = family.architectures[architecture]
+    if family.unfuse is not None:
+        tensors = family.unfuse(tensors)
     tensors, original = _normalise(tensors, family)
 
     # Tying: trust config.json unless both matrices are stored and differ (HF then leaves them untied too).
@@ -452,6 +467,8 @@ def _relevant_fields(cfg: ModelConfig) -> list[str]:
         skip |= {"share_embeddings", "n_decoder_layers"}
     if cfg.attention != "linformer":
         skip |= {"linformer_k", "linformer_sharing"}
+    if not cfg.moe_experts:
+        skip |= set(MOE_FIELDS)
     return [k for k in cfg.to_dict() if k not in skip]
 
 
@@ -460,7 +477,8 @@ def _canonical(cfg: ModelConfig) -> dict[str, Any]:
     d = cfg.to_dict()
     d.update(n_kv_heads=cfg.kv_heads, head_dim=cfg.dim_per_head, embedding_dim=cfg.embed_dim,
              n_decoder_layers=cfg.decoder_layers, qkv_bias=cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias,
-             o_bias=cfg.bias if cfg.o_bias is None else cfg.o_bias)
+             o_bias=cfg.bias if cfg.o_bias is None else cfg.o_bias,
+             moe_renormalize=cfg.moe_renormalizes)
     return d
 
 
@@ -548,7 +566,10 @@ def to_hf(model, path: str | Path, *, tokenizer=None, task_head: TaskHead | None
         if arch.prefixed and not rule.top_level:
             theirs = family.prefix + theirs
         tensor = tensor.detach().cpu()
-        grouped.setdefault(theirs, (rule, {}))[1][rule.part[0] if rule.part else 0] = tensor.to(dtype or tensor.dtype)
+        pieces = enumerate(tensor.unbind(0)) if rule.experts else [(None, tensor)]  # one HF tensor per expert
+        for e, piece in pieces:
+            name = theirs if e is None else theirs.replace("{e}", str(e))
+            grouped.setdefault(name, (rule, {}))[1][rule.part[0] if rule.part else 0] = piece.to(dtype or piece.dtype)
     tensors = {name: rule.to_theirs([parts[k] for k in sorted(parts)]) for name, (rule, parts) in grouped.items()}
     floats = {t.dtype for t in tensors.values() if t.is_floating_point()}
     hf_config["dtype"] = str(floats.pop()).removeprefix("torch.") if len(floats) == 1 else "float32"

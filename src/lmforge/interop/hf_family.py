@@ -45,6 +45,8 @@ class Rule:
         conv1d: HF stores the weight as (in, out) (GPT-2's Conv1D), so it is transposed.
         part: ``(k, n)``: ours is the k-th of n equal row blocks of theirs (GPT-2's fused q/k/v).
         flat: HF stores our (N,) vector as a (1, N) row (BART's ``final_logits_bias``).
+        experts: ours stacks one HF tensor per expert along a new first dimension: ``theirs`` names expert
+            ``e``'s with ``{e}`` (``experts.{e}.w1.weight``), and the other options apply to each of them.
     """
 
     ours: str
@@ -52,6 +54,7 @@ class Rule:
     conv1d: bool = False
     part: tuple[int, int] | None = None
     flat: bool = False
+    experts: bool = False
 
     @property
     def top_level(self) -> bool:
@@ -125,6 +128,8 @@ class Family:
             tensors under other names (DeBERTa's two MLM head layouts); rules use the replaced names.
         tokenizer_family: lmforge tokenizer family of its tokenizers.
         tie_default: HF default of ``tie_word_embeddings``.
+        unfuse: turns the tensors of a layout HF keeps in memory only into those it saves (transformers 5 holds
+            Mixtral's experts fused, and saves them one by one), before anything else reads them.
     """
 
     model_type: str
@@ -140,6 +145,7 @@ class Family:
     renames: tuple[tuple[str, str], ...] = ()
     tokenizer_family: str | None = None
     tie_default: bool = True
+    unfuse: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
 
     def arch_for(self, cfg: ModelConfig, task: str | None = None) -> str | None:
         """The HF class to write for ``cfg`` (or the task head's class), or None if there is none."""

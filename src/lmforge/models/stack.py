@@ -61,7 +61,8 @@ class TransformerStack(nn.Module):
             if cfg.position == "rope"
             else None
         )
-        self.layers = nn.ModuleList(Block(cfg, cross) for _ in range(1 if cfg.share_layers else n_layers))
+        self.layers = nn.ModuleList(Block(cfg, cross, moe=cfg.moe_layer(i))
+                                    for i in range(1 if cfg.share_layers else n_layers))
         if cfg.attn_scale_by_layer:  # GPT-2's scale_attn_by_inverse_layer_idx: layer i's logits / (i + 1)
             for i, block in enumerate(self.layers):
                 block.attn.scale /= i + 1

@@ -15,7 +15,9 @@ Forward contract (tasks, PEFT, generation and the Trainer rely on it)::
     out.past_key_values     KVCache when use_cache=True
     out.loss                mean cross-entropy over labels != -100, when labels are given
                             (with label_weights (B, T): sum of weight * cross-entropy over them instead);
-                            head="rtd" (ELECTRA's discriminator): binary cross-entropy, labels 1 = replaced
+                            head="rtd" (ELECTRA's discriminator): binary cross-entropy, labels 1 = replaced;
+                            an MoE model in training mode adds out.aux_loss to it
+    out.aux_loss            MoE, training mode: moe_aux_loss * L_aux + moe_z_loss * L_z (see lmforge.nn.moe)
     out.n_targets           how many labels out.loss is a mean over
     out.nsp_logits          (B, 2) IsNext/NotNext logits, when the model has an NSP head (nsp_head=True)
 
@@ -60,6 +62,7 @@ from lmforge.nn.kv_cache import KVCache
 from lmforge.nn.labels import IGNORE_INDEX, shift_right
 from lmforge.nn.linformer import LinformerProjection
 from lmforge.nn.loss import cross_entropy
+from lmforge.nn.moe import Experts, clear_router_losses, moe_layers, moe_stats, router_loss
 from lmforge.errors import UserInputError
 
 
@@ -97,6 +100,7 @@ class ModelOutput:
     pooler_output: torch.Tensor | None = None
     nsp_logits: torch.Tensor | None = None  # (B, 2), HF's seq_relationship_logits
     loss_terms: list[LossTerm] | None = None  # the terms of ``loss`` when it sums means over different labels
+    aux_loss: torch.Tensor | None = None  # MoE router losses (weighted) included in ``loss``, training mode only
 
 
 class Transformer(nn.Module):
@@ -145,6 +149,12 @@ class Transformer(nn.Module):
                 nn.init.normal_(module.weight, std=linear_std(name, module))
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
+            elif isinstance(module, Experts):  # stacked (E, out, in) weights: each expert like its dense twin
+                for pname, p in module.named_parameters(recurse=False):
+                    if pname.endswith("bias"):
+                        nn.init.zeros_(p)
+                    else:
+                        nn.init.normal_(p, std=linear_std(f"{name}.{pname}", p))
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, std=1.0 if t5 else self.config.initializer_range)
             elif isinstance(module, nn.LayerNorm):
@@ -160,7 +170,7 @@ class Transformer(nn.Module):
     def _gpt2_std(self, name: str, module: nn.Linear) -> float:
         cfg = self.config
         depth = cfg.n_layers + (cfg.decoder_layers if cfg.arch == "encoder-decoder" else 0)
-        scaled = name.endswith(("attn.o", "ffn.down"))
+        scaled = name.endswith(("attn.o", "ffn.down", "experts.down"))
         return cfg.initializer_range / math.sqrt(2 * depth) if scaled else cfg.initializer_range
 
     def _t5_std(self, name: str, module: nn.Linear) -> float:
@@ -176,11 +186,11 @@ class Transformer(nn.Module):
         d, hd = cfg.d_model, cfg.dim_per_head
         if name.endswith("attn.q"):
             return (d * hd) ** -0.5
-        if name.endswith(("attn.k", "attn.v", "ffn.up", "ffn.gate")):
+        if name.endswith(("attn.k", "attn.v", "ffn.up", "ffn.gate", "experts.up", "experts.gate")):
             return d**-0.5
         if name.endswith("attn.o"):
             return (cfg.n_heads * hd) ** -0.5
-        if name.endswith("ffn.down"):
+        if name.endswith(("ffn.down", "experts.down")):
             return cfg.d_ff**-0.5
         return module.in_features**-0.5
 
@@ -212,6 +222,8 @@ class Transformer(nn.Module):
         """Run the encoder stack: (B, S) ids -> (B, S, D) states (and all layers when asked)."""
         if self.encoder is None:
             raise UserInputError(f"model {self.config.name!r} (arch={self.config.arch}) has no encoder")
+        if self.config.moe_experts:
+            clear_router_losses(self.encoder)
         tokens = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         return self.encoder(tokens, attention_mask, token_type_ids, position_ids, output_hidden_states=output_hidden_states)
 
@@ -240,6 +252,8 @@ class Transformer(nn.Module):
         loss, say), read only where ``labels`` != -100; ``next_sentence_label`` (B,) adds BERT's NSP loss."""
         cfg = self.config
         out = ModelOutput()
+        if cfg.moe_experts:
+            clear_router_losses(self)
         cache = past_key_values if past_key_values is not None else (KVCache(window=cfg.sliding_window) if use_cache else None)
         if cfg.arch == "encoder":
             h, out.hidden_states = self.encode(
@@ -274,6 +288,8 @@ class Transformer(nn.Module):
             )
         out.last_hidden_state = h
         out.past_key_values = cache if use_cache else None
+        if cfg.moe_experts:
+            out.aux_loss = router_loss(self, cfg.moe_aux_loss, cfg.moe_z_loss)
         if self.nsp_head is not None:
             out.nsp_logits = self.nsp_head(out.pooler_output)  # (B, 2)
         if cfg.head != "none":
@@ -288,6 +304,10 @@ class Transformer(nn.Module):
                 )
         if next_sentence_label is not None:
             self._add_nsp_loss(out, next_sentence_label)
+        if out.aux_loss is not None and out.loss is not None:
+            out.loss = out.loss + out.aux_loss
+            if out.loss_terms:  # the router losses ride on the token term, weighted by its share of the batch
+                out.loss_terms[0].loss = out.loss_terms[0].loss + out.aux_loss
         return out
 
     @torch.compiler.disable  # selecting the labelled pairs has a data-dependent shape, as in _labelled_loss
@@ -356,11 +376,22 @@ class Transformer(nn.Module):
                     params.pop(id(p), None)
         return sum(p.numel() for p in params.values())
 
+    def active_parameters(self, exclude_embeddings: bool = False) -> int:
+        """The parameters one token multiplies by: :meth:`num_parameters` less the experts it is not routed to
+        (each MoE layer counts its router and ``top_k`` of its experts). Equal to it for a dense model."""
+        return self.num_parameters(exclude_embeddings) - _inactive_expert_weights(self)
+
+    def training_metrics(self) -> dict:
+        """Scalars (and the expert load histogram) of the training forwards since the last call, for the
+        Trainer's log: an MoE model's router statistics (:func:`lmforge.nn.moe.moe_stats`); ``{}`` if dense."""
+        return moe_stats(self) if self.config.moe_experts else {}
+
     def flops_per_token(self, seq_len: int | None = None) -> int:
         """Estimated training FLOPs per token (forward + backward), PaLM appendix B:
         6 * N_matmul + 12 * L * d_attn * T, where N_matmul counts the weights every token multiplies
-        by (non-embedding parameters plus the output projection to the vocabulary). A sliding window or
-        Linformer shortens the T keys each query attends to (see ``_attention_flops``).
+        by (non-embedding parameters plus the output projection to the vocabulary). An MoE layer counts its
+        *active* weights only: the router and ``top_k`` experts (:meth:`active_parameters`). A sliding window
+        or Linformer shortens the T keys each query attends to (see ``_attention_flops``).
 
         For an encoder-decoder a "token" is one source token *and* one target token (both stacks run);
         use :meth:`train_flops` to count a batch whose source and target lengths differ."""
@@ -386,11 +417,11 @@ class Transformer(nn.Module):
         d_attn = cfg.n_heads * cfg.dim_per_head
         head = cfg.vocab_size * cfg.embed_dim if cfg.head in ("lm", "mlm") and cfg.tie_embeddings else 0
         if cfg.arch != "encoder-decoder":
-            n = self.num_parameters(exclude_embeddings=True) + head - _linformer_weights(self)
+            n = self.active_parameters(exclude_embeddings=True) + head - _linformer_weights(self)
             return int((6 * n + cfg.n_layers * _attention_flops(cfg, seq_len)) * seq_len)
         S, T = seq_len, target_len or seq_len
-        n_enc = _stack_weights(self.encoder)
-        n_dec = self.num_parameters(exclude_embeddings=True) - n_enc + head
+        n_enc = _stack_weights(self.encoder) - _inactive_expert_weights(self.encoder)
+        n_dec = self.active_parameters(exclude_embeddings=True) - n_enc + head
         enc = 6 * n_enc * S + 12 * cfg.n_layers * d_attn * S * S
         dec = 6 * n_dec * T + 12 * cfg.decoder_layers * d_attn * T * (T + S)  # self- then cross-attention
         return int(enc + dec)
@@ -413,6 +444,15 @@ def _attention_flops(cfg: ModelConfig, seq_len: int) -> int:
 def _linformer_weights(model: nn.Module) -> int:
     """Linformer's E and F: their cost is counted by :func:`_attention_flops`, not per weight."""
     return sum(p.numel() for name, p in model.named_parameters() if ".linformer." in name)
+
+
+def _inactive_expert_weights(module: nn.Module) -> int:
+    """Expert weights of ``module``'s MoE layers that a token is not routed to: (E - k) / E of each layer's."""
+    total = 0
+    for layer in moe_layers(module):
+        per_expert = sum(p.numel() for p in layer.experts.parameters()) // layer.n_experts
+        total += (layer.n_experts - layer.top_k) * per_expert
+    return total
 
 
 def _stack_weights(stack: nn.Module) -> int:

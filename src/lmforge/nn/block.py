@@ -3,6 +3,9 @@
     pre-norm  (GPT-2, T5, Llama):  x = x + Sublayer(Norm(x))
     post-norm (BERT, BART, 2017):  x = Norm(x + Sublayer(x))
 
+The feed-forward sublayer is dense, or a mixture of experts (:mod:`lmforge.nn.moe`) in the layers
+``ModelConfig.moe_layer`` picks.
+
 Pre-norm keeps an identity path from input to output, which is why deep pre-norm stacks train
 without warmup tricks; post-norm is what the original BERT/BART checkpoints use.
 
@@ -30,11 +33,12 @@ from torch import nn
 from lmforge.config import ModelConfig
 from lmforge.nn.attention import Attention, AttentionContext
 from lmforge.nn.ffn import FeedForward
+from lmforge.nn.moe import MoEFeedForward
 from lmforge.nn.norms import build_norm
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, cross: bool = False):
+    def __init__(self, cfg: ModelConfig, cross: bool = False, moe: bool = False):
         super().__init__()
         self.pre_norm = cfg.norm_position == "pre"
         self.dropout = cfg.dropout
@@ -49,7 +53,11 @@ class Block(nn.Module):
         self.attn_norm, self.attn = norm(), Attention(cfg)
         self.cross_norm, self.cross_attn = (norm(), Attention(cfg, cross=True)) if cross else (None, None)
         self.ffn_norm = norm()
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias, cfg.ffn_dropout)
+        self.ffn = MoEFeedForward(
+            cfg.d_model, cfg.d_ff, cfg.activation, cfg.moe_experts, cfg.moe_top_k, renormalize=cfg.moe_renormalizes,
+            capacity_factor=cfg.moe_capacity_factor, expert_capacity=cfg.moe_expert_capacity, jitter=cfg.moe_jitter,
+            shared_experts=cfg.moe_shared_experts, bias=cfg.bias, dropout=cfg.ffn_dropout,
+        ) if moe else FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias, cfg.ffn_dropout)
 
     def _residual(self, x: torch.Tensor, norm: nn.Module, sublayer) -> torch.Tensor:
         if self.rezero is not None:

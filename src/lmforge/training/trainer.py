@@ -29,7 +29,9 @@ the model computes the loss. A training signal the model does not compute itself
 encoder over every side of a pair, then a contrastive loss) is a ``loss``: ``loss(model, batch)`` returns the
 output, and the Trainer runs it in place of ``model(**batch)``, with everything else unchanged. Evaluation
 reports loss, perplexity and the accuracy of the argmax prediction at the labelled positions (masked-token
-accuracy for MLM, next-token accuracy for causal LM).
+accuracy for MLM, next-token accuracy for causal LM). A model with a ``training_metrics()`` method adds what it
+returns (a dict of scalars and lists) to each step's record: a mixture-of-experts model reports its router
+losses, expert load histogram and dropped-token share there (rank 0's view under DDP/FSDP).
 
 Exact resume. A checkpoint (see :mod:`lmforge.training.state`) holds the model, optimizer, step, the RNG
 states of Python, numpy and torch, the objective's generator and the data's position. Restoring them all
@@ -378,9 +380,11 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.tokens_seen += tokens
+        model_metrics = getattr(self.model, "training_metrics", None)
         return {"step": self.step, "loss": stats["loss"], "lr": lr,
                 "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
-                "tokens": tokens, "targets": stats["targets"]}
+                "tokens": tokens, "targets": stats["targets"],
+                **(model_metrics() if callable(model_metrics) else {})}
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
