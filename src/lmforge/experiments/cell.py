@@ -14,7 +14,7 @@ uninterrupted run, so its metrics match bit for bit); a stage folder without one
 
 Example (the shape of a task file; see :func:`run_task`)::
 
-    {"cell": "pos=rope", "seed": 0, "threads": 1, "flops_per_step": 123456,
+    {"cell": "pos=rope", "seed": 0, "threads": 1, "flops_per_step": 123456, "order": ["pretrain", "finetune"],
      "stages": {"pretrain": {...TrainConfig fields...}, "finetune": {...}}}
 """
 
@@ -126,7 +126,8 @@ def run_task(run: str | Path) -> dict[str, Any]:
     record: dict[str, Any] = {"metrics": {}, "steps": None, "tokens": None, "flops": None}
     try:
         model = None
-        for stage, settings in task["stages"].items():
+        for stage in task["order"]:  # pretrain before finetune (the file's keys are sorted)
+            settings = task["stages"][stage]
             done = read_json(run / f"{stage}.json")
             if done is None:
                 done = pretrain_stage(run, settings, task["seed"]) if stage == "pretrain" else \

@@ -151,7 +151,7 @@ def run_grid(grid_path: str | Path, out: str | Path, *, size: str | None = None,
             if result is not None:
                 (run / RESULT_FILE).unlink()
             write_json(run / TASK_FILE, {"cell": cell.id, "seed": seed, "threads": threads, "stages": cell.stages,
-                                         "flops_per_step": cell.flops_per_step})
+                                         "order": list(cell.stages), "flops_per_step": cell.flops_per_step})
             pending.append(run)
         write_results(grid, out)
         counts = {"ok": 0, "failed": 0, "interrupted": 0}
