@@ -40,8 +40,9 @@ LAYERS = {
     "peft": 6,
     "prompting": 6,
     "embeddings": 6,
-    "quickstart": 7,
-    "cli": 8,
+    "experiments": 7,  # grids of runs: pretrain and finetune cells, below the quickstart that composes everything
+    "quickstart": 8,
+    "cli": 9,
 }
 
 

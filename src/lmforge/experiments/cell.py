@@ -39,7 +39,8 @@ from lmforge.tasks.settings import finetune_settings
 from lmforge.training.config import TrainConfig
 from lmforge.training.logging import METRICS_FILE, read_metrics
 from lmforge.training.pretrain import pretrain
-from lmforge.training.trainer import MODEL_DIR, run_started
+from lmforge.training.state import CheckpointManager
+from lmforge.training.trainer import MODEL_DIR
 from lmforge.utils.io import atomic_write_text
 
 TASK_FILE = "task.json"
@@ -67,7 +68,9 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 def _fresh(folder: Path) -> bool:
     """Whether a stage starts afresh in ``folder``: no checkpoint to resume from. A folder a killed stage left
     before its first checkpoint is removed, so that nothing of it (a half-written log) leaks into the new run."""
-    if run_started(folder) and (folder / "checkpoints").is_dir() and any((folder / "checkpoints").iterdir()):
+    if CheckpointManager(folder / "checkpoints").steps():
+        print(f"{folder.name}: resuming from the newest checkpoint in {folder / 'checkpoints'}", file=sys.stderr,
+              flush=True)
         return False
     if folder.exists():
         shutil.rmtree(folder)
