@@ -80,8 +80,10 @@ def test_a_2x2_grid_with_2_seeds_gives_8_rows_and_a_table_of_their_means(data, t
     best = min(table, key=lambda t: float(t["eval_loss_mean"]))
     assert "eval_loss" in best["best"].split(";")
     assert sum("eval_loss" in t["best"].split(";") for t in table) == 1
-    md = (out / "table.md").read_text()
-    assert md.count("**") == 4 and "pos=alibi,lr=high" in md  # one bold value per metric
+    md = [line for line in (out / "table.md").read_text().splitlines() if line.startswith("| pos=")]
+    for metric, column in (("eval_loss", 4), ("eval_ppl", 5)):  # the best cell's value, and only its, in bold
+        best = min(table, key=lambda t: float(t[f"{metric}_mean"]))["cell"]
+        assert [line.split(" | ")[0][2:] for line in md if line.split(" | ")[column].startswith("**")] == [best]
     for metric in ("eval_loss", "eval_ppl"):
         assert (out / "plots" / f"{metric}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     html = (out / "report.html").read_text()
@@ -260,3 +262,32 @@ def test_a_grid_naming_mlm_nsp_is_refused_until_the_objective_exists(tmp_path, c
     path = write_grid(tmp_path, yaml.safe_dump(grid, sort_keys=False))
     assert main(["experiment", "run", str(path), "--dry-run"]) == 2
     assert "does not exist yet" in capsys.readouterr().err
+
+
+def test_a_chained_cell_pretrains_then_finetunes_its_own_model(data, tmp_path):
+    from lmforge.tasks.data import read_table
+
+    table = tmp_path / "sentiment.tsv"
+    rows_ = read_table("rt-sentiment:train").rows[:48]
+    table.write_text("text\tlabel\n" + "".join(f"{r['text']}\t{r['label']}\n" for r in rows_))
+    axis = {"name": "tune", "variants": [{"name": "full"}, {"name": "lora", "finetune": {"peft": {"method": "lora",
+                                                                                                    "r": 4}}}]}
+    stage = {"task": "classify", "train": str(table), "eval": str(table), "max_length": 32, "batch_size": 8,
+             "max_steps": 4, "lr": 1e-3, "precision": "fp32", "device": "cpu"}
+    grid = write_grid(tmp_path, grid_text(data, [axis], seeds=[0], finetune=stage,
+                                          metrics=["eval_loss", "finetune_accuracy", "finetune_loss"]))
+    out = tmp_path / "out"
+    assert run_cli(grid, "--out", out, "--workers", "2") == 0
+    full, lora = rows(out)
+    for row in (full, lora):
+        run = out / row["run"]
+        settings = yaml.safe_load((run / "finetune/finetune.yaml").read_text())
+        assert settings["model"] == str(run / "pretrain/model") and settings["trainer"]["seed"] == 0
+        evaluation = [json.loads(line) for line in (run / "finetune/metrics.jsonl").read_text().splitlines()][-1]
+        assert row["metrics"]["finetune_accuracy"] == evaluation["eval_accuracy"]
+        assert row["metrics"]["finetune_loss"] == evaluation["eval_loss"]
+        assert row["steps"] == 20 and row["tokens"] == 20 * 2 * 32  # the budget's stage: pre-training
+    # the same pre-training (same settings and seed) under both fine-tuning variants
+    assert full["metrics"]["eval_loss"] == lora["metrics"]["eval_loss"]
+    assert yaml.safe_load((out / lora["run"] / "finetune/finetune.yaml").read_text())["peft"]["method"] == "lora"
+    assert full["settings"]["finetune"]["peft"] is None

@@ -12,12 +12,14 @@ Example::
     $ lmforge experiment run experiments/positions.yaml --size small --out exp/positions --workers 2
     $ lmforge experiment report exp/positions
 
-    >>> from lmforge.experiments import load_grid, run_grid  # doctest: +SKIP
+    >>> from lmforge.experiments import COMMANDS, run_grid
+    >>> COMMANDS  # distill and prompt grids are not supported yet
+    ('pretrain', 'finetune')
 """
 
 from __future__ import annotations
 
-from lmforge.experiments.grid import Grid, GridError, load_grid
+from lmforge.experiments.grid import COMMANDS, Grid, GridError, load_grid
 from lmforge.experiments.runner import ExperimentRun, report, run_grid
 
-__all__ = ["ExperimentRun", "Grid", "GridError", "load_grid", "report", "run_grid"]
+__all__ = ["COMMANDS", "ExperimentRun", "Grid", "GridError", "load_grid", "report", "run_grid"]
