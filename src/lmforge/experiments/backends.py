@@ -61,9 +61,10 @@ def run_local(runs: list[Path], workers: int, threads: int, done: Done) -> None:
             done(futures[future], future.result())
 
 
-def run_ray(runs: list[Path], num_cpus: float, num_gpus: float, address: str | None, done: Done) -> None:
-    """Run the cells in ``runs`` as Ray tasks with ``num_cpus``/``num_gpus`` each, on the cluster at ``address``
-    (None: the one this process is connected to, else a new local one)."""
+def run_ray(runs: list[Path], num_cpus: float, num_gpus: float, threads: int, address: str | None,
+            done: Done) -> None:
+    """Run the cells in ``runs`` as Ray tasks with ``num_cpus``/``num_gpus`` and ``threads`` torch threads each, on
+    the cluster at ``address`` (None: the one this process is connected to, else a new local one)."""
     try:
         import ray
     except ImportError:
@@ -71,7 +72,6 @@ def run_ray(runs: list[Path], num_cpus: float, num_gpus: float, address: str | N
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     task = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_retries=0)(run_cell_process)
-    threads = max(1, int(num_cpus))
     pending = {task.remote(str(run), threads): run for run in runs}
     while pending:
         ready, _ = ray.wait(list(pending), num_returns=1)

@@ -170,6 +170,9 @@ class GridFile(ConfigBase):
 
     def __post_init__(self) -> None:
         self.check_kinds()
+        for key in ("axes", "seeds", "metrics"):
+            if not isinstance(getattr(self, key), list):
+                raise ConfigError(f"{key}={getattr(self, key)!r} must be a list")
 
 
 @dataclass

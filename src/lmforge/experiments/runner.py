@@ -175,7 +175,7 @@ def run_grid(grid_path: str | Path, out: str | Path, *, size: str | None = None,
         if pending and backend == "local":
             run_local(pending, workers, threads, done)
         elif pending:
-            run_ray(pending, grid.resources.num_cpus, grid.resources.num_gpus, address, done)
+            run_ray(pending, grid.resources.num_cpus, grid.resources.num_gpus, threads, address, done)
         write_results(grid, out)
         table = write_report(out)
     return ExperimentRun(out, counts["ok"], counts["failed"], skipped, counts["interrupted"], table)
