@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -514,6 +515,8 @@ def _finetune_settings(where: str, given: dict[str, Any], steps: int | None, met
     if chained and "model" in given:
         raise GridError(f"{where}: model: a finetune stage fine-tunes the cell's pre-trained model; remove model:")
     given = {**CELL_DEFAULTS, **given}
+    if isinstance(given.get("label_map"), dict):  # `--label-map` takes a JSON object as text
+        given["label_map"] = json.dumps({str(k): str(v) for k, v in given["label_map"].items()})
     if steps is not None:
         given["max_steps"] = steps
     peft = given.pop("peft", None)
