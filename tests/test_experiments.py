@@ -291,3 +291,12 @@ def test_a_chained_cell_pretrains_then_finetunes_its_own_model(data, tmp_path):
     assert full["metrics"]["eval_loss"] == lora["metrics"]["eval_loss"]
     assert yaml.safe_load((out / lora["run"] / "finetune/finetune.yaml").read_text())["peft"]["method"] == "lora"
     assert full["settings"]["finetune"]["peft"] is None
+
+
+def test_a_grid_that_is_not_yaml_is_one_line(tmp_path, capsys):
+    grid = write_grid(tmp_path, "command: [pretrain\n")
+    assert main(["experiment", "run", str(grid), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"lmforge experiment: error: {grid}: not valid YAML: expected ',' or ']', but got '<stream end>' " \
+                  "at line 2, column 1"
+    assert not (tmp_path / "out").exists()

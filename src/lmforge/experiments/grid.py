@@ -68,7 +68,7 @@ from typing import Any
 import torch
 
 from lmforge.config import ConfigBase, ConfigError, ModelConfig, resolve_config
-from lmforge.errors import LmforgeError
+from lmforge.errors import LmforgeError, UserInputError
 from lmforge.models import Transformer
 from lmforge.objectives import OBJECTIVES, check_architecture
 from lmforge.peft.config import PeftConfig
@@ -228,13 +228,16 @@ class Grid:
 
 # ------------------------------------------------------------------------------------------- reading
 def read_grid(path: str | Path) -> dict[str, Any]:
-    """The raw mapping of a grid file; errors name the file."""
+    """The raw mapping of a grid file; errors (missing, not YAML, not a mapping) name the file."""
     try:
         data = read_mapping_file(path, "grid", yaml_always=True)
-    except LmforgeError:
-        raise
-    except ValueError as exc:
-        raise GridError(str(exc)) from exc
+    except UserInputError as exc:
+        mark = getattr(exc.__cause__, "problem_mark", None)
+        if mark is None:
+            raise
+        # one line: PyYAML's message spans several, with a drawing of the spot
+        raise GridError(f"{path}: not valid YAML: {exc.__cause__.problem} at line {mark.line + 1}, column "
+                        f"{mark.column + 1}") from exc
     if not isinstance(data, dict):
         raise GridError(f"{path}: expected a mapping of grid fields (command, settings, axes, ...), "
                         f"got {type(data).__name__}")
@@ -252,8 +255,6 @@ def load_grid(path: str | Path, size: str | None = None, raw: dict[str, Any] | N
     data = dict(read_grid(path) if raw is None else raw)
     try:
         spec = GridFile.from_dict(data, source=str(path))
-    except GridError:
-        raise
     except ConfigError as exc:
         raise GridError(_sourced(path, exc)) from exc
     if size is not None:
