@@ -300,3 +300,15 @@ def test_a_grid_that_is_not_yaml_is_one_line(tmp_path, capsys):
     assert err == f"lmforge experiment: error: {grid}: not valid YAML: expected ',' or ']', but got '<stream end>' " \
                   "at line 2, column 1"
     assert not (tmp_path / "out").exists()
+
+
+def test_variants_may_ask_for_their_own_resources(data, tmp_path, capsys):
+    axis = {"name": "size", "variants": [{"name": "small"}, {"name": "big", "resources": {"num_gpus": 1}}]}
+    grid = load_grid(write_grid(tmp_path, grid_text(data, [axis], resources={"num_cpus": 2})))
+    assert [(c.resources.num_cpus, c.resources.num_gpus) for c in grid.cells] == [(2, 0), (2, 1)]
+    assert "resources" not in grid.cells[1].stages["pretrain"]
+    axis["variants"][1]["resources"] = {"num_gpu": 1}
+    path = write_grid(tmp_path, grid_text(data, [axis]))
+    assert main(["experiment", "run", str(path), "--dry-run"]) == 2
+    assert f"{path}: cell size=big: resources: unknown resources field(s) num_gpu (did you mean 'num_gpus'?)" \
+        in capsys.readouterr().err

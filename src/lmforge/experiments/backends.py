@@ -61,18 +61,18 @@ def run_local(runs: list[Path], workers: int, threads: int, done: Done) -> None:
             done(futures[future], future.result())
 
 
-def run_ray(runs: list[Path], num_cpus: float, num_gpus: float, threads: int, address: str | None,
-            done: Done) -> None:
-    """Run the cells in ``runs`` as Ray tasks with ``num_cpus``/``num_gpus`` and ``threads`` torch threads each, on
-    the cluster at ``address`` (None: the one this process is connected to, else a new local one)."""
+def run_ray(runs: list[tuple[Path, float, float, int]], address: str | None, done: Done) -> None:
+    """Run the cells ``runs`` (run folder, num_cpus, num_gpus, torch threads) as Ray tasks reserving those
+    resources, on the cluster at ``address`` (None: the one this process is connected to, else a new local one)."""
     try:
         import ray
     except ImportError:
         raise UserInputError("--backend ray: ray is not installed; pip install 'lmforge[ray]'") from None
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    task = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_retries=0)(run_cell_process)
-    pending = {task.remote(str(run), threads): run for run in runs}
+    task = ray.remote(max_retries=0)(run_cell_process)
+    pending = {task.options(num_cpus=cpus, num_gpus=gpus).remote(str(run), threads): run
+               for run, cpus, gpus, threads in runs}
     while pending:
         ready, _ = ray.wait(list(pending), num_returns=1)
         for ref in ready:

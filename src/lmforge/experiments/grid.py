@@ -28,8 +28,9 @@ to collect; the cells are the cross product of the axes::
       small: {budget: {steps: 200}, seeds: [0]}
 
 A variant is a mapping of the base command's settings (``overrides`` and ``objective_options`` merge key by key
-with the base's), plus ``name`` (the cell's label; default: its values) and ``finetune`` (settings of the second
-stage). Budgets convert to optimizer steps per cell: ``tokens`` / (batch_size x grad_accum x seq_len), and
+with the base's), plus ``name`` (the cell's label; default: its values), ``finetune`` (settings of the second
+stage) and ``resources`` (what its cells ask of Ray, over the grid's). Budgets convert to optimizer steps per
+cell: ``tokens`` / (batch_size x grad_accum x seq_len), and
 ``flops`` / (the model's :meth:`~lmforge.models.Transformer.train_flops` x batch_size x grad_accum), so cells of
 different shapes get the same tokens or compute.
 
@@ -179,7 +180,8 @@ class GridFile(ConfigBase):
 @dataclass
 class Cell:
     """One point of the grid: its id (``axis=variant,...``), the variant of each axis, each stage's settings
-    (``pretrain``: TrainConfig fields; ``finetune``: fine-tuning settings) and its per-step cost."""
+    (``pretrain``: TrainConfig fields; ``finetune``: fine-tuning settings), its per-step cost and what it asks of
+    a Ray cluster."""
 
     id: str
     axes: dict[str, str]
@@ -187,6 +189,7 @@ class Cell:
     steps: int
     tokens_per_step: int | None = None
     flops_per_step: int | None = None
+    resources: Resources = field(default_factory=Resources)
 
 
 @dataclass
@@ -283,9 +286,22 @@ def load_grid(path: str | Path, size: str | None = None, raw: dict[str, Any] | N
         cell_id = ",".join(f"{axis}={v['name']}" for axis, v in combo) or "base"
         where = f"{path}: cell {cell_id}"
         variants = [{k: val for k, val in v.items() if k != "name"} for _, v in combo]
-        cells.append(_cell(where, spec.command, cell_id, {a: v["name"] for a, v in combo}, base, second, variants,
-                           budget, metrics, path.parent))
+        cell = _cell(where, spec.command, cell_id, {a: v["name"] for a, v in combo}, base, second, variants,
+                     budget, metrics, path.parent)
+        cell.resources = _cell_resources(where, spec.resources, variants)
+        cells.append(cell)
     return Grid(path, spec.command, size, cells, seeds, metrics, budget, resources, data)
+
+
+def _cell_resources(where: str, base: dict[str, Any], variants: list[dict[str, Any]]) -> Resources:
+    """The grid's ``resources`` with the variants' ``resources:`` over them (a bigger model asks for a GPU)."""
+    merged = dict(base)
+    for variant in variants:
+        merged.update(variant.get("resources") or {})
+    try:
+        return Resources.from_dict(merged, source=f"{where}: resources")
+    except ConfigError as exc:
+        raise GridError(_sourced(Path(where), exc)) from exc
 
 
 def _sourced(path: Path, exc: Exception) -> str:
@@ -397,7 +413,7 @@ def _cell(where: str, command: str, cell_id: str, axes: dict[str, str], base: di
     stages: dict[str, dict[str, Any]] = {}
     main, tuned = dict(base), dict(second)
     for variant in variants:
-        variant = _resolve_paths(folder, variant)
+        variant = _resolve_paths(folder, {k: v for k, v in variant.items() if k != "resources"})
         if "finetune" in variant:
             if command != "pretrain" or not isinstance(variant["finetune"], dict) or not second:
                 raise GridError(f"{where}: finetune: a variant's finetune settings need a pretrain grid with a "

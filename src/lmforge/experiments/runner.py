@@ -131,9 +131,11 @@ def run_grid(grid_path: str | Path, out: str | Path, *, size: str | None = None,
     grid = load_grid(grid_path, size)
     out = Path(out)
     check_grid_copy(grid, out, extend)  # before the lock creates OUT: a refused grid changes nothing
-    if backend == "ray":
-        threads = threads or max(1, int(grid.resources.num_cpus))
-    threads = threads or threads_per_cell(workers)
+    local_threads = threads or threads_per_cell(workers)
+
+    def threads_of(cell) -> int:  # a Ray cell uses the cores it reserved
+        return (threads or max(1, int(cell.resources.num_cpus))) if backend == "ray" else local_threads
+
     with RunFolderLock(out):
         check_grid_copy(grid, out, extend)
         atomic_write_text(out / GRID_COPY, read_text_file(grid.path))
@@ -150,9 +152,10 @@ def run_grid(grid_path: str | Path, out: str | Path, *, size: str | None = None,
                 continue
             if result is not None:
                 (run / RESULT_FILE).unlink()
-            write_json(run / TASK_FILE, {"cell": cell.id, "seed": seed, "threads": threads, "stages": cell.stages,
-                                         "order": list(cell.stages), "flops_per_step": cell.flops_per_step})
-            pending.append(run)
+            write_json(run / TASK_FILE, {"cell": cell.id, "seed": seed, "threads": threads_of(cell),
+                                         "stages": cell.stages, "order": list(cell.stages),
+                                         "flops_per_step": cell.flops_per_step})
+            pending.append((run, cell))
         write_results(grid, out)
         counts = {"ok": 0, "failed": 0, "interrupted": 0}
 
@@ -171,11 +174,13 @@ def run_grid(grid_path: str | Path, out: str | Path, *, size: str | None = None,
                 + (f" ({result['error']})" if result.get("error") else ""))
             write_results(grid, out)
 
-        log(f"{len(pending)} run(s) to do, {skipped} already done; {threads} thread(s) per cell")
+        log(f"{len(pending)} run(s) to do, {skipped} already done"
+            + (f"; {local_threads} thread(s) per cell" if backend == "local" else ""))
         if pending and backend == "local":
-            run_local(pending, workers, threads, done)
+            run_local([run for run, _ in pending], workers, local_threads, done)
         elif pending:
-            run_ray(pending, grid.resources.num_cpus, grid.resources.num_gpus, threads, address, done)
+            run_ray([(run, c.resources.num_cpus, c.resources.num_gpus, threads_of(c)) for run, c in pending], address,
+                    done)
         write_results(grid, out)
         table = write_report(out)
     return ExperimentRun(out, counts["ok"], counts["failed"], skipped, counts["interrupted"], table)
