@@ -41,8 +41,9 @@ LAYERS = {
     "prompting": 6,
     "embeddings": 6,
     "distillation": 6,
-    "quickstart": 7,
-    "cli": 8,
+    "experiments": 7,  # grids of runs: pretrain and finetune cells, below the quickstart that composes everything
+    "quickstart": 8,
+    "cli": 9,
 }
 
 

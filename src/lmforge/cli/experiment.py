@@ -1,0 +1,92 @@
+"""``lmforge experiment``: run a grid of pre-training / fine-tuning runs and report it as a table with error bars.
+
+``run GRID.yaml --out DIR`` runs every cell x seed of the grid (see :mod:`lmforge.experiments.grid` for the file)
+into ``DIR/cells/<cell>/seed-<s>/``, each in a child process, then writes ``DIR/results.jsonl``, ``table.md``,
+``table.csv``, ``plots/`` and ``report.html``. Rerunning the same command skips finished cells and resumes an
+interrupted one from its checkpoint. ``report DIR`` rewrites the report from the results.
+
+Example::
+
+    $ lmforge experiment run experiments/positions.yaml --size small --out exp/positions --dry-run
+    $ lmforge experiment run experiments/positions.yaml --size small --out exp/positions --workers 2
+    $ lmforge experiment run experiments/positions.yaml --size small --out exp/positions --retry-failed
+    $ lmforge experiment run grid.yaml --out exp/g --backend ray --address ray://head:10001
+    $ lmforge experiment report exp/positions
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from lmforge.cli.main import plain_warnings
+from lmforge.errors import UserInputError
+from lmforge.experiments import load_grid, report, run_grid
+from lmforge.experiments.backends import BACKENDS
+from lmforge.experiments.report import TABLE_FILE
+
+
+def _log(line: str) -> None:
+    print(f"lmforge experiment: {line}", file=sys.stderr, flush=True)
+
+
+def run(args) -> int:
+    with plain_warnings("experiment"):
+        if args.dry_run:
+            print(load_grid(args.grid, args.size).listing())
+            return 0
+        result = run_grid(args.grid, args.out, size=args.size, workers=args.workers, threads=args.threads,
+                          backend=args.backend, address=args.address, retry_failed=args.retry_failed,
+                          extend=args.extend, log=_log)
+    print((result.out / TABLE_FILE).read_text(encoding="utf-8"), end="")
+    _log(f"{result.ok} run(s) finished, {result.failed} failed, {result.skipped} already done, "
+         f"{result.interrupted} interrupted; report: {result.out / 'report.html'}")
+    if result.interrupted:
+        return 130
+    return 1 if any(e["failed"] for e in result.table) else 0
+
+
+def run_report(args) -> int:
+    report(args.dir)
+    print((Path(args.dir) / TABLE_FILE).read_text(encoding="utf-8"), end="")
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("experiment", help="run a grid of runs (axes x seeds) and report it as a table")
+    sub = parser.add_subparsers(dest="experiment_command", metavar="SUBCOMMAND")
+    go = sub.add_parser(
+        "run", help="run every cell x seed of a grid file into a folder, then write its report",
+        description="Run the grid's cells (the cross product of its axes) for each seed, each cell an ordinary "
+                    "lmforge run folder under OUT/cells/, each in a child process. Exit code 1 when a cell failed "
+                    "(it is recorded with its error; the others still run).")
+    go.add_argument("grid", metavar="GRID.yaml", help="the grid file (command, settings, axes, seeds, budget, "
+                                                      "metrics, finetune, resources, sizes)")
+    go.add_argument("--out", metavar="DIR", required=False, default=None,
+                    help="experiment folder (required unless --dry-run)")
+    go.add_argument("--size", default=None, help="apply one of the grid's sizes (e.g. small)")
+    go.add_argument("--workers", type=int, default=1, help="cells run at once as local processes (default 1)")
+    go.add_argument("--threads", type=int, default=None,
+                    help="torch threads per cell (default: cores // workers, at least 1; ray: the cell's num_cpus)")
+    go.add_argument("--backend", choices=BACKENDS, default="local",
+                    help="local child processes, or Ray tasks with the grid's per-cell resources "
+                         "(pip install 'lmforge[ray]')")
+    go.add_argument("--address", default=None,
+                    help="ray: the cluster to connect to (e.g. ray://head:10001 or auto); default: a local one")
+    go.add_argument("--retry-failed", action="store_true", help="run the cells that failed again (from their "
+                                                                "checkpoints)")
+    go.add_argument("--extend", action="store_true",
+                    help="accept a changed grid that only adds cells or seeds (existing cells may not change)")
+    go.add_argument("--dry-run", action="store_true", help="check the grid and list its cells; run nothing")
+    go.set_defaults(func=_checked_run)
+    rep = sub.add_parser("report", help="rewrite table.md, table.csv, plots/ and report.html from results.jsonl",
+                         description="Rewrite an experiment folder's report from its results.jsonl.")
+    rep.add_argument("dir", metavar="DIR", help="experiment folder")
+    rep.set_defaults(func=run_report)
+    parser.set_defaults(func=lambda args: parser.print_help() or 0)
+
+
+def _checked_run(args) -> int:
+    if args.out is None and not args.dry_run:
+        raise UserInputError("missing --out DIR (the experiment folder)")
+    return run(args)

@@ -1,0 +1,562 @@
+"""Grid files: a lecture's comparison table as data, expanded into cells and checked before anything runs.
+
+A grid names a base command and its settings, axes of variants, seeds, a budget every cell shares and the metrics
+to collect; the cells are the cross product of the axes::
+
+    command: pretrain                  # pretrain | finetune
+    settings:                          # that command's settings (TrainConfig keys for pretrain)
+      model: gpt-tiny
+      objective: clm
+      data: data/austen                # relative paths are taken relative to the grid file
+      overrides: {n_layers: 2, d_model: 64, n_heads: 4, d_ff: 256, max_seq_len: 64}
+      seq_len: 64
+    axes:
+      - name: position
+        variants:
+          - {name: learned, overrides: {position: learned}}
+          - {name: rope, overrides: {position: rope}}
+    seeds: [0, 1]
+    budget: {tokens: 2000000}          # steps | tokens | flops (the same for every cell)
+    metrics: [eval_loss, eval_ppl, finetune_accuracy]
+    finetune:                          # optional second stage: fine-tune each cell's pre-trained model
+      task: classify
+      train: rt-sentiment:train
+      eval: rt-sentiment:dev
+      max_steps: 100
+    resources: {num_cpus: 1, num_gpus: 0}   # per cell, for --backend ray
+    sizes:                             # named reductions: `--size small` replaces these fields
+      small: {budget: {steps: 200}, seeds: [0]}
+
+A variant is a mapping of the base command's settings (``overrides`` and ``objective_options`` merge key by key
+with the base's), plus ``name`` (the cell's label; default: its values), ``finetune`` (settings of the second
+stage) and ``resources`` (what its cells ask of Ray, over the grid's). Budgets convert to optimizer steps per
+cell: ``tokens`` / (batch_size x grad_accum x seq_len), and
+``flops`` / (the model's :meth:`~lmforge.models.Transformer.train_flops` x batch_size x grad_accum), so cells of
+different shapes get the same tokens or compute.
+
+Every cell's configs are built here, up front (TrainConfig, ModelConfig with its overrides, the objective and its
+options, the fine-tuning TaskSpec, Recipe and PeftConfig), so a bad field is one line naming the grid file, the
+cell and the field, before any cell runs.
+
+Example:
+    >>> import pathlib, tempfile
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (d / "g.yaml").write_text('''
+    ... command: pretrain
+    ... settings: {model: gpt-tiny, objective: clm, data: data, overrides: {n_layers: 1, d_model: 32, n_heads: 2}}
+    ... axes: [{name: pos, variants: [{overrides: {position: rope}}, {overrides: {position: alibi}}]}]
+    ... seeds: [0, 1]
+    ... budget: {steps: 20}
+    ... ''')
+    >>> grid = load_grid(d / "g.yaml")
+    >>> [c.id for c in grid.cells], grid.metrics
+    (['pos=rope', 'pos=alibi'], ['eval_loss', 'eval_ppl'])
+    >>> grid.cells[1].stages["pretrain"]["overrides"]["position"], grid.cells[1].steps
+    ('alibi', 20)
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lmforge.config import ConfigBase, ConfigError, ModelConfig, resolve_config
+from lmforge.errors import LmforgeError, UserInputError
+from lmforge.models import Transformer
+from lmforge.objectives import OBJECTIVES, check_architecture
+from lmforge.peft.config import PeftConfig
+from lmforge.tasks.metrics import LOWER_IS_BETTER
+from lmforge.tasks.recipe import Recipe
+from lmforge.tasks.settings import RECIPE_KEYS, TASK_KEYS, TRAINER_KEYS, finetune_settings
+from lmforge.tasks.spec import TaskSpec
+from lmforge.training.config import TrainConfig
+from lmforge.training.pretrain import load_tokenizer, model_config_for, objective_kwargs
+from lmforge.utils.io import read_mapping_file
+
+COMMANDS = ("pretrain", "finetune")  # distill and prompt grids are not supported yet
+BUDGETS = ("steps", "tokens", "flops")
+# What a pre-training run's last evaluation (on the val split) and last step report.
+PRETRAIN_METRICS = ("eval_loss", "eval_ppl", "eval_accuracy", "train_loss")
+# What the tasks' evaluations report (lmforge.tasks.metrics); a grid asks for them as finetune_<name>.
+TASK_METRICS = ("loss", "accuracy", "f1", "f1_macro", "f1_micro", "mcc", "precision", "recall", "subset_accuracy",
+                "exact_match", "mse", "pearson", "spearman", "bleu", "chrf")
+FINETUNE_METRICS = tuple(f"finetune_{m}" for m in TASK_METRICS)
+# Keys of a fine-tuning stage: the `lmforge finetune` settings (lmforge.tasks.settings), peft as a mapping.
+FINETUNE_KEYS = ("model", "tokenizer", "random_init", "train", "eval", "task", "label_map", "peft", "merge",
+                 *TASK_KEYS, *RECIPE_KEYS, *TRAINER_KEYS)
+CELL_DEFAULTS = {"progress": False, "tensorboard": False}  # a cell logs to files, not to a terminal
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+
+
+class GridError(ConfigError):
+    """A grid file is wrong: the message names the file, the cell and the field."""
+
+
+def lower_is_better(metric: str) -> bool:
+    """Whether a smaller value of ``metric`` is better (losses, perplexity, mse).
+
+    Example:
+        >>> lower_is_better("eval_ppl"), lower_is_better("finetune_accuracy")
+        (True, False)
+    """
+    name = metric.split("_", 1)[1] if metric.startswith(("eval_", "train_", "finetune_")) else metric
+    return name in LOWER_IS_BETTER or name == "ppl"
+
+
+@dataclass
+class Budget(ConfigBase):
+    """What every cell gets: exactly one of ``steps``, ``tokens``, ``flops`` (``seconds`` is refused: a time budget
+    makes cells' results depend on the machine's load)."""
+
+    config_noun = "budget field(s)"
+    steps: int | None = None
+    tokens: int | None = None
+    flops: float | None = None
+    seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        self.check_kinds()
+        if self.seconds is not None:
+            raise ConfigError("budget: seconds is not supported (a time budget gives each cell what the machine's load "
+                              "leaves it); give steps, tokens or flops")
+        given = [k for k in BUDGETS if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ConfigError(f"budget: give exactly one of {', '.join(BUDGETS)}"
+                              + (f" (got {', '.join(given)})" if given else ""))
+        if not getattr(self, given[0]) > 0:
+            raise ConfigError(f"budget: {given[0]}={getattr(self, given[0])!r} must be > 0")
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in BUDGETS if getattr(self, k) is not None)
+
+
+@dataclass
+class Resources(ConfigBase):
+    """What one cell asks of a Ray cluster (and, locally, ``num_cpus`` sets nothing: see ``--workers``)."""
+
+    config_noun = "resources field(s)"
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.check_kinds()
+        if self.num_cpus <= 0 or self.num_gpus < 0:
+            raise ConfigError(f"resources: num_cpus={self.num_cpus} must be > 0 and num_gpus={self.num_gpus} >= 0")
+
+
+@dataclass
+class GridFile(ConfigBase):
+    """The fields of a grid file (see the module docstring)."""
+
+    config_noun = "grid field(s)"
+    config_file_kind = "grid"
+    command: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    axes: list = field(default_factory=list)
+    seeds: list = field(default_factory=lambda: [0])
+    budget: dict[str, Any] = field(default_factory=dict)
+    metrics: list = field(default_factory=list)
+    finetune: dict[str, Any] | None = None
+    resources: dict[str, Any] = field(default_factory=dict)
+    sizes: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        self.check_kinds()
+        for key in ("axes", "seeds", "metrics"):
+            if not isinstance(getattr(self, key), list):
+                raise ConfigError(f"{key}={getattr(self, key)!r} must be a list")
+
+
+@dataclass
+class Cell:
+    """One point of the grid: its id (``axis=variant,...``), the variant of each axis, each stage's settings
+    (``pretrain``: TrainConfig fields; ``finetune``: fine-tuning settings), its per-step cost and what it asks of
+    a Ray cluster."""
+
+    id: str
+    axes: dict[str, str]
+    stages: dict[str, dict[str, Any]]
+    steps: int
+    tokens_per_step: int | None = None
+    flops_per_step: int | None = None
+    resources: Resources = field(default_factory=Resources)
+
+
+@dataclass
+class Grid:
+    """A checked grid: its cells (in order), seeds, metrics and per-cell resources."""
+
+    path: Path
+    command: str
+    size: str | None
+    cells: list[Cell]
+    seeds: list[int]
+    metrics: list[str]
+    budget: Budget
+    resources: Resources
+    raw: dict[str, Any]
+
+    @property
+    def axes(self) -> list[str]:
+        return list(self.cells[0].axes) if self.cells else []
+
+    def runs(self) -> list[tuple[Cell, int]]:
+        """Every (cell, seed), cell-major: the order of results.jsonl."""
+        return [(cell, seed) for cell in self.cells for seed in self.seeds]
+
+    def listing(self) -> str:
+        """One line per cell: id, steps, what the budget converts to (for ``--dry-run``)."""
+        lines = [f"{self.path}: {self.command}, {len(self.cells)} cell(s) x {len(self.seeds)} seed(s) "
+                 f"{self.seeds}, budget {self.budget.kind}, metrics {', '.join(self.metrics)}"]
+        for cell in self.cells:
+            extra = [f"{cell.steps} steps"]
+            if cell.tokens_per_step:
+                extra.append(f"{cell.tokens_per_step * cell.steps:,} tokens")
+            if cell.flops_per_step:
+                extra.append(f"{cell.flops_per_step * cell.steps:.3g} FLOPs")
+            lines.append(f"  {cell.id}: {', '.join(extra)}" + (" + finetune" if "finetune" in cell.stages
+                                                              and cell.stages.keys() != {"finetune"} else ""))
+        return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------- reading
+def read_grid(path: str | Path) -> dict[str, Any]:
+    """The raw mapping of a grid file; errors (missing, not YAML, not a mapping) name the file."""
+    try:
+        data = read_mapping_file(path, "grid", yaml_always=True)
+    except UserInputError as exc:
+        mark = getattr(exc.__cause__, "problem_mark", None)
+        if mark is None:
+            raise
+        # one line: PyYAML's message spans several, with a drawing of the spot
+        raise GridError(f"{path}: not valid YAML: {exc.__cause__.problem} at line {mark.line + 1}, column "
+                        f"{mark.column + 1}") from exc
+    if not isinstance(data, dict):
+        raise GridError(f"{path}: expected a mapping of grid fields (command, settings, axes, ...), "
+                        f"got {type(data).__name__}")
+    return data
+
+
+def load_grid(path: str | Path, size: str | None = None, raw: dict[str, Any] | None = None) -> Grid:
+    """Read, expand and check the grid file ``path`` (``size``: apply one of its ``sizes``); ``raw`` parses given
+    text instead of the file (a stored copy), still resolving relative paths against ``path``'s folder.
+
+    Raises:
+        GridError: one line naming the file, the cell and the field.
+    """
+    path = Path(path)
+    data = dict(read_grid(path) if raw is None else raw)
+    try:
+        spec = GridFile.from_dict(data, source=str(path))
+    except ConfigError as exc:
+        raise GridError(_sourced(path, exc)) from exc
+    if size is not None:
+        spec = _sized(path, spec, size)
+    if spec.command not in COMMANDS:
+        raise GridError(f"{path}: command={spec.command!r} is not a grid command; supported: {', '.join(COMMANDS)} "
+                        "(distill and prompt grids are not supported yet)")
+    try:
+        budget = Budget.from_dict(spec.budget, source=f"{path}: budget")
+        resources = Resources.from_dict(spec.resources, source=f"{path}: resources")
+    except ConfigError as exc:
+        raise GridError(_sourced(path, exc)) from exc
+    if spec.command == "finetune" and budget.kind != "steps":
+        raise GridError(f"{path}: budget: {budget.kind} is supported for pretrain grids only; give a finetune "
+                        "grid steps")
+    if spec.command == "finetune" and spec.finetune is not None:
+        raise GridError(f"{path}: finetune: a finetune grid has no second stage; put its settings under settings")
+    seeds = _seeds(path, spec.seeds)
+    axes = _axes(path, spec.axes)
+    stages = ["pretrain", "finetune"] if spec.command == "pretrain" and spec.finetune is not None else [spec.command]
+    metrics = _metrics(path, spec, stages)
+    base = _resolve_paths(path.parent, spec.settings)
+    second = _resolve_paths(path.parent, spec.finetune or {})
+    cells = []
+    for combo in itertools.product(*[[(axis, v) for v in variants] for axis, variants in axes]):
+        cell_id = ",".join(f"{axis}={v['name']}" for axis, v in combo) or "base"
+        where = f"{path}: cell {cell_id}"
+        variants = [{k: val for k, val in v.items() if k != "name"} for _, v in combo]
+        cell = _cell(where, spec.command, cell_id, {a: v["name"] for a, v in combo}, base, second, variants,
+                     budget, metrics, path.parent)
+        cell.resources = _cell_resources(where, spec.resources, variants)
+        cells.append(cell)
+    return Grid(path, spec.command, size, cells, seeds, metrics, budget, resources, data)
+
+
+def _cell_resources(where: str, base: dict[str, Any], variants: list[dict[str, Any]]) -> Resources:
+    """The grid's ``resources`` with the variants' ``resources:`` over them (a bigger model asks for a GPU)."""
+    merged = dict(base)
+    for variant in variants:
+        merged.update(variant.get("resources") or {})
+    try:
+        return Resources.from_dict(merged, source=f"{where}: resources")
+    except ConfigError as exc:
+        raise GridError(_sourced(Path(where), exc)) from exc
+
+
+def _sourced(path: Path, exc: Exception) -> str:
+    text = str(exc)
+    return text if text.startswith(str(path)) else f"{path}: {text}"
+
+
+def _sized(path: Path, spec: GridFile, size: str) -> GridFile:
+    sizes = spec.sizes or {}
+    if size not in sizes:
+        raise GridError(f"{path}: no size {size!r}; the grid's sizes: {', '.join(sizes) or 'none'}")
+    changes = sizes[size] or {}
+    allowed = ("settings", "finetune", "seeds", "budget", "resources", "metrics")
+    if not isinstance(changes, dict) or set(changes) - set(allowed):
+        raise GridError(f"{path}: sizes: {size}: expected a mapping of {', '.join(allowed)}")
+    fields_ = spec.to_dict()
+    for key, value in changes.items():
+        if key in ("settings", "finetune") and isinstance(value, dict):
+            fields_[key] = _merged(fields_[key] or {}, value)
+        else:
+            fields_[key] = value
+    return GridFile.from_dict(fields_, source=f"{path}: sizes: {size}")
+
+
+def _merged(base: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
+    """``change`` over ``base``, mappings merged key by key (as TrainConfig merges ``overrides``)."""
+    out = dict(base)
+    for key, value in change.items():
+        out[key] = {**out[key], **value} if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _seeds(path: Path, seeds: list) -> list[int]:
+    if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds) \
+            or len(set(seeds)) != len(seeds):
+        raise GridError(f"{path}: seeds={seeds!r} must be a list of distinct integers >= 0, e.g. [0, 1, 2]")
+    return list(seeds)
+
+
+def _axes(path: Path, axes: list) -> list[tuple[str, list[dict[str, Any]]]]:
+    out: list[tuple[str, list[dict[str, Any]]]] = []
+    for i, axis in enumerate(axes):
+        if not isinstance(axis, dict) or set(axis) != {"name", "variants"}:
+            raise GridError(f"{path}: axes[{i}]: expected a mapping with name and variants, got {axis!r}")
+        name, variants = axis["name"], axis["variants"]
+        if not isinstance(name, str) or not NAME.match(name) or name in [a for a, _ in out]:
+            raise GridError(f"{path}: axes[{i}]: name={name!r} must be a new name of letters, digits, . _ + -")
+        if not isinstance(variants, list) or not variants:
+            raise GridError(f"{path}: axis {name}: variants must be a non-empty list of mappings")
+        named = []
+        for j, variant in enumerate(variants):
+            if not isinstance(variant, dict):
+                raise GridError(f"{path}: axis {name}: variants[{j}]: expected a mapping of settings, got {variant!r}")
+            label = str(variant.get("name", "")) or _label(variant)
+            if not NAME.match(label):
+                raise GridError(f"{path}: axis {name}: variants[{j}]: name={label!r} must use letters, digits, . _ + - "
+                                "(give the variant a name:)")
+            if label in [v["name"] for v in named]:
+                raise GridError(f"{path}: axis {name}: two variants are named {label!r}; give them distinct names")
+            named.append({**variant, "name": label})
+        out.append((name, named))
+    return out
+
+
+def _label(variant: dict[str, Any]) -> str:
+    """A variant's default name: its leaf values joined by ``-`` (``{overrides: {position: rope}}`` -> rope)."""
+    leaves: list[str] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            leaves.append("+".join(map(str, value)))
+        else:
+            leaves.append(str(value))
+
+    walk(variant)
+    return re.sub(r"[^A-Za-z0-9._+-]", "_", "-".join(leaves))
+
+
+def _metrics(path: Path, spec: GridFile, stages: list[str]) -> list[str]:
+    known = (PRETRAIN_METRICS if "pretrain" in stages else ()) + (FINETUNE_METRICS if "finetune" in stages else ())
+    metrics = spec.metrics or (["eval_loss", "eval_ppl"] if "pretrain" in stages else [])
+    if not metrics:
+        raise GridError(f"{path}: metrics: name at least one of {', '.join(known)}")
+    for metric in metrics:
+        if metric not in known:
+            raise GridError(f"{path}: metrics: unknown metric {metric!r} for a {' + '.join(stages)} grid; "
+                            f"known: {', '.join(known)}")
+    if len(set(metrics)) != len(metrics):
+        raise GridError(f"{path}: metrics: {metrics} names a metric twice")
+    return list(metrics)
+
+
+def _resolve_paths(folder: Path, settings: dict[str, Any]) -> dict[str, Any]:
+    """Relative file paths in settings, taken relative to the grid file's folder when they exist there."""
+    out = dict(settings)
+    for key in ("data", "tokenizer", "model", "train", "eval"):
+        value = out.get(key)
+        if isinstance(value, str) and value and not Path(value).is_absolute() and (folder / value).exists():
+            out[key] = str((folder / value).resolve())
+    return out
+
+
+# ------------------------------------------------------------------------------------------- one cell
+def _cell(where: str, command: str, cell_id: str, axes: dict[str, str], base: dict[str, Any], second: dict[str, Any],
+          variants: list[dict[str, Any]], budget: Budget, metrics: list[str], folder: Path) -> Cell:
+    stages: dict[str, dict[str, Any]] = {}
+    main, tuned = dict(base), dict(second)
+    for variant in variants:
+        variant = _resolve_paths(folder, {k: v for k, v in variant.items() if k != "resources"})
+        if "finetune" in variant:
+            if command != "pretrain" or not isinstance(variant["finetune"], dict) or not second:
+                raise GridError(f"{where}: finetune: a variant's finetune settings need a pretrain grid with a "
+                                "finetune: stage")
+            tuned = _merged(tuned, _resolve_paths(folder, variant.pop("finetune")))
+        main = _merged(main, variant)
+    if command == "pretrain":
+        config, tokens, flops = _pretrain_config(where, main, budget, metrics)
+        # The runner sets these per cell x seed; leaving them out keeps a row's settings the cell's own.
+        stages["pretrain"] = {k: v for k, v in config.to_dict().items() if k not in ("out", "resume", "seed")}
+        steps = config.max_steps
+        if second:
+            stages["finetune"] = _finetune_settings(f"{where}: finetune", tuned, None, metrics, chained=True)
+        return Cell(cell_id, axes, stages, steps, tokens, flops)
+    stages["finetune"] = _finetune_settings(where, main, budget.steps, metrics, chained=False)
+    return Cell(cell_id, axes, stages, budget.steps)
+
+
+def _pretrain_config(where: str, settings: dict[str, Any], budget: Budget,
+                     metrics: list[str]) -> tuple[TrainConfig, int | None, int | None]:
+    """The cell's TrainConfig with ``max_steps`` from the budget, and its tokens and FLOPs per optimizer step."""
+    for key in ("out", "resume"):
+        if key in settings:
+            raise GridError(f"{where}: {key}: set by the runner (each cell has its own run folder)")
+    objective = settings.get("objective")
+    if objective is not None and objective not in OBJECTIVES:
+        raise GridError(f"{where}: objective={objective!r}: lmforge has no such objective, so the grid names a "
+                        f"method that does not exist yet; known: {', '.join(OBJECTIVES)}")
+    try:
+        config = TrainConfig.from_dict({**CELL_DEFAULTS, **settings}, source=where)
+        config.require("model", "objective", "data", source=where)
+    except ConfigError as exc:
+        raise GridError(_sourced(Path(where), exc)) from exc
+    model_config, tokenizer = _model_config(where, config)
+    try:
+        check_architecture(config.objective, model_config.arch)
+    except ValueError as exc:
+        raise GridError(f"{where}: objective: {exc}") from exc
+    _check_objective_options(where, config, tokenizer)
+    seq_len = config.seq_len or model_config.max_seq_len
+    if seq_len > model_config.max_seq_len:
+        raise GridError(f"{where}: seq_len={seq_len} exceeds the model's max_seq_len={model_config.max_seq_len}; "
+                        "lower seq_len or set overrides: {max_seq_len: ...}")
+    sequences = config.batch_size * config.grad_accum
+    tokens = sequences * seq_len
+    flops = _train_flops(model_config, seq_len) * sequences if isinstance(model_config, ModelConfig) else None
+    if budget.kind == "steps":
+        steps = budget.steps
+    elif budget.kind == "tokens":
+        steps = budget.tokens // tokens
+    else:
+        if flops is None:
+            raise GridError(f"{where}: budget: flops needs a Transformer (no FLOP count for {config.model!r}); "
+                            "give steps or tokens")
+        steps = int(budget.flops // flops)
+    if steps < 1:
+        raise GridError(f"{where}: budget: {budget.kind}={getattr(budget, budget.kind):g} is less than one step of "
+                        f"this cell ({tokens:,} tokens, {flops or 0:.3g} FLOPs)")
+    try:
+        config = config.updated({"max_steps": steps}, source=where)
+    except ConfigError as exc:
+        raise GridError(_sourced(Path(where), exc)) from exc
+    if any(m.startswith("eval_") for m in metrics) and not config.eval_every:
+        raise GridError(f"{where}: eval_every=0, but the metrics ask for the validation loss; set eval_every > 0")
+    return config, tokens, flops
+
+
+def _model_config(where: str, config: TrainConfig):
+    """The cell's ModelConfig (the tokenizer's ids and vocabulary when the data is prepared already)."""
+    tokenizer = None
+    try:
+        if (Path(config.data) / "manifest.json").is_file():
+            tokenizer = load_tokenizer(config)
+            return model_config_for(config.model, tokenizer, config.overrides), tokenizer
+        base = resolve_config(config.model)
+        return ModelConfig.from_dict({**base.to_dict(), **config.overrides}, source="overrides"), None
+    except ConfigError as exc:
+        message = str(exc).replace("model overrides: ", "").replace("overrides: ", "")
+        raise GridError(f"{where}: overrides: {message}") from exc
+    except LmforgeError as exc:
+        raise GridError(f"{where}: model={config.model!r}: {exc}") from exc
+
+
+def _check_objective_options(where: str, config: TrainConfig, tokenizer) -> None:
+    try:
+        if tokenizer is not None:
+            objective_kwargs(config.objective, tokenizer, config.seed, config.objective_options)
+            return
+    except ConfigError as exc:
+        raise GridError(f"{where}: {exc}") from exc
+    params = inspect.signature(OBJECTIVES[config.objective]).parameters
+    for key in config.objective_options:
+        if key not in params:
+            raise GridError(f"{where}: objective_options: {config.objective!r} has no option {key!r}; "
+                            f"it takes {', '.join(p for p in params if p != 'seed')}")
+
+
+def _train_flops(model_config: ModelConfig, seq_len: int) -> int:
+    """Training FLOPs of one sequence, counted on a model built without memory (the meta device)."""
+    with torch.device("meta"):
+        model = Transformer(model_config)
+    return model.train_flops(seq_len, seq_len if model_config.arch == "encoder-decoder" else None)
+
+
+def _finetune_settings(where: str, given: dict[str, Any], steps: int | None, metrics: list[str],
+                       chained: bool) -> dict[str, Any]:
+    """Checked fine-tuning settings (the ``given`` form :func:`~lmforge.tasks.settings.finetune_settings` takes;
+    ``peft`` a mapping of PeftConfig fields). A chained stage's model is the cell's pre-trained model."""
+    unknown = sorted(set(given) - set(FINETUNE_KEYS))
+    if unknown:
+        raise GridError(f"{where}: unknown fine-tuning setting(s) {', '.join(map(repr, unknown))}; "
+                        f"known: {', '.join(FINETUNE_KEYS)}")
+    for key in ("out", "resume", "seed"):
+        if key in given:
+            raise GridError(f"{where}: {key}: set by the runner (each cell has its own run folder and seed)")
+    if chained and "model" in given:
+        raise GridError(f"{where}: model: a finetune stage fine-tunes the cell's pre-trained model; remove model:")
+    given = {**CELL_DEFAULTS, **given}
+    if isinstance(given.get("label_map"), dict):  # `--label-map` takes a JSON object as text
+        given["label_map"] = json.dumps({str(k): str(v) for k, v in given["label_map"].items()})
+    if steps is not None:
+        given["max_steps"] = steps
+    peft = given.pop("peft", None)
+    try:
+        if peft is not None:
+            if not isinstance(peft, dict):
+                raise ConfigError(f"peft={peft!r} must be a mapping of PeftConfig fields, e.g. {{method: lora, r: 8}}")
+            peft = PeftConfig.from_dict(peft, source="peft").to_dict()
+        settings = finetune_settings({**given, "model": given.get("model") or "<pre-trained model>", "out": "<cell>"})
+        TaskSpec.from_dict(settings["task"], source="task")
+        recipe = dict(settings["recipe"])
+        recipe.pop("epochs", None), recipe.pop("warmup_ratio", None)
+        Recipe(**recipe)
+        TrainConfig.from_dict(settings["trainer"], source="trainer")
+    except (LmforgeError, ValueError, TypeError) as exc:
+        raise GridError(f"{where}: {exc}") from exc
+    if any(m.startswith("finetune_") for m in metrics) and not given.get("eval"):
+        raise GridError(f"{where}: eval: the metrics ask for fine-tuning scores; give eval: data to score on")
+    if not given.get("eval_every", 1):
+        raise GridError(f"{where}: eval_every=0: the fine-tuning stage is scored by its last evaluation")
+    return {**{k: v for k, v in given.items() if k != "model" or not chained}, "peft": peft}
+
+
+def check_finite(value: Any) -> bool:
+    """Whether ``value`` is a finite number (a metric worth a mean)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
