@@ -72,6 +72,11 @@ OPTIONS = [
     ("resume", "continue the run in --out from its newest intact checkpoint"),
     ("progress", "hide the progress bar (it is shown by default)"),
     ("tensorboard", "do not write TensorBoard events (they are written to OUT/tensorboard/ by default)"),
+    ("region", "grid region for the run's CO2e (world, us, eu, fr, ...; default world); see `lmforge cost`"),
+    ("grid_intensity", "grid carbon intensity in g CO2e per kWh (overrides --region)"),
+    ("power_watts", "estimated power draw of one device when no energy counter is readable (default: 65 W "
+                    "CPU, 300 W GPU)"),
+    ("price_per_hour", "US dollars per device-hour for the run's cost (default: 0.05 CPU, 2.00 GPU)"),
 ]
 CHOICES = {"objective": "PRETRAIN_OBJECTIVES", "schedule": "SCHEDULES", "precision": "PRECISIONS",
            "device": "DEVICES", "strategy": "STRATEGIES", "fsdp_param_dtype": "FSDP_PARAM_DTYPES",
