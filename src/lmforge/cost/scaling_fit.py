@@ -22,7 +22,7 @@ Example:
     >>> rows = [{"n": n, "d": 1e17 / (6 * n), "c": 1e17, "loss": 2 + 500 / n**0.35 + 600 / (1e17 / (6 * n))**0.3}
     ...         for n in (1e6, 3e6, 1e7, 3e7, 1e8)]
     >>> fit = approach2(rows)
-    >>> len(fit["budgets"]), 1e6 < fit["budgets"][0]["n_opt"] < 1e8
+    >>> len(fit["budgets"]), bool(1e6 < fit["budgets"][0]["n_opt"] < 1e8)
     (1, True)
 """
 
@@ -93,7 +93,7 @@ def approach2(rows: list[dict[str, Any]]) -> dict[str, Any]:
                                  "downwards); add sizes on both sides of the best one")
         x_opt = -p1 / (2 * p2)
         n_opt = 10**x_opt
-        budgets.append({"c": c, "n_opt": n_opt, "d_opt": c / (6 * n_opt), "loss_opt": p0 - p1 * p1 / (4 * p2),
+        budgets.append({"c": c, "n_opt": float(n_opt), "d_opt": c / (6 * n_opt), "loss_opt": p0 - p1 * p1 / (4 * p2),
                         "tokens_per_param": c / (6 * n_opt) / n_opt, "parabola": [p2, p1, p0]})
     result: dict[str, Any] = {"budgets": budgets}
     if len(budgets) >= 2:
