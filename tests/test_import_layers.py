@@ -41,8 +41,9 @@ LAYERS = {
     "prompting": 6,
     "embeddings": 6,
     "distillation": 6,
-    "quickstart": 7,
-    "cli": 8,
+    "cost": 7,  # price-tag reports, scaling fits and plans: above the training loop whose tags they read
+    "quickstart": 8,
+    "cli": 9,
 }
 
 
