@@ -78,7 +78,7 @@ def run(args) -> int:
         print(f"  cost         ${est['cost_usd']:.4g} at ${settings.price_per_hour:g}/device-h")
         print(f"for scale, CO2e in lbs ({REFERENCE_SOURCE}):")
         for name, lbs in reference_rows(est["co2e_kg"]):
-            print(f"  {name:<42} {lbs:>12,.4g}")
+            print(f"  {name:<42} {lbs:>14,.6g}")
         return 0
     if not args.run:
         raise UserInputError("give a RUN folder, or --plan with --model and --tokens")

@@ -116,5 +116,5 @@ def format_tag(tag: dict[str, Any]) -> str:
              f"  CO2e            {tag['co2e_kg']:.4g} kg ({tag['co2e_lbs']:.4g} lbs)",
              f"  cost            ${tag['cost_usd']:.4g}"]
     lines.append(f"for scale, CO2e in lbs ({REFERENCE_SOURCE}):")
-    lines += [f"  {name:<42} {lbs:>12,.4g}" for name, lbs in reference_rows(tag["co2e_kg"])]
+    lines += [f"  {name:<42} {lbs:>14,.6g}" for name, lbs in reference_rows(tag["co2e_kg"])]
     return "\n".join(lines)

@@ -247,6 +247,11 @@ def open_meter(device: torch.device | str, world_size: int = 1) -> EnergyMeter |
 
 
 # ---------------------------------------------------------------------------------------------- the tag
+def _sig(x: float) -> float:
+    """Six significant digits: a tiny run's kWh stays readable, and exact enough to recompute from."""
+    return float(f"{x:.6g}")
+
+
 class PriceTag:
     """Cumulative FLOPs, tokens, seconds and energy of one run; the totals survive checkpoint and resume.
 
@@ -321,10 +326,10 @@ class PriceTag:
         """The cumulative values for one metrics line."""
         derived = self.settings.derived(self.device_s, self.energy_j if self.measured else None)
         return {"total_flops": self.flops, "total_tokens": self.tokens, "wall_s": round(self.wall_s, 3),
-                "device_s": round(self.device_s, 3), "energy_kwh": round(derived["energy_kwh"], 9),
+                "device_s": round(self.device_s, 3), "energy_kwh": _sig(derived["energy_kwh"]),
                 "energy_method": self.meter.method if self.measured else
                 f"estimated: device-seconds x {self.settings.power_watts:g} W",
-                "co2e_kg": round(derived["co2e_kg"], 9), "cost_usd": round(derived["cost_usd"], 6)}
+                "co2e_kg": _sig(derived["co2e_kg"]), "cost_usd": _sig(derived["cost_usd"])}
 
     def summary(self) -> dict[str, Any]:
         """The totals of the run so far, with the settings and methods behind them (``price_tag.json``)."""
