@@ -633,6 +633,7 @@ class Trainer:
         # Only rank 0 logs: its records already hold the numbers reduced over all ranks.
         logger = RunLogger(self.out, self.step, cfg.max_steps, cfg.progress, cfg.tensorboard) if self.dist.is_main \
             else None
+        self.dist.barrier()  # every rank's clock starts together: no rank is charged for waiting on another's setup
         self.price_tag.start()
         try:
             with self._catch_signals():
