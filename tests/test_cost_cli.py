@@ -88,3 +88,19 @@ def test_rapl_counter_wraps(tmp_path):
     meter = RaplMeter(tmp_path)
     (domain / "energy_uj").write_text("100000\n")  # wrapped: 0.1 J to the top, 0.1 J after
     assert math.isclose(meter.joules(), 0.2)
+
+
+def test_a_model_without_a_formula_is_charged_the_counted_flops(tmp_path):
+    """A custom loss (or ELECTRA, a biLSTM, PEFT): the first step's FlopCounterMode count per token, x tokens."""
+    torch.manual_seed(0)
+    model = lmforge.build_model("gpt-tiny", n_layers=1, d_model=32, n_heads=2, d_ff=64, vocab_size=50)
+    data = [torch.randint(0, 50, (2, 9)) for _ in range(3)]
+    cfg = TrainConfig(max_steps=3, lr=1e-3, eval_every=0, progress=False, tensorboard=False, precision="fp32")
+
+    def loss(model, batch):
+        return model(**batch)
+
+    Trainer(model, build_objective("clm", pad_token_id=0), data, cfg, out=tmp_path, loss=loss).fit()
+    tag = json.loads((tmp_path / "price_tag.json").read_text())
+    assert tag["flops_method"].startswith("counted") and tag["flop_check"]["ratio"] is None
+    assert tag["total_flops"] == 3 * tag["flop_check"]["counted"] > 0  # three steps of one shape

@@ -136,6 +136,11 @@ def _run(args) -> int:
     if ctx.is_main:
         print(f"done: step {result.step}, loss {loss:.4f}, model saved to {result.model_dir}"
               if isinstance(loss, float) else f"done: step {result.step}, model saved to {result.model_dir}")
+        tag = result.metrics
+        if "total_flops" in tag:
+            print(f"price tag: {tag['total_flops']:.3g} FLOPs, {tag['total_tokens']:,} tokens, "
+                  f"{tag['device_s'] / 3600:.3g} device-h, {tag['energy_kwh']:.3g} kWh ({tag['energy_method']}), "
+                  f"{tag['co2e_kg']:.3g} kg CO2e, ${tag['cost_usd']:.3g} (details: lmforge cost {config.out})")
     return 0
 
 

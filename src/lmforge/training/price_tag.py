@@ -115,7 +115,8 @@ class PriceSettings:
 
 
 # ---------------------------------------------------------------------------------------------- FLOPs
-def batch_flops(model: torch.nn.Module, batch: dict[str, Any], n_targets: int) -> int | None:
+def batch_flops(model: torch.nn.Module, batch: dict[str, Any], n_targets: int,
+                cache: dict[Any, int] | None = None) -> int | None:
     """Analytic training FLOPs (forward + backward) of one micro-batch, or None where there is no formula.
 
     Args:
@@ -123,6 +124,8 @@ def batch_flops(model: torch.nn.Module, batch: dict[str, Any], n_targets: int) -
         batch: the collated micro-batch: ``input_ids`` (B, S), for an encoder-decoder ``decoder_input_ids`` or
             ``labels`` (B, T).
         n_targets: the labelled positions of the batch: only they reach the vocabulary projection.
+        cache: a dict kept between calls for one model: its parameter counts and each shape's count are then
+            worked out once (counting parameters walks the whole module tree).
 
     Example:
         >>> import lmforge, torch
@@ -134,23 +137,28 @@ def batch_flops(model: torch.nn.Module, batch: dict[str, Any], n_targets: int) -
     if type(model) is not Transformer or not isinstance(batch.get("input_ids"), torch.Tensor):
         return None
     cfg = model.config
+    cache = {} if cache is None else cache
     B, S = batch["input_ids"].shape  # padded shape: padding costs as much as text
     if cfg.arch == "encoder-decoder":
         target = batch.get("decoder_input_ids", batch.get("labels"))
         if not isinstance(target, torch.Tensor):
             return None
         T = target.shape[1]
-        flops = B * model.train_flops(S, T)
     else:
         T = S
-        flops = B * model.train_flops(S)
-    # train_flops charges the head (and the pooler) for every output position; with labels the model projects
-    # only the labelled rows, and the pooler runs forward only, on one row per sequence.
-    head = sum(p.numel() for m in (model.mlm_head, model.lm_head, model.rtd_head) if m is not None
-               for p in m.parameters())
-    if cfg.head in ("lm", "mlm") and cfg.tie_embeddings:
-        head += cfg.vocab_size * cfg.embed_dim
-    pool = sum(p.numel() for p in model.pooler.parameters()) if model.pooler is not None else 0
+    if (S, T) not in cache:
+        cache[S, T] = model.train_flops(S, T if cfg.arch == "encoder-decoder" else None)
+    flops = B * cache[S, T]
+    if "head" not in cache:
+        # train_flops charges the head (and the pooler) for every output position; with labels the model
+        # projects only the labelled rows, and the pooler runs forward only, on one row per sequence.
+        head = sum(p.numel() for m in (model.mlm_head, model.lm_head, model.rtd_head) if m is not None
+                   for p in m.parameters())
+        if cfg.head in ("lm", "mlm") and cfg.tie_embeddings:
+            head += cfg.vocab_size * cfg.embed_dim
+        cache["head"] = head
+        cache["pool"] = sum(p.numel() for p in model.pooler.parameters()) if model.pooler is not None else 0
+    head, pool = cache["head"], cache["pool"]
     rows = n_targets if "labels" in batch else B * T
     return int(flops - 6 * head * B * T + 6 * head * rows - 6 * pool * B * S + 2 * pool * B)
 
@@ -271,6 +279,7 @@ class PriceTag:
         self.flops_method = "analytic"
         self.flop_check: dict[str, Any] | None = None
         self._per_token: float | None = None  # counted FLOPs per token, for models without a formula
+        self._shapes: dict[Any, int] = {}  # batch_flops' cache for the one model this tag counts
         self._clock = time.monotonic()
         self._read_at = -math.inf
         self._joules_read = 0.0
@@ -285,7 +294,7 @@ class PriceTag:
 
     def step_flops(self, model, batches: list[dict[str, Any]], targets: list[int], tokens: int) -> int:
         """This rank's FLOPs for one step's micro-batches (analytic, else the counted rate x tokens)."""
-        counts = [batch_flops(model, b, n) for b, n in zip(batches, targets)]
+        counts = [batch_flops(model, b, n, self._shapes) for b, n in zip(batches, targets)]
         if all(c is not None for c in counts):
             return sum(counts)
         self.flops_method = "counted: FlopCounterMode FLOPs per token of one step x tokens"
