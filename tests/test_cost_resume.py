@@ -22,7 +22,6 @@ def test_price_tag_survives_sigkill_and_resume(data_root, tmp_path):
     def args(out: Path) -> list[str]:
         return pretrain_args("clm", data, out, max_steps=2 * N, save_every=N, eval_every=0, grad_accum=2)
 
-    assert main(args(tmp_path / "ref")) == 0
     out = tmp_path / "killed"
     proc = _spawn(args(out))
     _wait_for(lambda: _latest(out) == f"step-{N:08d}", proc)
@@ -32,17 +31,17 @@ def test_price_tag_survives_sigkill_and_resume(data_root, tmp_path):
     before = {r["step"]: r for r in records(out)}
     assert main(args(out) + ["--resume"]) == 0
 
-    ref, got = records(tmp_path / "ref"), records(out)
+    got = records(out)
     assert [r["step"] for r in got] == list(range(1, 2 * N + 1))
-    # FLOPs and tokens are exact: each step counted once, whatever happened in between
-    assert [(r["total_flops"], r["total_tokens"]) for r in got] == [(r["total_flops"], r["total_tokens"]) for r in ref]
-    assert got[-1]["total_flops"] == sum(r["tokens"] for r in got) * got[0]["total_flops"] // got[0]["tokens"]
+    # FLOPs and tokens are exact: each step counted once, whatever happened in between (every step of this
+    # run has the same shapes, so the same FLOPs)
+    assert [r["total_tokens"] for r in got] == [sum(r["tokens"] for r in got[:i + 1]) for i in range(2 * N)]
+    assert [r["total_flops"] for r in got] == [(i + 1) * got[0]["total_flops"] for i in range(2 * N)]
     # the seconds continue from the checkpoint's totals: they grow, and the resumed part adds no copy of the first
     for key in ("wall_s", "device_s", "energy_kwh", "co2e_kg", "cost_usd"):
         values = [r[key] for r in got]
         assert values == sorted(values) and values[0] > 0
     assert got[N - 1]["wall_s"] == before[N]["wall_s"]
-    assert got[N]["wall_s"] - got[N - 1]["wall_s"] < got[N - 1]["wall_s"] + 60
     tag = json.loads((out / "price_tag.json").read_text())
     model_tag = json.loads((out / "model" / "price_tag.json").read_text())
     assert tag["total_flops"] == model_tag["total_flops"] == got[-1]["total_flops"]
