@@ -104,3 +104,29 @@ def test_a_model_without_a_formula_is_charged_the_counted_flops(tmp_path):
     tag = json.loads((tmp_path / "price_tag.json").read_text())
     assert tag["flops_method"].startswith("counted") and tag["flop_check"]["ratio"] is None
     assert tag["total_flops"] == 3 * tag["flop_check"]["counted"] > 0  # three steps of one shape
+
+
+def test_nvml_meter_reads_the_total_energy_counter(monkeypatch):
+    import types
+
+    from lmforge.training.price_tag import NvmlMeter, open_meter
+
+    readings = iter([5_000.0, 7_500.0])  # millijoules since the driver loaded
+    fake = types.SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetHandleByIndex=lambda i: ("gpu", i),
+                                 nvmlDeviceGetTotalEnergyConsumption=lambda handle: next(readings))
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", fake)
+    meter = NvmlMeter(0)
+    assert meter.joules() == 2.5 and meter.method.startswith("measured: NVML")
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", None)  # not installed: estimated instead
+    assert open_meter("cuda:0") is None
+
+
+def test_pretrain_refuses_an_unknown_region_in_one_line(tmp_path, capsys):
+    from test_training_pretrain import prepared, pretrain_args
+
+    (tmp_path / "prepared").mkdir()
+    data = prepared(tmp_path / "prepared", "gpt")
+    assert main(pretrain_args("clm", data, tmp_path / "run", region="mars")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("lmforge pretrain: error: --region 'mars': unknown region")
+    assert not (tmp_path / "run").exists()

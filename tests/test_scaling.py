@@ -73,6 +73,13 @@ def test_plan_reproduces_chinchilla(capsys):
     assert n3 < 0.75 * 70e9
 
 
+def test_plan_from_device_hours(capsys):
+    assert main(["plan", "--budget-hours", "2", "--device", "cpu", "--flops-per-second", "1e10", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["compute"] == 2 * 3600 * 1e10
+    assert 6 * out["n_opt"] * out["d_opt"] == pytest.approx(out["compute"])
+
+
 def test_plan_bad_input(capsys):
     assert main(["plan", "--compute", "0"]) == 2
     assert main(["plan", "--budget-hours", "-1"]) == 2
