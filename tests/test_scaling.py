@@ -107,3 +107,17 @@ def test_sweep_grid(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert "--budgets" in err[0] and "less than one step" in err[0]
     assert "--sizes" in err[1] and "--smallest-budget" in err[2]
+
+
+def test_run_folders_are_read_as_results(tmp_path):
+    from lmforge.cost.scaling_report import read_results
+    from lmforge.cost.shapes import non_embedding_parameters
+    from lmforge.checkpoint import read_config
+    from test_cost_cli import tiny_run
+
+    tag = tiny_run(tmp_path / "sweep" / "cells" / "a")
+    (tmp_path / "sweep" / "cells" / "a" / "cell.json").write_text(json.dumps({"budget": 1e9}))
+    (row,) = read_results(tmp_path / "sweep")
+    cfg = read_config(tmp_path / "sweep" / "cells" / "a" / "model")
+    assert row["n"] == non_embedding_parameters(cfg) and row["d"] == tag["total_tokens"]
+    assert row["c"] == tag["total_flops"] and row["budget"] == 1e9 and row["loss"] > 0
