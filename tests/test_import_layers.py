@@ -42,6 +42,7 @@ LAYERS = {
     "embeddings": 6,
     "distillation": 6,
     "experiments": 7,  # grids of runs: pretrain and finetune cells, below the quickstart that composes everything
+    "cost": 7,  # price-tag reports, scaling fits and plans: above the training loop whose tags they read
     "quickstart": 8,
     "cli": 9,
 }

@@ -73,6 +73,11 @@ OPTIONS = [
     ("resume", "continue the run in --out from its newest intact checkpoint"),
     ("progress", "hide the progress bar (it is shown by default)"),
     ("tensorboard", "do not write TensorBoard events (they are written to OUT/tensorboard/ by default)"),
+    ("region", "grid region for the run's CO2e (world, us, eu, fr, ...; default world); see `lmforge cost`"),
+    ("grid_intensity", "grid carbon intensity in g CO2e per kWh (overrides --region)"),
+    ("power_watts", "estimated power draw of one device when no energy counter is readable (default: 65 W "
+                    "CPU, 300 W GPU)"),
+    ("price_per_hour", "US dollars per device-hour for the run's cost (default: 0.05 CPU, 2.00 GPU)"),
 ]
 CHOICES = {"objective": "PRETRAIN_OBJECTIVES", "schedule": "SCHEDULES", "precision": "PRECISIONS",
            "device": "DEVICES", "strategy": "STRATEGIES", "fsdp_param_dtype": "FSDP_PARAM_DTYPES",
@@ -132,6 +137,11 @@ def _run(args) -> int:
     if ctx.is_main:
         print(f"done: step {result.step}, loss {loss:.4f}, model saved to {result.model_dir}"
               if isinstance(loss, float) else f"done: step {result.step}, model saved to {result.model_dir}")
+        tag = result.metrics
+        if "total_flops" in tag:
+            print(f"price tag: {tag['total_flops']:.3g} FLOPs, {tag['total_tokens']:,} tokens, "
+                  f"{tag['device_s'] / 3600:.3g} device-h, {tag['energy_kwh']:.3g} kWh ({tag['energy_method']}), "
+                  f"{tag['co2e_kg']:.3g} kg CO2e, ${tag['cost_usd']:.3g} (details: lmforge cost {config.out})")
     return 0
 
 

@@ -402,8 +402,9 @@ class Transformer(nn.Module):
         """Estimated training FLOPs (forward + backward) of one sequence: ``seq_len`` tokens, plus
         ``target_len`` decoder tokens for an encoder-decoder.
 
-        Each stack's weights are multiplied by its own tokens only (the encoder's by source tokens, the
-        decoder's and the vocabulary projection's by target tokens), so counting both stacks per source
+        Each stack's weights are multiplied by its own tokens only (the encoder's and cross-attention's key and
+        value projections by source tokens, the rest of the decoder's and the vocabulary projection's by target
+        tokens), so counting both stacks per source
         token would overstate an encoder-decoder's work (and its MFU) about twofold.
 
         Example:
@@ -421,8 +422,11 @@ class Transformer(nn.Module):
             return int((6 * n + cfg.n_layers * _attention_flops(cfg, seq_len)) * seq_len)
         S, T = seq_len, target_len or seq_len
         n_enc = _stack_weights(self.encoder) - _inactive_expert_weights(self.encoder)
-        n_dec = self.active_parameters(exclude_embeddings=True) - n_enc + head
-        enc = 6 * n_enc * S + 12 * cfg.n_layers * d_attn * S * S
+        # Cross-attention's key and value projections read the encoder's output: they run once per source token.
+        n_mem = sum(p.numel() for name, p in self.decoder.named_parameters()
+                    if ".cross_attn.k." in name or ".cross_attn.v." in name)
+        n_dec = self.active_parameters(exclude_embeddings=True) - n_enc - n_mem + head
+        enc = 6 * (n_enc + n_mem) * S + 12 * cfg.n_layers * d_attn * S * S
         dec = 6 * n_dec * T + 12 * cfg.decoder_layers * d_attn * T * (T + S)  # self- then cross-attention
         return int(enc + dec)
 

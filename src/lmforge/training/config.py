@@ -64,6 +64,9 @@ class TrainConfig(ConfigBase):
             in host memory). ``batch_size`` is per rank: the global batch is batch_size x grad_accum x ranks.
         bookkeeping: ``eval_every``/``eval_batches``, ``save_every``/``keep_checkpoints``, ``seed``, ``resume``,
             ``progress`` (tqdm bar), ``tensorboard``.
+        price tag (see :mod:`lmforge.training.price_tag`; None = its documented default): ``region`` or
+            ``grid_intensity`` (g CO2e/kWh), ``power_watts`` (estimated draw of one device when no counter
+            measures it), ``price_per_hour`` (US dollars per device-hour).
     """
 
     # --- what to train -----------------------------------------------------------------------
@@ -113,6 +116,11 @@ class TrainConfig(ConfigBase):
     resume: bool = False
     progress: bool = True
     tensorboard: bool = True
+    # --- price tag -----------------------------------------------------------------------------------
+    region: str | None = None
+    grid_intensity: float | None = None
+    power_watts: float | None = None
+    price_per_hour: float | None = None
 
     # ------------------------------------------------------------------ construction
     @classmethod

@@ -95,6 +95,7 @@ from lmforge.training.distributed import DistContext
 from lmforge.training.logging import METRICS_FILE, RunLogger
 from lmforge.training.optim import build_optimizer
 from lmforge.training.precision import autocast, resolve_precision
+from lmforge.training.price_tag import PRICE_TAG_FILE, PriceSettings, PriceTag, counted_flops, open_meter
 from lmforge.training.schedules import Schedule
 from lmforge.training.state import (
     STATE_FILE,
@@ -105,7 +106,7 @@ from lmforge.training.state import (
     seed_all,
     to_json,
 )
-from lmforge.utils.io import make_folder
+from lmforge.utils.io import atomic_write_text, make_folder
 from lmforge.utils.lock import RunFolderLock
 
 MODEL_DIR = "model"
@@ -271,6 +272,13 @@ class Trainer:
         self._locked = lock is not None
         self._nonfinite = 0  # optimizer steps in a row with a non-finite loss or gradient norm
         self._skipped_seen = 0
+        # What the run costs (lmforge.training.price_tag): every rank reads its own device's energy counter, and
+        # all agree on whether the run's energy is measured (one collective, here) so that the sums mean one thing.
+        meter = open_meter(self.device, self.dist.world_size)
+        if self.dist.world_size > 1 and not self.dist.all_reduce([meter is not None], "min")[0]:
+            meter = None
+        self.price_tag = PriceTag(PriceSettings.resolve(self.device.type, config.region, config.grid_intensity,
+                                                        config.power_watts, config.price_per_hour), meter)
 
     def _fsdp_options(self) -> dict[str, Any]:
         cfg = self.config
@@ -304,7 +312,8 @@ class Trainer:
             ``{"loss": mean CE over every target token (None if there is none), "targets": their count}``.
         """
         world = self.dist.world_size
-        total = sum(self.count_targets(b) for b in batches)  # known before any backward: the divisor of every term
+        counts = [self.count_targets(b) for b in batches]
+        total = sum(counts)  # known before any backward: the divisor of every term
         if world > 1:  # the global batch's count: every rank divides by the same N
             total = int(self.dist.all_reduce([total])[0])
         # (key, mask) of each term -> its count over the accumulated batch (further terms: lazily)
@@ -340,7 +349,7 @@ class Trainer:
         if world > 1:
             sums = self.dist.all_reduce(sums)
         loss = sum(s / max(totals[key], 1) for key, s in zip(keys, sums))
-        return {"loss": loss if total else None, "targets": total}
+        return {"loss": loss if total else None, "targets": total, "rank_targets": counts}
 
     def count_targets(self, batch: dict[str, Any]) -> int:
         """How many targets the model's mean loss over ``batch`` is over: its labelled tokens (labels != -100).
@@ -359,9 +368,9 @@ class Trainer:
         cfg = self.config
         batches = [self._to_device(self.objective(self._next_raw())) for _ in range(cfg.grad_accum)]
         tokens = sum(int(v.numel()) for b in batches for k, v in b.items() if k.endswith("input_ids"))
-        stats = self.accumulate(batches)
-        if self.dist.world_size > 1:
-            tokens = int(self.dist.all_reduce([tokens])[0])
+        stats = self._counted(batches, tokens) if self.price_tag.flop_check is None else self.accumulate(batches)
+        flops = self.price_tag.step_flops(self.model if self.loss is None else None, batches,
+                                          stats["rank_targets"], tokens)
         grad_norm = torch.nn.utils.clip_grad_norm_(self._params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
         lr = cfg.lr * self.schedule(self.step + 1)
         for group in self.optimizer.param_groups:
@@ -378,6 +387,12 @@ class Trainer:
             what = "gradient norm" if loss_finite else "loss"
             warnings.warn(f"step {self.step + 1}: non-finite {what}; update skipped", stacklevel=2)
         self.optimizer.zero_grad(set_to_none=True)
+        seconds, joules = self.price_tag.rank_values()
+        wall = seconds
+        if self.dist.world_size > 1:  # one all-reduce for the step's counts, as before: now with the price tag's
+            tokens, flops, seconds, joules = self.dist.all_reduce([tokens, flops, seconds, joules])
+            tokens = int(tokens)
+        self.price_tag.add(tokens, flops, wall, joules, device_s=seconds)
         self.step += 1
         self.tokens_seen += tokens
         model_metrics = getattr(self.model, "training_metrics", None)
@@ -385,6 +400,20 @@ class Trainer:
                 "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
                 "tokens": tokens, "targets": stats["targets"],
                 **(model_metrics() if callable(model_metrics) else {})}
+
+    def _counted(self, batches: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
+        """:meth:`accumulate` under FlopCounterMode (the once-per-run cross-check of the analytic FLOPs); a
+        compiled or FSDP-sharded model is not counted (the counter cannot see inside them)."""
+        if self.config.compile or self.dist.strategy == "fsdp":
+            self.price_tag.flop_check = {"skipped": "compile" if self.config.compile else "fsdp"}
+            return self.accumulate(batches)
+        with counted_flops() as counter:
+            stats = self.accumulate(batches)
+        model = self.model if self.loss is None else None
+        analytic = self.price_tag.step_flops(model, batches, stats["rank_targets"], tokens)
+        self.price_tag.check(analytic if self.price_tag.flops_method == "analytic" else None,
+                             counter.get_total_flops(), tokens)
+        return stats
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
@@ -463,6 +492,7 @@ class Trainer:
         """Everything but weights and optimizer tensors that resuming needs, in JSON form (this rank's view)."""
         return {
             "step": self.step, "tokens": self.tokens_seen, "skipped_steps": self.skipped_steps,
+            "price_tag": self.price_tag.state_dict(),
             **self.rank_state(),
             "schedule": self.schedule.state_dict(), "config": self.config.to_dict(),
             "strategy": self.dist.strategy, "world_size": self.dist.world_size,
@@ -511,6 +541,7 @@ class Trainer:
                                                          self.dist)
         self.step, self.tokens_seen = state["step"], state["tokens"]
         self.skipped_steps = self._skipped_seen = state.get("skipped_steps", 0)
+        self.price_tag.load_state_dict(state.get("price_tag"))
         self._restore_rank_state(state)
         self._batches = None  # the next batch comes from the restored position
         self._last_saved = (self.step, folder)
@@ -566,7 +597,9 @@ class Trainer:
         # A training-only wrapper (ELECTRA's generator + discriminator) names the model it trains: that is saved.
         model = getattr(model, "saved_model", model)
         if self.dist.is_main:
-            model_checkpoint.save(model, path, tokenizer=self.tokenizer, extra_files=self.model_files)
+            price = {PRICE_TAG_FILE: json.dumps(self.price_tag.summary(), indent=1) + "\n"}
+            model_checkpoint.save(model, path, tokenizer=self.tokenizer, extra_files={**(self.model_files or {}),
+                                                                                      **price})
         self.dist.barrier()
         return path
 
@@ -656,10 +689,13 @@ class Trainer:
         # Only rank 0 logs: its records already hold the numbers reduced over all ranks.
         logger = RunLogger(self.out, self.step, cfg.max_steps, cfg.progress, cfg.tensorboard) if self.dist.is_main \
             else None
+        self.dist.barrier()  # every rank's clock starts together: no rank is charged for waiting on another's setup
+        self.price_tag.start()
         try:
             with self._catch_signals():
                 while self.step < target:
                     record = self.train_step()
+                    record.update(self.price_tag.record())
                     if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == cfg.max_steps):
                         record.update(self.evaluate())
                     if logger is not None:
@@ -679,6 +715,8 @@ class Trainer:
         finally:
             if logger is not None:
                 logger.close()
+        if self.dist.is_main:  # the run's totals so far, beside its metrics
+            atomic_write_text(self.out / PRICE_TAG_FILE, json.dumps(self.price_tag.summary(), indent=1) + "\n")
         model_dir = self.save_model() if self.step >= cfg.max_steps else None
         return TrainResult(self.step, stopped_by, self._last_saved[1] if self._last_saved else None, model_dir,
                            record)

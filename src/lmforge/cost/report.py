@@ -1,0 +1,120 @@
+"""Read the price tag of a run folder, or the sum over an experiment's run folders, and put it beside the
+lecture's reference points.
+
+A run folder holds ``price_tag.json`` (written by the Trainer at the end of every ``fit``; see
+:mod:`lmforge.training.price_tag`). An experiment folder is any folder whose subfolders (at any depth, e.g.
+``cells/*/``) are run folders: its tag is the sum over them, Schwartz et al.'s "cost of the hyper-parameter
+search". CO2e and dollars are recomputed from the summed energy and device-seconds, with the run's own
+settings or those given (``--region``, ``--grid-intensity``, ``--price-per-hour``).
+
+Reference points, from the lecture (LING 574, "Note on the costs of LMs"), Strubell, Ganesh & McCallum (2019),
+"Energy and Policy Considerations for Deep Learning in NLP", Table 1, CO2e in lbs:
+
+Example:
+    >>> rows = reference_rows(0.5)
+    >>> rows[0]
+    ('this run', 1.1023113109)
+    >>> rows[-1]
+    ('Transformer (big) w/ neural arch. search', 626155.0)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from lmforge.errors import InputFileNotFound, UserInputError
+from lmforge.training.price_tag import PRICE_TAG_FILE, PriceSettings
+
+LBS_PER_KG = 2.2046226218
+STRUBELL_2019 = [  # (what, lbs CO2e): Table 1 as quoted in the lecture
+    ("Air travel, 1 person, NY<->SF", 1984.0),
+    ("Human life, avg, 1 year", 11023.0),
+    ("American life, avg, 1 year", 36156.0),
+    ("Car, avg incl. fuel, 1 lifetime", 126000.0),
+    ("NLP pipeline (parsing, SRL)", 39.0),
+    ("NLP pipeline w/ tuning & experiments", 78468.0),
+    ("Transformer (big)", 192.0),
+    ("Transformer (big) w/ neural arch. search", 626155.0),
+]
+REFERENCE_SOURCE = ("Strubell, Ganesh & McCallum (2019), Energy and Policy Considerations for Deep Learning in "
+                    "NLP, Table 1 (LING 574 lecture, 'Note on the costs of LMs')")
+SUMMED = ("total_flops", "total_tokens", "wall_s", "device_s")
+
+
+def run_folders(path: str | Path) -> list[Path]:
+    """``path`` itself if it is a run folder, else every run folder below it (sorted)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise InputFileNotFound(f"RUN {path}: no such folder")
+    if (path / PRICE_TAG_FILE).is_file():
+        return [path]
+    found = sorted(p.parent for p in path.rglob(PRICE_TAG_FILE) if p.parent.name != "model")
+    if not found:
+        raise UserInputError(f"RUN {path}: no price_tag.json in it or below it; give a run folder written by "
+                             "lmforge pretrain/finetune/distill (version with price tags), or an experiment folder")
+    return found
+
+
+def read_tag(folder: Path) -> dict[str, Any]:
+    try:
+        return json.loads((folder / PRICE_TAG_FILE).read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise UserInputError(f"{folder / PRICE_TAG_FILE}: not JSON ({exc})") from None
+
+
+def price_tag(path: str | Path, region: str | None = None, grid_intensity: float | None = None,
+              price_per_hour: float | None = None, power_watts: float | None = None) -> dict[str, Any]:
+    """The tag of a run, or the sum over an experiment's runs (``runs``: how many, ``per_run``: each one's)."""
+    folders = run_folders(path)
+    tags = [read_tag(f) for f in folders]
+    total: dict[str, Any] = {k: sum(t.get(k) or 0 for t in tags) for k in SUMMED}
+    co2 = cost = kwh = 0.0
+    given = {k: v for k, v in (("region", region), ("grid_intensity", grid_intensity),
+                                ("power_watts", power_watts), ("price_per_hour", price_per_hour)) if v is not None}
+    for tag in tags:
+        saved = tag.get("settings", {})
+        # the run's own settings, with the ones given here in their place (a region brings its intensity)
+        merged = {**saved, **given} if "grid_intensity" in given or "region" not in given else \
+            {**saved, **given, "grid_intensity": None}
+        if "region" not in given and merged.get("region") == "custom":  # the run gave its intensity, not a region
+            merged["region"] = None
+        settings = PriceSettings.resolve(merged.get("device", "cpu"), merged.get("region"),
+                                         merged.get("grid_intensity"), merged.get("power_watts"),
+                                         merged.get("price_per_hour"))
+        measured = tag.get("energy_method", "").startswith("measured")
+        joules = tag["energy_kwh"] * 3.6e6 if measured else None
+        derived = settings.derived(tag.get("device_s", 0.0), joules)
+        kwh += derived["energy_kwh"]
+        co2 += derived["co2e_kg"]
+        cost += derived["cost_usd"]
+    methods = sorted({t.get("energy_method", "?") for t in tags})
+    total.update({"energy_kwh": kwh, "co2e_kg": co2, "co2e_lbs": co2 * LBS_PER_KG, "cost_usd": cost,
+                  "energy_method": "; ".join(methods), "runs": len(tags),
+                  "flop_check_ratio": [t.get("flop_check", {}).get("ratio") for t in tags if t.get("flop_check")]})
+    if len(folders) > 1:
+        total["per_run"] = [{"run": str(f), **{k: t.get(k) for k in (*SUMMED, "energy_kwh", "co2e_kg", "cost_usd")}}
+                            for f, t in zip(folders, tags)]
+    return total
+
+
+def reference_rows(co2e_kg: float) -> list[tuple[str, float]]:
+    """('this run', lbs CO2e) followed by the lecture's reference points, in lbs CO2e."""
+    return [("this run", co2e_kg * LBS_PER_KG), *STRUBELL_2019]
+
+
+def format_tag(tag: dict[str, Any]) -> str:
+    """The tag as aligned lines, then the reference points with their source."""
+    what = f"{tag['runs']} runs (sum)" if tag["runs"] > 1 else "1 run"
+    lines = [f"price tag of {what}",
+             f"  FLOPs           {tag['total_flops']:.4g}",
+             f"  tokens          {tag['total_tokens']:,}",
+             f"  wall time       {tag['wall_s'] / 3600:.4g} h",
+             f"  device time     {tag['device_s'] / 3600:.4g} device-h",
+             f"  energy          {tag['energy_kwh']:.4g} kWh ({tag['energy_method']})",
+             f"  CO2e            {tag['co2e_kg']:.4g} kg ({tag['co2e_lbs']:.4g} lbs)",
+             f"  cost            ${tag['cost_usd']:.4g}"]
+    lines.append(f"for scale, CO2e in lbs ({REFERENCE_SOURCE}):")
+    lines += [f"  {name:<42} {lbs:>14,.6g}" for name, lbs in reference_rows(tag["co2e_kg"])]
+    return "\n".join(lines)

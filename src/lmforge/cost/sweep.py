@@ -1,0 +1,67 @@
+"""An IsoFLOP sweep's grid (Chinchilla's approach 2): K compute budgets x M model sizes, D = C / (6N).
+
+Budgets are ``smallest x spacing^k``. Each budget's sizes are centred on its 20-tokens-per-parameter size
+(N = sqrt(C / 120)) and spaced by ``size_step`` on a log scale; each size is a shape scaled from ``base``
+(:mod:`lmforge.cost.shapes`), and trains for ``D = C / (6 N)`` tokens, that is ``ceil(D / (batch x seq_len))``
+steps. The grid is plain data for the experiment runner: the command (``pretrain``), the settings every cell
+shares, and per cell its budget, model overrides and steps.
+
+Sizes (documented for ``lmforge scaling sweep --size``): ``small`` (4 budgets from 1e11, x3 apart, 5 sizes:
+2e13 FLOPs in all, about an hour at the ~5 GFLOP/s two CPU cores reach on such tiny models) and ``medium`` (5 budgets from 1e15, x4 apart, 7 sizes: a GPU or a Ray cluster).
+
+Example:
+    >>> grid = isoflop_grid("gpt-tiny", budgets=[1e13], sizes=3, batch_size=4, seq_len=32, head_dim=16)
+    >>> [len(grid["cells"]), grid["command"]]
+    [3, 'pretrain']
+    >>> all(abs(6 * c["n"] * c["d"] / c["budget"] - 1) < 0.2 for c in grid["cells"])
+    True
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from lmforge.cost.shapes import scaled_shape
+from lmforge.errors import UserInputError
+
+SIZES = {"small": {"smallest": 1e11, "spacing": 3.0, "budgets": 4, "sizes": 5},
+         "medium": {"smallest": 1e15, "spacing": 4.0, "budgets": 5, "sizes": 7}}
+
+
+def budgets_of(smallest: float, spacing: float, count: int) -> list[float]:
+    if not smallest > 0 or not spacing > 1 or count < 1:
+        raise UserInputError(f"--smallest-budget {smallest}, --spacing {spacing}, --budgets {count}: need a budget "
+                             "> 0, a spacing > 1 and at least one budget")
+    return [smallest * spacing**k for k in range(count)]
+
+
+def isoflop_grid(base: str, budgets: list[float], sizes: int = 5, size_step: float = 2.0, batch_size: int = 8,
+                 seq_len: int = 64, head_dim: int | None = None, settings: dict[str, Any] | None = None
+                 ) -> dict[str, Any]:
+    """The cells of an IsoFLOP sweep; a budget too small for one step of the smallest model is refused."""
+    if sizes < 3:
+        raise UserInputError(f"--sizes {sizes}: an IsoFLOP profile needs at least 3 sizes per budget")
+    if any(not c > 0 for c in budgets):
+        raise UserInputError(f"--budgets {budgets}: every budget must be > 0 FLOPs")
+    extra = {"head_dim": head_dim} if head_dim else {}
+    tokens_per_step = batch_size * seq_len
+    cells = []
+    for c in budgets:
+        centre = math.sqrt(c / 120)  # D = 20 N and C = 6 N D
+        for j in range(sizes):
+            target = centre * size_step ** (j - (sizes - 1) / 2)
+            shape = scaled_shape(base, target, {**extra, "max_seq_len": max(seq_len, 8)})
+            n = shape["n"]
+            d = c / (6 * n)
+            steps = math.ceil(d / tokens_per_step)
+            if d < tokens_per_step:
+                raise UserInputError(f"--budgets: {c:.3g} FLOPs trains the {n:,}-parameter model for {d:.0f} tokens, "
+                                     f"less than one step ({tokens_per_step} tokens); raise the smallest budget")
+            cells.append({"name": f"c{c:.2e}-n{n:.2e}", "budget": c, "n": n, "d": steps * tokens_per_step,
+                          "overrides": {**extra, "max_seq_len": max(seq_len, 8), **shape["overrides"]},
+                          "max_steps": steps})
+    return {"command": "pretrain", "base": base,
+            "settings": {"model": base, "batch_size": batch_size, "seq_len": seq_len, "grad_accum": 1,
+                         **(settings or {})},
+            "axes": {"budget": budgets, "size": list(range(sizes))}, "cells": cells}
