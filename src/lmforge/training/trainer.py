@@ -23,7 +23,9 @@ The logged loss is the sum of the terms' means; evaluation reports ``eval_<name>
 The trainer never learns which objective it runs: the objective turns raw batches into model inputs, and
 the model computes the loss. A training signal the model does not compute itself (sentence embeddings: one
 encoder over every side of a pair, then a contrastive loss) is a ``loss``: ``loss(model, batch)`` returns the
-output, and the Trainer runs it in place of ``model(**batch)``, with everything else unchanged. Evaluation
+output, and the Trainer runs it in place of ``model(**batch)``, with everything else unchanged; the output's
+optional ``metrics`` (name -> number: a preference loss's reward margin, a policy loss's KL) are averaged over
+the step's targets and ranks and logged with the step. Evaluation
 reports loss, perplexity and the accuracy of the argmax prediction at the labelled positions (masked-token
 accuracy for MLM, next-token accuracy for causal LM).
 
@@ -136,6 +138,7 @@ class LossOutput:
 
     loss: torch.Tensor
     n_targets: int | None = None
+    metrics: dict[str, float] | None = None  # logged with the step: averaged over the step's targets
 
 
 class _WithLoss(nn.Module):
@@ -303,6 +306,7 @@ class Trainer:
         totals = {"labels": total}  # labels key -> its count over the accumulated batch (further terms: lazily)
         self.optimizer.zero_grad(set_to_none=True)
         loss_sums: dict[str, torch.Tensor] = {}
+        extra: dict[str, float] = {}  # metric name -> sum over micro-batches of value * n_targets
         for k, batch in enumerate(batches):
             with distributed.gradient_sync(self._wrapped, sync=k == len(batches) - 1):
                 with autocast(self.device, self.autocast_dtype):
@@ -322,12 +326,17 @@ class Trainer:
                 sum(loss * (n * world / max(totals[key], 1)) for key, loss, n in terms).backward()
             for key, loss, n in terms:
                 loss_sums[key] = loss_sums.get(key, 0.0) + loss.detach().float() * n
+            for name, value in (getattr(out, "metrics", None) or {}).items():  # a loss's own numbers, n-weighted
+                extra[name] = extra.get(name, 0.0) + float(value) * n
         keys = list(loss_sums)
         sums = [float(loss_sums[key]) for key in keys]
         if world > 1:
             sums = self.dist.all_reduce(sums)
         loss = sum(s / max(totals[key], 1) for key, s in zip(keys, sums))
-        return {"loss": loss if total else None, "targets": total}
+        names = sorted(extra)
+        values = self.dist.all_reduce([extra[n] for n in names]) if world > 1 and names else [extra[n] for n in names]
+        metrics = {name: v / max(total, 1) for name, v in zip(names, values)}
+        return {"loss": loss if total else None, "targets": total, "metrics": metrics}
 
     def count_targets(self, batch: dict[str, Any]) -> int:
         """How many targets the model's mean loss over ``batch`` is over: its labelled tokens (labels != -100).
@@ -369,7 +378,7 @@ class Trainer:
         self.tokens_seen += tokens
         return {"step": self.step, "loss": stats["loss"], "lr": lr,
                 "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
-                "tokens": tokens, "targets": stats["targets"]}
+                "tokens": tokens, "targets": stats["targets"], **stats["metrics"]}
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
