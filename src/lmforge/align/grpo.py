@@ -86,7 +86,7 @@ class GRPOLoss:
         policy_loss, clip_fraction = clipped_policy_loss(logps, batch["old_logps"], batch["advantages"], mask,
                                                          self.clip)
         kl = masked_mean(k3_kl(logps, batch["ref_logps"]), mask)
-        metrics = {**batch.get("rollout_metrics", {}), "policy_loss": float(policy_loss), "kl": float(kl),
+        metrics = {**batch.get("rollout_metrics", {}), "policy_loss": float(policy_loss.detach()), "kl": float(kl.detach()),
                    "clip_fraction": float(clip_fraction), "entropy": float(masked_mean(entropy.detach(), mask))}
         return LossOutput(policy_loss + self.beta * kl, int(mask.sum()), metrics)
 

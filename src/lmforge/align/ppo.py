@@ -155,8 +155,8 @@ class PPOLoss:
         policy_loss, clip_fraction = clipped_policy_loss(logps, batch["old_logps"], batch["advantages"], mask,
                                                          self.clip)
         value_loss = clipped_value_loss(values, batch["old_values"], batch["returns"], mask, self.value_clip)
-        metrics = {**batch.get("rollout_metrics", {}), "policy_loss": float(policy_loss),
-                   "value_loss": float(value_loss), "clip_fraction": float(clip_fraction),
+        metrics = {**batch.get("rollout_metrics", {}), "policy_loss": float(policy_loss.detach()),
+                   "value_loss": float(value_loss.detach()), "clip_fraction": float(clip_fraction),
                    "entropy": float(masked_mean(entropy.detach(), mask)),
                    "approx_kl": float(masked_mean((batch["old_logps"] - logps).detach(), mask))}
         return LossOutput(policy_loss + self.vf_coef * value_loss, int(mask.sum()), metrics)
