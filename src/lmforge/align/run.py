@@ -44,6 +44,7 @@ from lmforge.training.config import TrainConfig
 from lmforge.training.state import seed_all
 from lmforge.training.trainer import Trainer, TrainResult, check_fresh_run
 from lmforge.utils.io import atomic_write_text
+from lmforge.utils.runs import model_folder
 
 ARITHMETIC = "arithmetic"  # --prompts arithmetic: sums made on the fly, with lmforge.align.grpo's exact reward
 ARITHMETIC_PROMPTS = 512
@@ -60,7 +61,7 @@ def load_policy(source: str):
         raise ConfigError("missing the policy: pass --policy DIR (a decoder LM folder)")
     if not Path(source).is_dir():
         raise UserInputError(f"--policy {source}: no such model folder")
-    model, tok = checkpoint.load_body(source)
+    model, tok = checkpoint.load_body(model_folder(source)[0])
     check_policy(model, source)
     if tok is None:
         raise UserInputError(f"--policy {source}: the folder has no tokenizer.json; the policy's text needs it")
@@ -104,7 +105,7 @@ def run_align(config: TrainConfig, align: AlignConfig, *, log: Callable[[str], N
     check_fresh_run(out, config.resume)
     ctx = distributed.setup(config.strategy, config.device)
     policy, tok = load_policy(align.policy)
-    encoder = PromptEncoder.for_folder(policy, tok, align.policy)
+    encoder = PromptEncoder.for_folder(policy, tok, model_folder(align.policy)[0])
     # The data and the reward are checked before any model is placed or any file written.
     if align.method == "dpo":
         if not align.train:
