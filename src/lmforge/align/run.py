@@ -61,10 +61,12 @@ def load_policy(source: str):
         raise ConfigError("missing the policy: pass --policy DIR (a decoder LM folder)")
     if not Path(source).is_dir():
         raise UserInputError(f"--policy {source}: no such model folder")
-    model, tok = checkpoint.load_body(model_folder(source)[0])
+    folder = model_folder(source)[0]
+    if not (folder / checkpoint.TOKENIZER_FILE).is_file() and not checkpoint.is_hf_folder(folder):
+        raise UserInputError(f"--policy {source}: the folder has no {checkpoint.TOKENIZER_FILE}; prompts and "
+                             "responses are text, so the policy needs its tokenizer beside it")
+    model, tok = checkpoint.load_body(folder)
     check_policy(model, source)
-    if tok is None:
-        raise UserInputError(f"--policy {source}: the folder has no tokenizer.json; the policy's text needs it")
     return model, tok
 
 

@@ -141,7 +141,7 @@ def register(subparsers) -> None:
                     "preference pairs, PPO with a reward model and a KL penalty (InstructGPT), or GRPO. OUT/model "
                     "is an ordinary model folder. `lmforge align make-pairs` writes preference pairs by sampling a "
                     "policy and scoring with a reward.",
-        argument_default=argparse.SUPPRESS)
+        argument_default=argparse.SUPPRESS, allow_abbrev=False)  # make-pairs' --k is not an abbreviation
     what = parser.add_argument_group("method, policy, data, reward")
     add_dataclass_flags(what, AlignConfig, ALIGN_OPTIONS,
                         choices={"method": METHODS, "variant": VARIANTS, "reward_kind": KINDS})
