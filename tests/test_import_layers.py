@@ -40,6 +40,7 @@ LAYERS = {
     "peft": 6,
     "prompting": 6,
     "embeddings": 6,
+    "align": 6,  # reward models, DPO, PPO, GRPO: a Trainer with a loss, like the tasks (whose reward task it holds)
     "distillation": 6,
     "quickstart": 7,
     "cli": 8,
