@@ -146,7 +146,7 @@ def run_align(config: TrainConfig, align: AlignConfig, *, log: Callable[[str], N
     def write_settings() -> None:  # by the Trainer, once the run folder is checked and locked
         atomic_write_text(out / SETTINGS_FILE, yaml.safe_dump(settings, sort_keys=False))
 
-    if log is not None:
+    if log is not None and ctx.is_main:
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         log(f"{align.method} on {align.policy} ({trainable / 1e6:.2f}M trainable parameters"
             f"{f', LoRA r={align.lora_r}' if align.lora_r else ''}) | out {out}")

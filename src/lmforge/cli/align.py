@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
@@ -109,6 +110,8 @@ def run(args) -> int:
         config, align = _settings(vars(args))
         with removed_on_failure(config.out, keep=run_started):
             result = run_align(config, align, log=lambda line: print(line, file=sys.stderr))
+    if os.environ.get("RANK", "0") != "0":  # under torchrun rank 0 reports for all
+        return 128 + int(getattr(signal, result.stopped_by)) if result.stopped_by in ("SIGINT", "SIGTERM") else 0
     if result.stopped_by in ("SIGINT", "SIGTERM"):
         print(f"stopped by {result.stopped_by} at step {result.step}. Continue with: lmforge align --out "
               f"{config.out} --resume", file=sys.stderr)
