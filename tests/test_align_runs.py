@@ -137,3 +137,25 @@ def test_grpo_on_the_arithmetic_task_runs_with_a_lora_policy(policy, tmp_path): 
     assert all(k in logged[-1] for k in ("reward_mean", "kl", "kl_ref", "entropy", "clip_fraction"))
     merged = checkpoint.load(result.model_dir)  # LoRA merged into an ordinary folder
     assert set(merged.state_dict()) == set(checkpoint.load(folder).state_dict())
+
+
+def test_a_policy_with_a_chat_template_scores_only_the_assistant_turn(policy, tmp_path):  # noqa: F811
+    from lmforge.prompting.instruct import ChatTemplate
+
+    folder, tok, pairs, _ = policy
+    chat = tmp_path / "chat"
+    model = checkpoint.load(folder)
+    checkpoint.save(model, chat, tokenizer=tok)
+    ChatTemplate().save(chat)
+    encoder = PromptEncoder.for_folder(model, tok, chat)
+    assert encoder.template is not None
+    example = encode_pairs(read_pairs(pairs)[:1], encoder)[0]
+    # The rows are exactly what instruction tuning trains on: the response tokens are the assistant's reply
+    # and its end of turn, and the prompt ends with the assistant header.
+    messages = [{"role": "user", "content": read_pairs(pairs)[0]["prompt"]},
+                {"role": "assistant", "content": read_pairs(pairs)[0]["chosen"]}]
+    ids, response = ChatTemplate().encode(tok, messages)
+    assert example["chosen"] == ids and example["chosen_mask"] == [int(r) for r in response]
+    # and an aligned run keeps the template in OUT/model, for chat and serve
+    result = run_align(config(tmp_path / "run", steps=1), AlignConfig(policy=str(chat), train=str(pairs)))
+    assert (result.model_dir / "chat_template.json").is_file()
