@@ -148,3 +148,22 @@ def test_bad_policies_rewards_and_prompts_are_refused(policy, tmp_path, capsys):
     for k in (1, 2, 3, 4):
         assert not (tmp_path / f"o{k}").exists()
     assert not (tmp_path / "p.jsonl").exists()
+
+
+def test_a_reward_model_with_another_tokenizer_and_a_long_prompt_are_refused(policy, tmp_path, capsys):  # noqa: F811
+    from lmforge.tasks import TaskSpec
+    from lmforge.tasks.finetune import finetune
+    from task_helpers import train_config
+
+    folder, tok, _, prompts = policy
+    train = write_sentiment(tmp_path / "train.tsv", 16)
+    finetune(body("gpt", tok), TaskSpec(task="classify"), str(train), str(train), config=train_config(1),
+             out=tmp_path / "clf", tokenizer=tok)
+    tokenizer(tmp_path, "bert").save(tmp_path / "clf" / "model")  # the reward model's text would be other ids
+    pairs_out = tmp_path / "p.jsonl"
+    _refused(["align", "make-pairs", "--policy", str(folder), "--prompts", str(prompts), "--reward",
+              str(tmp_path / "clf" / "model"), "--out", str(pairs_out)], capsys, "tokenizer.json")
+    assert not pairs_out.exists()
+    long = write_jsonl(tmp_path / "long.jsonl", [{"prompt": "the film"}, {"prompt": "the plot " * 40}])
+    _refused(ppo_args(folder, long, tmp_path / "o1"), capsys, "long.jsonl", "row 2", "context")
+    assert not (tmp_path / "o1").exists()

@@ -159,3 +159,22 @@ def test_a_policy_with_a_chat_template_scores_only_the_assistant_turn(policy, tm
     # and an aligned run keeps the template in OUT/model, for chat and serve
     result = run_align(config(tmp_path / "run", steps=1), AlignConfig(policy=str(chat), train=str(pairs)))
     assert (result.model_dir / "chat_template.json").is_file()
+
+
+def test_the_trainer_logs_a_loss_outputs_metrics_weighted_by_its_targets(tmp_path):
+    import lmforge
+    from lmforge.training import Trainer
+    from lmforge.training.trainer import LossOutput
+
+    model = lmforge.build_model("gpt-tiny", n_layers=1, d_model=32, n_heads=2, d_ff=64, vocab_size=50)
+
+    def loss(m, batch):  # a mean over n targets, reporting n as a metric: the step's value is sum(n^2) / sum(n)
+        n = int(batch["n"])
+        out = m(input_ids=batch["input_ids"])
+        return LossOutput(out.logits.float().mean() * 0 + 1.0, n, {"n_seen": float(n)})
+
+    loss.count_targets = lambda batch: int(batch["n"])
+    data = [{"input_ids": torch.randint(0, 50, (2, 5)), "n": torch.tensor(n)} for n in (1, 3)]
+    cfg = config(tmp_path / "t", steps=1, grad_accum=2)
+    record = Trainer(model, lambda b: b, data, cfg, out=tmp_path / "t", loss=loss).fit().metrics
+    assert record["n_seen"] == (1 * 1 + 3 * 3) / 4 and record["loss"] == 1.0
