@@ -37,6 +37,7 @@ import torch
 from lmforge.align.logprobs import PromptEncoder, entropy_of, token_logprobs
 from lmforge.generation.generate import generate
 from lmforge.tasks.base import pad_batch
+from lmforge.training.precision import autocast
 from lmforge.training.state import from_json, to_json
 
 # reward(prompts, responses, rows) -> one score per response; rows are the prompt records (extra fields such
@@ -88,12 +89,14 @@ class RolloutSource:
         minibatch: sequences per minibatch (one Trainer micro-batch); ppo_epochs: passes over each rollout.
         max_new_tokens, temperature, top_k: sampling settings of the rollouts.
         seed: the source's generator seed (the Trainer's seed plus the rank, so each rank samples its own).
+        autocast_dtype: the Trainer's autocast dtype (bf16 or None): pi_old is computed as the update computes
+            pi, so the first ratio of a rollout is 1 under bf16 too.
     """
 
     def __init__(self, model, prompts: Sequence[dict], encoder: PromptEncoder, reward: RewardFn, method,
                  reference=None, n_prompts: int = 8, group: int = 1, minibatch: int = 8, ppo_epochs: int = 4,
                  max_new_tokens: int = 24, temperature: float = 1.0, top_k: int | None = None,
-                 seed: int = 0) -> None:
+                 seed: int = 0, autocast_dtype: torch.dtype | None = None) -> None:
         self.model, self.prompts, self.encoder, self.reward, self.method = model, list(prompts), encoder, reward, method
         self.reference = reference
         self.n_prompts, self.group, self.minibatch, self.ppo_epochs = n_prompts, group, minibatch, ppo_epochs
@@ -104,6 +107,7 @@ class RolloutSource:
         self.buffer: dict[str, Any] | None = None  # the current rollout: tensors and its minibatch order
         self.position = 0  # next minibatch of the buffer
         self.rollouts = 0
+        self.autocast_dtype = autocast_dtype
 
     # ------------------------------------------------------------------ the data source protocol
     def __iter__(self):
@@ -178,7 +182,8 @@ class RolloutSource:
         was_training = model.training
         model.eval()
         try:
-            out = model(input_ids=ids, attention_mask=attention)
+            with autocast(ids.device, self.autocast_dtype):
+                out = model(input_ids=ids, attention_mask=attention)
         finally:
             model.train(was_training)
         logits = out.logits / self.temperature

@@ -41,6 +41,7 @@ from lmforge.prompting.instruct import CHAT_TEMPLATE_FILE
 from lmforge.tasks.data import ExampleBatches
 from lmforge.training import distributed
 from lmforge.training.config import TrainConfig
+from lmforge.training.precision import resolve_precision
 from lmforge.training.state import seed_all
 from lmforge.training.trainer import Trainer, TrainResult, check_fresh_run
 from lmforge.utils.io import atomic_write_text
@@ -136,7 +137,8 @@ def run_align(config: TrainConfig, align: AlignConfig, *, log: Callable[[str], N
                              group=align.samples_per_prompt, minibatch=config.batch_size,
                              ppo_epochs=align.ppo_epochs, max_new_tokens=align.max_new_tokens,
                              temperature=align.temperature, top_k=align.top_k,
-                             seed=distributed.rank_seed(config.seed, ctx.rank))
+                             seed=distributed.rank_seed(config.seed, ctx.rank),
+                             autocast_dtype=resolve_precision(config.precision, ctx.device))
         loss = PPOLoss(align.clip, align.value_clip, align.vf_coef, align.temperature) if align.method == "ppo" \
             else GRPOLoss(align.clip, align.kl_beta, align.temperature)
         objective = rollout_batch
