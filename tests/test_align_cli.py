@@ -74,6 +74,7 @@ def test_reward_task_make_pairs_and_dpo_on_them(policy, tmp_path):  # noqa: F811
     task = json.loads((rm / "best" / "task.json").read_text())
     assert task["spec"]["task"] == "reward" and task["best"]["metric"] == "pairwise_accuracy"
     assert task["best"]["value"] > 0.9
+    assert main(["evaluate", "--model", str(rm / "best"), "--data", str(pairs)]) == 0  # lmforge evaluate scores it
     out = tmp_path / "made.jsonl"
     assert main(["align", "make-pairs", "--policy", str(folder), "--prompts", str(prompts), "--reward",
                  str(rm / "best"), "--k", "4", "--max-new-tokens", "4", "--out", str(out)]) == 0
