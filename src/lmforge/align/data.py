@@ -27,11 +27,11 @@ from lmforge.utils.io import read_text_file
 PAIR_FIELDS = ("prompt", "chosen", "rejected")
 
 
-def _text(table: Table, i: int, field: str, allow_empty: bool = False) -> str:
+def field_text(table: Table, i: int, field: str, allow_empty: bool = False) -> str:
+    """Row ``i``'s ``field`` as text; missing (or empty, unless allowed) is an error naming the row and field."""
     value = table.rows[i].get(field)
     if value is None:
-        raise UserInputError(f"{table.where(i)}: field {field!r} is missing (a pair needs "
-                             f"{', '.join(PAIR_FIELDS)})")
+        raise UserInputError(f"{table.where(i)}: field {field!r} is missing")
     if not isinstance(value, str):
         value = str(value)
     if not allow_empty and not value.strip():
@@ -44,8 +44,8 @@ def read_pairs(source: str | Path, prompt_field: str = "prompt") -> list[dict[st
     table = read_table(source)
     pairs = []
     for i in range(len(table)):
-        prompt = _text(table, i, prompt_field, allow_empty=True)
-        chosen, rejected = _text(table, i, "chosen"), _text(table, i, "rejected")
+        prompt = field_text(table, i, prompt_field, allow_empty=True)
+        chosen, rejected = field_text(table, i, "chosen"), field_text(table, i, "rejected")
         if chosen == rejected:
             raise UserInputError(f"{table.where(i)}: fields 'chosen' and 'rejected' are the same text; a "
                                  "preference needs two different responses (drop the row)")
@@ -64,7 +64,7 @@ def read_prompts(source: str | Path, field: str = "prompt") -> list[dict[str, st
     else:
         table = read_table(source)
         table.require(field)
-        rows = [{**table.rows[i], "prompt": _text(table, i, field, allow_empty=True), "where": table.where(i)}
+        rows = [{**table.rows[i], "prompt": field_text(table, i, field, allow_empty=True), "where": table.where(i)}
                 for i in range(len(table))]
     if not rows:
         raise UserInputError(f"{source}: no prompts")

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from lmforge.align.data import PAIR_FIELDS, _text
+from lmforge.align.data import PAIR_FIELDS, field_text
 from lmforge.tasks.base import Task
 from lmforge.tasks.data import Table, TaskDataError
 
@@ -59,8 +59,8 @@ class RewardTask(Task):
         self.check_columns(table, labelled)
         cols = self.columns
         n = len(table)
-        prompts = [_text(table, i, cols["prompt"], allow_empty=True) for i in range(n)]
-        sides = {side: [_text(table, i, cols[side]) for i in range(n)] for side in ("chosen", "rejected")}
+        prompts = [field_text(table, i, cols["prompt"], allow_empty=True) for i in range(n)]
+        sides = {side: [field_text(table, i, cols[side]) for i in range(n)] for side in ("chosen", "rejected")}
         for i in range(n):
             if sides["chosen"][i] == sides["rejected"][i]:
                 raise TaskDataError(f"{table.where(i)}: fields {cols['chosen']!r} and {cols['rejected']!r} are the "
