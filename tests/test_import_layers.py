@@ -40,6 +40,7 @@ LAYERS = {
     "peft": 6,
     "prompting": 6,
     "embeddings": 6,
+    "align": 6,  # reward models, DPO, PPO, GRPO: a Trainer with a loss, like the tasks (whose reward task it holds)
     "distillation": 6,
     "experiments": 7,  # grids of runs: pretrain and finetune cells, below the quickstart that composes everything
     "cost": 7,  # price-tag reports, scaling fits and plans: above the training loop whose tags they read

@@ -137,7 +137,8 @@ def _add_peft_flags(parser) -> None:
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "finetune", help="fine-tune a model on a task (classify, regress, multilabel, tag, qa, seq2seq, text2text)",
+        "finetune", help="fine-tune a model on a task (classify, regress, multilabel, tag, qa, seq2seq, text2text, "
+                         "reward)",
         description="Fine-tune a preset, an lmforge model folder or a Hugging Face folder on a TSV/CSV/JSONL/CoNLL "
                     "file (or a shipped data set NAME:SPLIT, e.g. rt-sentiment:train). Writes OUT/finetune.yaml, "
                     "OUT/checkpoints/, OUT/metrics.jsonl, OUT/best/ (best evaluation by --metric) and OUT/model/.",
@@ -150,7 +151,8 @@ def register(subparsers) -> None:
                       help="keep the architecture and tokenizer but start from random weights (a baseline)")
     what.add_argument("--task", default=None, choices=(*TASKS, "instruct", "embedding"),
                       help="the task (instruct: supervised fine-tuning on instruction/chat JSONL; "
-                      "embedding: Sentence-BERT training with --loss)")
+                      "embedding: Sentence-BERT training with --loss; reward: a reward model trained with the "
+                      "Bradley-Terry loss on prompt/chosen/rejected rows, for lmforge align)")
     what.add_argument("--pack", action="store_true", default=False,  # the parser's default is SUPPRESS
                       help="instruct: pack short examples (block-diagonal mask)")
     what.add_argument("--train", default=None, metavar="FILE",

@@ -30,10 +30,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lmforge.align.reward import bradley_terry_loss
 from lmforge.objectives.base import IGNORE_INDEX
 from lmforge.tasks.spec import POOLINGS
 
-PROBLEMS = ("single", "regression", "multi")
+PROBLEMS = ("single", "regression", "multi", "pairwise")
 
 
 def pool(h: torch.Tensor, mask: torch.Tensor | None, mode: str) -> torch.Tensor:
@@ -60,7 +61,8 @@ class SequenceHead(nn.Module):
         d_model: width of the body's states.
         n_outputs: classes (``single``/``multi``) or 1 (``regression``).
         pooling: see :func:`pool`.
-        problem: ``single`` (softmax CE), ``regression`` (MSE), ``multi`` (sigmoid BCE per class).
+        problem: ``single`` (softmax CE), ``regression`` (MSE), ``multi`` (sigmoid BCE per class), ``pairwise``
+            (a reward model's Bradley-Terry loss over chosen rows followed by rejected rows).
         hidden: a dense + tanh layer before the classifier (BART's and RoBERTa's classification head).
         dropout: dropout before the classifier (BERT uses 0.1).
         use_pooler: with ``cls`` pooling, take the model's own tanh pooler output when given (BERT).
@@ -96,6 +98,10 @@ class SequenceHead(nn.Module):
             return F.cross_entropy(logits, labels), int(labels.numel())
         if self.problem == "regression":
             return F.mse_loss(logits.squeeze(-1), labels.float()), int(labels.numel())
+        if self.problem == "pairwise":  # 2B scores: the B chosen rows, then the B rejected ones
+            scores = logits.squeeze(-1)
+            B = scores.shape[0] // 2
+            return bradley_terry_loss(scores[:B], scores[B:]), B
         return F.binary_cross_entropy_with_logits(logits, labels.float()), int(labels.numel())
 
 

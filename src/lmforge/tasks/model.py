@@ -87,14 +87,14 @@ def build_head(spec: TaskSpec, body: Transformer) -> nn.Module | None:
     d, n = cfg.d_model, len(spec.labels)
     if spec.task in ("classify", "multilabel", "tag") and n < 1:
         raise ValueError(f"task {spec.task!r} needs its labels (TaskSpec.labels); they come from the training data")
-    if spec.task in ("classify", "regress", "multilabel"):
+    if spec.task in ("classify", "regress", "multilabel", "reward"):
         pooling = spec.pooling or default_pooling(cfg.arch)
         # BART and RoBERTa put a tanh layer under the classifier; BERT has it already in its pooler.
         hidden = spec.head_hidden if spec.head_hidden is not None else (
             cfg.arch == "encoder-decoder" or (pooling == "cls" and not cfg.pooler and cfg.arch == "encoder"))
-        problem = {"classify": "single", "regress": "regression", "multilabel": "multi"}[spec.task]
+        problem = {"classify": "single", "regress": "regression", "multilabel": "multi", "reward": "pairwise"}[spec.task]
         # A head with its own tanh layer reads the raw first state (RoBERTa); BERT's reads the model's pooler.
-        return SequenceHead(d, 1 if spec.task == "regress" else n, pooling, problem, hidden, spec.classifier_dropout,
+        return SequenceHead(d, 1 if spec.task in ("regress", "reward") else n, pooling, problem, hidden, spec.classifier_dropout,
                             use_pooler=not hidden)
     if spec.task == "tag":
         return TokenHead(d, n, spec.classifier_dropout)
@@ -182,7 +182,7 @@ def build_task_model(body: Transformer, spec: TaskSpec) -> TaskModel:
     if spec.generative and body.config.arch == "encoder":
         raise UserInputError(f"task {spec.task!r} generates text; an encoder-only model cannot (use a decoder or "
                              "an encoder-decoder model)")
-    if spec.task in ("tag", "qa", "classify", "regress", "multilabel"):
+    if spec.task in ("tag", "qa", "classify", "regress", "multilabel", "reward"):
         strip_lm_head(body)
     return TaskModel(body, build_head(spec, body), spec)
 

@@ -8,6 +8,7 @@
     qa          question + context                    answers (text, char start)      per token -> start/end
     seq2seq     source (+ task_prefix)                target text                     the model's LM head
     text2text   prefix + text (+ pair)                target text, or label_map[lbl]  the model's LM head
+    reward      prompt + chosen, prompt + rejected    chosen beats rejected           pooled -> 1, Bradley-Terry
 
 Column names default by task (``text``/``label``; ``tokens``/``tags``; ``question``/``context``/``answers``;
 ``source``/``target``) and are overridden by the ``*_column`` fields. ``labels`` is filled from the
@@ -32,8 +33,8 @@ from typing import Any
 
 from lmforge.config import ConfigBase, ConfigError
 
-TASKS = ("classify", "regress", "multilabel", "tag", "qa", "seq2seq", "text2text")
-HEAD_TASKS = ("classify", "regress", "multilabel", "tag", "qa")
+TASKS = ("classify", "regress", "multilabel", "tag", "qa", "seq2seq", "text2text", "reward")
+HEAD_TASKS = ("classify", "regress", "multilabel", "tag", "qa", "reward")
 GENERATIVE_TASKS = ("seq2seq", "text2text")
 POOLINGS = ("cls", "mean", "last", "max")
 LOSS_AVERAGES = ("token", "example")
@@ -47,6 +48,7 @@ DEFAULT_COLUMNS = {
     "qa": {"text": "question", "text_pair": "context", "target": "answers"},
     "seq2seq": {"text": "source", "target": "target"},
     "text2text": {"text": "text", "target": "target"},
+    "reward": {"prompt": "prompt", "chosen": "chosen", "rejected": "rejected"},
 }
 MIXTURE_KEYS = ("name", "train", "eval", "text_column", "text_pair_column", "label_column", "target_column",
                 "task_prefix", "label_map")

@@ -27,7 +27,9 @@ sum of the terms' means; evaluation reports the term of ``labels`` as ``eval_los
 The trainer never learns which objective it runs: the objective turns raw batches into model inputs, and
 the model computes the loss. A training signal the model does not compute itself (sentence embeddings: one
 encoder over every side of a pair, then a contrastive loss) is a ``loss``: ``loss(model, batch)`` returns the
-output, and the Trainer runs it in place of ``model(**batch)``, with everything else unchanged. Evaluation
+output, and the Trainer runs it in place of ``model(**batch)``, with everything else unchanged; the output's
+optional ``metrics`` (name -> number: a preference loss's reward margin, a policy loss's KL) are averaged over
+the step's targets and ranks and logged with the step. Evaluation
 reports loss, perplexity and the accuracy of the argmax prediction at the labelled positions (masked-token
 accuracy for MLM, next-token accuracy for causal LM). A model with a ``training_metrics()`` method adds what it
 returns (a dict of scalars and lists) to each step's record: a mixture-of-experts model reports its router
@@ -144,6 +146,7 @@ class LossOutput:
 
     loss: torch.Tensor
     n_targets: int | None = None
+    metrics: dict[str, float] | None = None  # logged with the step: averaged over the step's targets
 
 
 class _WithLoss(nn.Module):
@@ -320,6 +323,7 @@ class Trainer:
         totals = {("labels", False): total}
         self.optimizer.zero_grad(set_to_none=True)
         loss_sums: dict[tuple[str, bool], torch.Tensor] = {}
+        extra: dict[str, float] = {}  # metric name -> sum over micro-batches of value * n_targets
         for k, batch in enumerate(batches):
             with distributed.gradient_sync(self._wrapped, sync=k == len(batches) - 1):
                 with autocast(self.device, self.autocast_dtype):
@@ -344,12 +348,17 @@ class Trainer:
             for key, loss, n in terms:
                 if n:
                     loss_sums[key] = loss_sums.get(key, 0.0) + loss.detach().float() * n
+            for name, value in (getattr(out, "metrics", None) or {}).items():  # a loss's own numbers, n-weighted
+                extra[name] = extra.get(name, 0.0) + float(value) * n
         keys = [key for key in totals if totals[key]]  # global counts: the same keys on every rank
         sums = [float(loss_sums.get(key, 0.0)) for key in keys]
         if world > 1:
             sums = self.dist.all_reduce(sums)
         loss = sum(s / max(totals[key], 1) for key, s in zip(keys, sums))
-        return {"loss": loss if total else None, "targets": total, "rank_targets": counts}
+        names = sorted(extra)
+        values = self.dist.all_reduce([extra[n] for n in names]) if world > 1 and names else [extra[n] for n in names]
+        metrics = {name: v / max(total, 1) for name, v in zip(names, values)}
+        return {"loss": loss if total else None, "targets": total, "rank_targets": counts, "metrics": metrics}
 
     def count_targets(self, batch: dict[str, Any]) -> int:
         """How many targets the model's mean loss over ``batch`` is over: its labelled tokens (labels != -100).
@@ -398,7 +407,7 @@ class Trainer:
         model_metrics = getattr(self.model, "training_metrics", None)
         return {"step": self.step, "loss": stats["loss"], "lr": lr,
                 "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
-                "tokens": tokens, "targets": stats["targets"],
+                "tokens": tokens, "targets": stats["targets"], **stats["metrics"],
                 **(model_metrics() if callable(model_metrics) else {})}
 
     def _counted(self, batches: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
