@@ -1,0 +1,90 @@
+"""Tiny model folders and a live ``lmforge serve`` subprocess on a free loopback port, for the serve tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import embedding_helpers as eh
+
+import lmforge
+from lmforge.prompting.instruct import ChatTemplate
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def gpt_folder(root: Path, max_seq_len: int = 256) -> Path:
+    """A random gpt-tiny (1 layer, d_model 32) with a byte-BPE tokenizer and a chat template."""
+    root.mkdir(parents=True, exist_ok=True)
+    tok = eh.tokenizer(root, "gpt")
+    folder = lmforge.save(eh.model(tok, "gpt", n_layers=1, max_seq_len=max_seq_len), root / "gpt", tokenizer=tok)
+    ChatTemplate().save(folder)
+    return folder
+
+
+def encoder_folder(root: Path) -> Path:
+    """A random bert-tiny sentence encoder folder, as ``lmforge embed --model`` takes."""
+    root.mkdir(parents=True, exist_ok=True)
+    return eh.model_folder(root, "bert")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env() -> dict:
+    e = dict(os.environ, PYTHONPATH=str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    e.setdefault("OMP_NUM_THREADS", "1")
+    return e
+
+
+def lmforge_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lmforge.cli.main", *args], capture_output=True, text=True,
+                          env=env(), timeout=timeout)
+
+
+class Server:
+    """``lmforge serve ARGS`` on a free port; ``url`` once /health answers."""
+
+    def __init__(self, *args: str, extra_env: dict | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "lmforge.cli.main", "serve", "--port", str(self.port),
+                                      *args], env={**env(), **(extra_env or {})}, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"lmforge serve exited: {self.proc.stdout.read()}")
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError("lmforge serve did not start in 90 s")
+
+    def metric(self, name: str) -> float:
+        """The sum of a metric's samples in /metrics."""
+        text = urllib.request.urlopen(self.url + "/metrics", timeout=10).read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(name) and not line.startswith("#"))
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.stdout.read() if self.proc.stdout else ""
