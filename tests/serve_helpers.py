@@ -20,11 +20,12 @@ from lmforge.prompting.instruct import ChatTemplate
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
-def gpt_folder(root: Path, max_seq_len: int = 256) -> Path:
-    """A random gpt-tiny (1 layer, d_model 32) with a byte-BPE tokenizer and a chat template."""
+def gpt_folder(root: Path, max_seq_len: int = 256, **overrides) -> Path:
+    """A random gpt-tiny (1 layer, d_model 32 unless overridden) with a byte-BPE tokenizer and a chat template."""
     root.mkdir(parents=True, exist_ok=True)
     tok = eh.tokenizer(root, "gpt")
-    folder = lmforge.save(eh.model(tok, "gpt", n_layers=1, max_seq_len=max_seq_len), root / "gpt", tokenizer=tok)
+    settings = {"n_layers": 1, "max_seq_len": max_seq_len, **overrides}
+    folder = lmforge.save(eh.model(tok, "gpt", **settings), root / "gpt", tokenizer=tok)
     ChatTemplate().save(folder)
     return folder
 
