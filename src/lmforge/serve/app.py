@@ -127,7 +127,7 @@ def create_app(served: dict[str, ServedModel], limits: Limits, api_key: str | No
     """The app over ``served`` (name -> model) with ``limits``; ``api_key`` makes every API call need it."""
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import HTMLResponse, Response, StreamingResponse
+    from fastapi.responses import HTMLResponse, PlainTextResponse, Response, StreamingResponse
     from starlette.exceptions import HTTPException
 
     errors = {code: {"model": S.ErrorBody} for code in (400, 401, 404, 413, 429, 500, 503, 504)}
@@ -180,7 +180,7 @@ def create_app(served: dict[str, ServedModel], limits: Limits, api_key: str | No
     def health():
         return {"status": "draining" if state.draining else "ok", "models": list(served)}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse, responses={200: {"content": {"text/plain": {}}}})
     def prometheus():
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
@@ -202,7 +202,10 @@ def create_app(served: dict[str, ServedModel], limits: Limits, api_key: str | No
         return {"object": "list", "data": [{"id": m.name, "created": now, "kind": m.kind,
                                              "chat": m.chat_template is not None} for m in served.values()]}
 
-    @app.post("/v1/completions", response_model=S.Completion)
+    # stream=true answers server-sent events instead of the JSON body
+    streamed = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}}
+
+    @app.post("/v1/completions", response_model=S.Completion, responses=streamed)
     async def completions(body: S.CompletionRequest, request: Request):
         m = model_of(body.model, "generate")
         prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
@@ -214,7 +217,7 @@ def create_app(served: dict[str, ServedModel], limits: Limits, api_key: str | No
             return StreamingResponse(run.stream(chat=False), media_type="text/event-stream")
         return await run.complete(chat=False)
 
-    @app.post("/v1/chat/completions", response_model=S.ChatCompletion)
+    @app.post("/v1/chat/completions", response_model=S.ChatCompletion, responses=streamed)
     async def chat(body: S.ChatRequest, request: Request):
         m = model_of(body.model, "generate")
         try:
