@@ -42,6 +42,7 @@ LAYERS = {
     "embeddings": 6,
     "distillation": 6,
     "quickstart": 7,
+    "serve": 7,  # the server composes generation, prompting, embeddings and tasks, beside the main job
     "cli": 8,
 }
 
