@@ -1,4 +1,5 @@
-"""Tiny model folders and a live ``lmforge serve`` subprocess on a free loopback port, for the serve tests."""
+"""Tiny model folders, and a live ``lmforge serve`` on a free loopback port (a subprocess, or uvicorn in a thread),
+for the serve tests."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -48,9 +50,34 @@ def env() -> dict:
     return e
 
 
-def lmforge_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lmforge.cli.main", *args], capture_output=True, text=True,
-                          env=env(), timeout=timeout)
+class ThreadServer:
+    """``lmforge serve``'s app on uvicorn in a thread of this process (no process start-up to wait for)."""
+
+    def __init__(self, models: dict[str, Path], **limits):
+        import uvicorn
+
+        from lmforge.serve.app import create_app
+        from lmforge.serve.limits import Limits
+        from lmforge.serve.served import load_served
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        lim = Limits(**limits)
+        self.served = {name: load_served(name, folder, lim) for name, folder in models.items()}
+        config = uvicorn.Config(create_app(self.served, lim), host="127.0.0.1", port=self.port, log_level="warning",
+                                lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+        for m in self.served.values():
+            m.close()
 
 
 class Server:

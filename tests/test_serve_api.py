@@ -22,6 +22,7 @@ pytest.importorskip("prometheus_client")
 openai = pytest.importorskip("openai")
 
 import serve_helpers as sh  # noqa: E402
+from lmforge.cli.main import main  # noqa: E402
 
 KEY = "test-key-123"
 
@@ -95,11 +96,10 @@ def test_openai_client_models_completions_chat_stream_and_embeddings(server):
     assert floats.data[0].embedding == pytest.approx(emb.data[1].embedding, abs=1e-6)
 
 
-def test_greedy_text_equals_lmforge_generate(server, folders):
+def test_greedy_text_equals_lmforge_generate(server, folders, capsys):
     prompt = "the dog ran to a big house"
-    cli = sh.lmforge_cli("generate", "--model", str(folders["gpt"]), "--prompt", prompt, "--max-new-tokens", "20")
-    assert cli.returncode == 0, cli.stderr
-    assert complete(server.url, prompt, 20) == cli.stdout[:-1]  # the CLI ends with a newline
+    assert main(["generate", "--model", str(folders["gpt"]), "--prompt", prompt, "--max-new-tokens", "20"]) == 0
+    assert complete(server.url, prompt, 20) == capsys.readouterr().out[:-1]  # the CLI ends with a newline
 
 
 def test_sixteen_concurrent_greedy_requests_each_equal_their_solo_result(server):

@@ -22,7 +22,7 @@ SCREENSHOT_DIR = os.environ.get("LMFORGE_SCREENSHOTS")  # keep the screenshot so
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    s = sh.Server("--model", f"gpt={sh.gpt_folder(tmp_path_factory.mktemp('browser'))}")
+    s = sh.ThreadServer({"gpt": sh.gpt_folder(tmp_path_factory.mktemp("browser"))})
     yield s
     s.stop()
 

@@ -4,9 +4,9 @@ per-job text and stop strings, the scheduler's failure isolation, the app's 413/
 
 from __future__ import annotations
 
+import io
 import random
 import shutil
-import subprocess
 import sys
 
 import pytest
@@ -14,6 +14,7 @@ import torch
 
 import lmforge
 import serve_helpers as sh
+from lmforge.cli.main import main
 from lmforge.generation import generate
 from lmforge.generation.slots import SlotBatch
 from lmforge.prompting.instruct import ChatTemplate
@@ -160,20 +161,19 @@ def test_app_answers_413_for_a_big_body_and_500_with_an_error_id_then_keeps_serv
         served["gpt"].close()
 
 
-def test_chat_without_a_template_is_refused(gpt, tmp_path):
+def test_chat_without_a_template_is_refused(gpt, tmp_path, capsys):
     plain = tmp_path / "plain"
     shutil.copytree(gpt, plain)
     (plain / "chat_template.json").unlink()
-    out = sh.lmforge_cli("chat", "--model", str(plain))
-    assert out.returncode == 2 and "no chat template" in out.stderr
+    assert main(["chat", "--model", str(plain)]) == 2
+    assert "no chat template" in capsys.readouterr().err
 
 
-def test_chat_through_a_pipe_streams_answers_with_history_reset_and_system(gpt):
+def test_chat_through_a_pipe_streams_answers_with_history_reset_and_system(gpt, capsys, monkeypatch):
     lines = ["hello", "/system be brief", "where is the cat", "and the dog", "/reset", "hello"]
-    out = subprocess.run([sys.executable, "-m", "lmforge.cli.main", "chat", "--model", str(gpt), "--temperature", "0",
-                          "--max-new-tokens", "4"], input="\n".join(lines) + "\n", capture_output=True, text=True,
-                         env=sh.env(), timeout=120)
-    assert out.returncode == 0, out.stderr
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(lines) + "\n"))  # not a TTY: no prompts
+    assert main(["chat", "--model", str(gpt), "--temperature", "0", "--max-new-tokens", "4"]) == 0
+    out = capsys.readouterr()
     model, tok, template = lmforge.load(gpt), Tokenizer.load(gpt), ChatTemplate.load(gpt)
 
     def answer(messages):
@@ -187,8 +187,8 @@ def test_chat_through_a_pipe_streams_answers_with_history_reset_and_system(gpt):
     a3 = answer([sys_msg, {"role": "user", "content": "where is the cat"}, {"role": "assistant", "content": a2},
                  {"role": "user", "content": "and the dog"}])
     a4 = answer([sys_msg, {"role": "user", "content": "hello"}])  # /reset keeps the system message
-    assert out.stdout == "".join(a + "\n" for a in (a1, a2, a3, a4))
-    assert "conversation reset" in out.stderr
+    assert out.out == "".join(a + "\n" for a in (a1, a2, a3, a4))
+    assert "conversation reset" in out.err
 
 
 def test_quickstart_prints_a_serve_command_for_its_servable_models(gpt, tmp_path):
