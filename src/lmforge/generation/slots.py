@@ -33,10 +33,10 @@ Example:
     ...     a = batch.join("a", [5, 6, 7]).argmax()
     ...     b = batch.join("b", [9]).argmax()
     ...     logits = batch.step(torch.stack([a, b]))         # (n, V): one forward for both rows
-    >>> batch.keys, logits.shape[0]
-    (['a', 'b'], 2)
-    >>> batch.leave("a"); batch.keys
-    ['b']
+    ...     keys = list(batch.keys)
+    ...     batch.leave("a")                                  # its row is free for the next sequence
+    >>> keys, logits.shape[0], batch.keys
+    (['a', 'b'], 2, ['b'])
 """
 
 from __future__ import annotations

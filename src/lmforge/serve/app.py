@@ -318,8 +318,8 @@ class _Generation:
                 self.jobs.append(Job(
                     list(ids), max_tokens, decode=m.tokenizer.decode, emit=self._emitter(loop, index),
                     temperature=temperature, top_p=1.0 if body.top_p is None else body.top_p,
-                    top_k=body.top_k or None, seed=seed, eos_ids=m.eos_ids, stops=stops, logprobs=logprobs,
-                    timeout=state.limits.timeout))
+                    top_k=body.top_k or None, seed=seed, eos_ids=[] if body.ignore_eos else m.eos_ids, stops=stops,
+                    logprobs=logprobs, timeout=state.limits.timeout))
 
     def _emitter(self, loop, index: int):
         def emit(event) -> None:

@@ -49,6 +49,7 @@ class _Sampling(_Request):
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    ignore_eos: bool = Field(False, description="extension: generate max_tokens tokens even past EOS (benchmarks)")
     user: str | None = None
 
 
