@@ -25,6 +25,6 @@ def test_serve_load_quick_path_runs_and_reports_every_load():
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     rows = result["models"]["gpt-tiny"]["rows"]
-    assert [(r["max_batch"], r["concurrency"]) for r in rows] == [(16, 1), (16, 2), (1, 2)]
+    assert [r["concurrency"] for r in rows] == [1, 2]
     assert all(r["tok_s"] > 0 and r["requests"] == 2 for r in rows)
     assert result["models"]["gpt-tiny"]["speedup_vs_one_at_a_time"] > 0
