@@ -195,3 +195,32 @@ def test_quickstart_prints_a_serve_command_for_its_servable_models(gpt, tmp_path
     shutil.copytree(gpt, tmp_path / "runs" / "pretrain-gpt" / "model")
     (tmp_path / "runs" / "translation" / "model").mkdir(parents=True)  # no config: not servable
     assert serve_command(tmp_path) == f"lmforge serve --model pretrain-gpt={tmp_path / 'runs/pretrain-gpt/model'}"
+
+
+def test_app_times_out_long_requests_and_returns_every_choice(gpt):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from lmforge.serve.app import create_app
+    from lmforge.serve.limits import Limits
+    from lmforge.serve.served import load_served
+
+    limits = Limits(max_batch=4, max_queue=8, timeout=0.05)
+    served = {"gpt": load_served("gpt", gpt, limits)}
+    try:
+        client = TestClient(create_app(served, limits))
+        r = client.post("/v1/completions", json={"model": "gpt", "prompt": "the cat", "max_tokens": 200,
+                                                 "ignore_eos": True})
+        assert r.status_code == 504 and r.json()["error"]["type"] == "timeout"
+        limits.timeout = 60
+        body = {"model": "gpt", "prompt": ["the cat", "a dog"], "max_tokens": 3, "n": 2, "temperature": 1.0,
+                "seed": 7, "logprobs": 1}
+        r = client.post("/v1/completions", json=body)
+        assert r.status_code == 200
+        choices = r.json()["choices"]
+        assert [c["index"] for c in choices] == [0, 1, 2, 3]
+        assert all(len(c["logprobs"]["tokens"]) == len(c["logprobs"]["top_logprobs"]) for c in choices)
+        again = client.post("/v1/completions", json=body).json()["choices"]
+        assert [c["text"] for c in again] == [c["text"] for c in choices]  # seeded sampling repeats
+    finally:
+        served["gpt"].close()
