@@ -224,3 +224,28 @@ def test_app_times_out_long_requests_and_returns_every_choice(gpt):
         assert [c["text"] for c in again] == [c["text"] for c in choices]  # seeded sampling repeats
     finally:
         served["gpt"].close()
+
+
+def test_an_index_folder_is_served_for_search(tmp_path):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from lmforge.embeddings.encoder import SentenceEncoder
+    from lmforge.embeddings.index import build_index
+    from lmforge.serve.app import create_app
+    from lmforge.serve.limits import Limits
+    from lmforge.serve.served import load_served
+
+    encoder_dir = sh.encoder_folder(tmp_path / "enc")
+    docs = ["the cat sat on the mat", "john lives in paris", "a red house by the river"]
+    index = build_index(SentenceEncoder.load(encoder_dir), docs, meta={"model": str(encoder_dir)})
+    index.save(tmp_path / "idx")
+    limits = Limits()
+    served = {"idx": load_served("idx", tmp_path / "idx", limits)}
+    client = TestClient(create_app(served, limits))
+    assert [m["kind"] for m in client.get("/v1/models").json()["data"]] == ["search"]
+    hits = client.post("/v1/search", json={"model": "idx", "query": "john lives in paris", "k": 2}).json()["data"]
+    assert hits[0]["text"] == "john lives in paris" and hits[0]["score"] == pytest.approx(1.0, abs=1e-4)
+    assert [h["rank"] for h in hits] == [1, 2]
+    r = client.post("/v1/completions", json={"model": "idx", "prompt": "x"})
+    assert r.status_code == 400 and "/v1/search" in r.json()["error"]["message"]

@@ -8,7 +8,8 @@ Example::
           -d '{"model": "model", "prompt": "Once upon a time", "max_tokens": 20, "temperature": 0}'
 
 Decoders serve /v1/completions (and /v1/chat/completions when the folder has a chat template),
-encoders /v1/embeddings, fine-tuned task folders /v1/classify (see :mod:`lmforge.serve`). SIGTERM drains:
+encoders /v1/embeddings, fine-tuned task folders /v1/classify, index folders of ``lmforge index build``
+/v1/search (see :mod:`lmforge.serve`). SIGTERM drains:
 running requests finish, new ones get 503, then the server exits.
 """
 
@@ -33,12 +34,13 @@ def register(subparsers) -> None:
         "serve", help="serve models over an OpenAI-compatible HTTP API (continuous batching, playground at /)",
         description="Serve model folders over HTTP: /v1/models, /v1/completions, /v1/chat/completions (decoders; "
         "chat needs the folder's chat_template.json), /v1/embeddings (encoders), /v1/classify (fine-tuned task "
-        "folders), /health, /metrics, and a browser playground at /. Concurrent generation requests share decode "
-        "steps (continuous batching). Needs the serve extra: pip install 'lmforge[serve]'.",
+        "folders), /v1/search (index folders of lmforge index build), /health, /metrics, and a browser "
+        "playground at /. Concurrent generation requests share decode steps (continuous batching). Needs the "
+        "serve extra: pip install 'lmforge[serve]'.",
     )
     parser.add_argument("--model", action="append", required=True, metavar="[NAME=]DIR",
-                        help="a model folder to serve, optionally named (default name: the folder's name); "
-                        "repeatable")
+                        help="a model (or index) folder to serve, optionally named (default name: the folder's "
+                        "name); repeatable")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (127.0.0.1: this machine only; 0.0.0.0 exposes the server)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (8000)")

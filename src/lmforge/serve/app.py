@@ -5,6 +5,7 @@
     POST /v1/chat/completions       answer messages, rendered by the model's chat template
     POST /v1/embeddings             sentence embeddings (encoders)
     POST /v1/classify               labels and probabilities (fine-tuned task models; an extension)
+    POST /v1/search                 top-k documents of an ``lmforge index build`` folder (an extension)
     GET  /health, GET /metrics      liveness, and Prometheus metrics (:mod:`lmforge.serve.metrics`)
     GET  /                          the playground page (:mod:`lmforge.serve.playground`)
 
@@ -37,7 +38,7 @@ from lmforge.serve.batching.job import Job, Token
 from lmforge.serve.batching.scheduler import Draining, QueueFull, error_id
 from lmforge.serve.limits import Limits, key_matches
 from lmforge.serve.metrics import Metrics
-from lmforge.serve.served import ServedModel
+from lmforge.serve.served import ServedModel, search
 from lmforge.tasks.data import Table
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
@@ -172,7 +173,8 @@ def create_app(served: dict[str, ServedModel], limits: Limits, api_key: str | No
             raise ApiError(404, f"the model {name!r} does not exist; the served models are: "
                            f"{', '.join(served) or 'none'}", param="model", code="model_not_found")
         if m.kind != kind:
-            what = {"generate": "completions and chat", "embed": "/v1/embeddings", "classify": "/v1/classify"}
+            what = {"generate": "completions and chat", "embed": "/v1/embeddings", "classify": "/v1/classify",
+                    "search": "/v1/search"}
             raise ApiError(400, f"model {name!r} serves {what[m.kind]}, not this endpoint", param="model")
         return m
 
@@ -244,6 +246,15 @@ def create_app(served: dict[str, ServedModel], limits: Limits, api_key: str | No
             data.append({"object": "embedding", "index": i, "embedding": vec})
         return {"object": "list", "data": data, "model": m.name,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+    @app.post("/v1/search", response_model=S.SearchResult)
+    def search_index(body: S.SearchRequest):
+        m = model_of(body.model, "search")
+        try:
+            hits = search(m, body.query, body.k)
+        except LmforgeError as exc:
+            raise ApiError(400, str(exc), param="model") from None
+        return {"object": "list", "data": hits, "model": m.name}
 
     @app.post("/v1/classify", response_model=S.ClassificationList)
     def classify(body: S.ClassifyRequest):

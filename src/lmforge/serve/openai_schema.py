@@ -83,6 +83,25 @@ class ClassifyRequest(_Request):
     input_pair: str | list[str] | None = Field(None, description="second texts, for sentence-pair tasks")
 
 
+class SearchRequest(_Request):
+    model: str = Field(min_length=1, description="an index served from an `lmforge index build` folder")
+    query: str = Field(min_length=1, max_length=10_000)
+    k: int = Field(5, ge=1, le=100)
+
+
+class SearchHit(BaseModel):
+    rank: int
+    id: int
+    score: float
+    text: str
+
+
+class SearchResult(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[SearchHit]
+    model: str
+
+
 class ErrorDetail(BaseModel):
     message: str
     type: str
@@ -110,7 +129,7 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "lmforge"
-    kind: str = Field(description="extension: generate, embed or classify")
+    kind: str = Field(description="extension: generate, embed, classify or search")
     chat: bool = Field(False, description="extension: whether the model has a chat template")
 
 

@@ -3,6 +3,7 @@
     task.json (a fine-tuned task model)       classify    POST /v1/classify, as ``lmforge predict`` gives
     a decoder with an LM head                 generate    POST /v1/completions, /v1/chat/completions
     an encoder (BERT-like, sentence encoder)  embed       POST /v1/embeddings, as ``lmforge embed`` gives
+    an index folder (``lmforge index build``)  search      POST /v1/search, as ``lmforge index search`` gives
 
 A generating model gets its own :class:`~lmforge.serve.batching.scheduler.Scheduler`; chat needs the
 folder's ``chat_template.json`` (written by instruction tuning), so prompts are rendered exactly as in
@@ -21,6 +22,7 @@ from typing import Any
 
 import lmforge
 from lmforge.embeddings.encoder import SentenceEncoder
+from lmforge.embeddings.index import META, VectorIndex
 from lmforge.errors import UserInputError
 from lmforge.generation.slots import check_slot_model, decoding_forms
 from lmforge.prompting.instruct import CHAT_TEMPLATE_FILE, ChatTemplate
@@ -61,6 +63,7 @@ class ServedModel:
     chat_template: ChatTemplate | None = None
     encoder: SentenceEncoder | None = None
     task: Any = None
+    index: VectorIndex | None = None
     eos_ids: list[int] = field(default_factory=list)
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
@@ -85,6 +88,8 @@ def load_served(name: str, folder: str | Path, limits: Limits, device: str = "cp
     folder = Path(folder)
     if not folder.is_dir():
         raise UserInputError(f"--model {folder}: not a model folder")
+    if (folder / META).is_file():
+        return load_index(name, folder, device)
     if not (folder / "tokenizer.json").is_file():
         raise UserInputError(f"--model {folder}: no tokenizer.json (save the model with its tokenizer)")
     if read_task_meta(folder) is not None:
@@ -107,3 +112,23 @@ def load_served(name: str, folder: str | Path, limits: Limits, device: str = "cp
                           decode_weights=decoding_forms(model)).start()
     return ServedModel(name, "generate", folder, tokenizer, model=model, max_len=max_len, scheduler=scheduler,
                        chat_template=template, eos_ids=[] if eos is None else [eos] if isinstance(eos, int) else list(eos))
+
+
+def load_index(name: str, folder: Path, device: str = "cpu") -> ServedModel:
+    """An index folder with the sentence encoder it was built with (named in its index.json)."""
+    index = VectorIndex.load(folder)
+    model = index.meta.get("model")
+    if not model or not Path(model).is_dir():
+        raise UserInputError(f"--model {folder}: the index's model folder {model!r} is gone; rebuild the index")
+    encoder = SentenceEncoder.load(model, device=device, max_length=index.meta.get("max_length"))
+    return ServedModel(name, "search", folder, encoder.tokenizer, model=encoder.model, encoder=encoder, index=index)
+
+
+def search(m: ServedModel, query: str, k: int) -> list[dict]:
+    """The ``k`` documents of ``m``'s index nearest to ``query`` (cosine), best first."""
+    vector = m.encoder.encode([query], pooling=m.index.meta.get("pooling"), layer=m.index.meta.get("layer", -1))
+    if vector.shape[1] != m.index.vectors.shape[1]:
+        raise UserInputError(f"index {m.name!r}: its model gives {vector.shape[1]}-d vectors but the index holds "
+                             f"{m.index.vectors.shape[1]}-d ones: rebuild the index with its model")
+    return [{"rank": r, "id": i, "score": round(score, 6), "text": text}
+            for r, (i, text, score) in enumerate(m.index.search(vector, k)[0], 1)]

@@ -82,6 +82,7 @@ class Scheduler:
         self.cond = threading.Condition()
         self.draining = False
         self._stop = False
+        self._open = 0  # jobs submitted and not yet ended (waiting, being admitted, or running)
         self.thread = threading.Thread(target=self._loop, name="lmforge-scheduler", daemon=True)
 
     # ------------------------------------------------------------------ the server's side
@@ -97,6 +98,7 @@ class Scheduler:
             if len(self.waiting) >= self.max_queue:
                 raise QueueFull(f"{len(self.waiting)} requests are already waiting (max_queue={self.max_queue})")
             self.waiting.append(job)
+            self._open += 1
             self.observe("queue", len(self.waiting))
             self.cond.notify()
 
@@ -104,7 +106,7 @@ class Scheduler:
     def busy(self) -> int:
         """Jobs waiting or running."""
         with self.cond:
-            return len(self.waiting) + len(self.running)
+            return self._open
 
     def drain(self) -> None:
         """Refuse new jobs from now on; the queued and running ones still finish."""
@@ -152,7 +154,7 @@ class Scheduler:
             if job.cancelled or job.expired(time.monotonic()):
                 job.reason = "cancelled" if job.cancelled else "timeout"
                 job.emit(("done", job.reason))
-                self.observe("finished", job)
+                self._ended(job)
                 continue
             try:
                 logits = self.rows.join(job.key, job.ids)
@@ -204,7 +206,7 @@ class Scheduler:
         self._leave(job)
         job.reason = reason
         job.emit(("done", reason))
-        self.observe("finished", job)
+        self._ended(job)
 
     def _fail(self, job: Job, exc: Exception, leave: bool = True) -> None:
         job.error_id = error_id()
@@ -213,7 +215,12 @@ class Scheduler:
         if leave:
             self._leave(job)
         job.emit(("error", exc))
+        self._ended(job)
+
+    def _ended(self, job: Job) -> None:
         self.observe("finished", job)
+        with self.cond:
+            self._open -= 1
 
     def _leave(self, job: Job) -> None:
         if job.key in self.running:

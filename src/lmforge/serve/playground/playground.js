@@ -1,4 +1,4 @@
-// The playground: chat (streamed, with history) and completion against this server's OpenAI-style API.
+// The playground: chat (streamed, with history), completion, and index search against this server's API.
 "use strict";
 const $ = (id) => document.getElementById(id);
 let history = [];
@@ -15,11 +15,28 @@ async function loadModels() {
   const res = await fetch("/v1/models", { headers: headers() });
   if (!res.ok) { say("could not list models: " + res.status); return; }
   const body = await res.json();
-  $("model").innerHTML = "";
-  for (const m of body.data.filter((m) => m.kind === "generate")) {
-    const o = document.createElement("option");
-    o.value = m.id; o.textContent = m.id + (m.chat ? " (chat)" : "");
-    $("model").appendChild(o);
+  for (const [select, kind] of [["model", "generate"], ["index", "search"]]) {
+    $(select).innerHTML = "";
+    for (const m of body.data.filter((m) => m.kind === kind)) {
+      const o = document.createElement("option");
+      o.value = m.id; o.textContent = m.id + (m.chat ? " (chat)" : "");
+      $(select).appendChild(o);
+    }
+  }
+}
+
+async function runSearch(ev) {
+  ev.preventDefault();
+  say("");
+  $("hits").innerHTML = "";
+  const res = await fetch("/v1/search", { method: "POST", headers: headers(),
+    body: JSON.stringify({ model: $("index").value, query: $("query").value, k: Number($("k").value) || 5 }) });
+  const body = await res.json();
+  if (!res.ok) { say(body.error ? body.error.message : res.statusText); return; }
+  for (const hit of body.data) {
+    const li = document.createElement("li");
+    li.textContent = hit.score.toFixed(3) + "  " + hit.text;
+    $("hits").appendChild(li);
   }
 }
 
@@ -103,7 +120,7 @@ async function runCompletion() {
 }
 
 function show(tab) {
-  for (const name of ["chat", "complete"]) {
+  for (const name of ["chat", "complete", "search"]) {
     $(name).classList.toggle("hidden", name !== tab);
     $("tab-" + name).classList.toggle("active", name === tab);
   }
@@ -115,5 +132,7 @@ $("reset").addEventListener("click", () => { history = []; $("transcript").inner
 $("run").addEventListener("click", runCompletion);
 $("tab-chat").addEventListener("click", () => show("chat"));
 $("tab-complete").addEventListener("click", () => show("complete"));
+$("tab-search").addEventListener("click", () => show("search"));
+$("search-form").addEventListener("submit", runSearch);
 $("apikey").addEventListener("change", loadModels);
 loadModels();
