@@ -17,8 +17,10 @@ draining server 503. Any other exception fails only its request: a 500 whose bod
 that the server's log prints beside the traceback. A client that disconnects cancels its jobs, freeing
 their rows at the next step.
 
-Example (see tests/test_serve_app.py for the app under a live server):
-    >>> app = create_app({}, Limits())                   # doctest: +SKIP
+Example (tests/test_serve_api.py runs it under a live server):
+    >>> app = create_app({}, Limits())                   # no models: the routes are there all the same
+    >>> sorted(r.path for r in app.routes if r.path.startswith("/v1/"))
+    ['/v1/chat/completions', '/v1/classify', '/v1/completions', '/v1/embeddings', '/v1/models', '/v1/search']
 """
 
 
@@ -36,13 +38,14 @@ from lmforge.generation import encode_prompt
 from lmforge.serve import openai_schema as S
 from lmforge.serve.batching.job import Job, Token
 from lmforge.serve.batching.scheduler import Draining, QueueFull, error_id
-from lmforge.serve.limits import Limits, key_matches
+from lmforge.serve.limits import Limits, check_length, key_matches
 from lmforge.serve.metrics import Metrics
 from lmforge.serve.served import ServedModel, search
 from lmforge.tasks.data import Table
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 DEFAULT_CHAT_MAX_TOKENS = 256  # chat: up to this, or what the context leaves
+API_PATHS = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/classify", "/v1/search")
 OPEN_PATHS = ("/", "/health", "/metrics", "/playground.js", "/playground.css", "/docs", "/openapi.json")
 
 
@@ -116,8 +119,9 @@ class _Guard:
             return await self.app(scope, receive, send_counted)
         finally:
             if path.startswith("/v1/"):
-                state.metrics.requests.labels(path, str(status["code"])).inc()
-                state.metrics.latency.labels(path).observe(time.monotonic() - start)
+                endpoint = path if path in API_PATHS else "other"  # bounded label values, whatever clients send
+                state.metrics.requests.labels(endpoint, str(status["code"])).inc()
+                state.metrics.latency.labels(endpoint).observe(time.monotonic() - start)
 
 
 def _too_big(limit: int):
@@ -238,7 +242,7 @@ def create_app(served: dict[str, ServedModel], limits: Limits, api_key: str | No
         texts = [body.input] if isinstance(body.input, str) else body.input
         if not texts:
             raise ApiError(400, "input: give a text or a non-empty list of texts", param="input")
-        vectors = m.encoder.encode(texts) if texts else np.zeros((0, 0), np.float32)
+        vectors = m.encoder.encode(texts)  # (N, D)
         tokens = sum(len(m.tokenizer.encode(t)) for t in texts)
         data = []
         for i, v in enumerate(np.asarray(vectors, dtype=np.float32)):
@@ -303,7 +307,6 @@ class _Generation:
                  request):
         self.state, self.m, self.body, self.request = state, m, body, request
         self.created, self.id = int(time.time()), f"cmpl-{uuid.uuid4().hex[:24]}"
-        limits = Limits(max_batch=1, max_queue=1, max_len=m.max_len)
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         if len(stops) > S.MAX_STOPS or any(not s for s in stops):
             raise ApiError(400, f"stop: up to {S.MAX_STOPS} non-empty strings", param="stop")
@@ -318,7 +321,7 @@ class _Generation:
             room = m.max_len - len(ids)
             max_tokens = body.max_tokens if body.max_tokens is not None else max(1, min(default_max, room))
             try:
-                limits.check_length(len(ids), max_tokens)
+                check_length(len(ids), max_tokens, m.max_len)
             except LmforgeError as exc:
                 raise ApiError(400, str(exc), param="max_tokens" if room > 0 else "prompt",
                                code="context_length_exceeded") from None

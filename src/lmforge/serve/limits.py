@@ -10,7 +10,7 @@ An API key, when set, is compared in constant time (``hmac.compare_digest``), so
 takes to refuse says nothing about how much of it was right.
 
 Example:
-    >>> Limits(max_len=64).check_length(60, 10)
+    >>> check_length(60, 10, max_len=64)
     Traceback (most recent call last):
     ...
     lmforge.serve.limits.TooLong: this model's maximum context length is 64 tokens; you requested 70 tokens (60 in the prompt, 10 for the completion): shorten the prompt or max_tokens
@@ -50,12 +50,15 @@ class Limits:
         if not self.timeout > 0:
             raise UserInputError(f"--timeout must be > 0 seconds, got {self.timeout}")
 
-    def check_length(self, prompt_tokens: int, max_tokens: int) -> None:
-        total = prompt_tokens + max_tokens
-        if prompt_tokens < 1 or total > self.max_len:
-            raise TooLong(f"this model's maximum context length is {self.max_len} tokens; you requested {total} "
-                          f"tokens ({prompt_tokens} in the prompt, {max_tokens} for the completion): shorten the "
-                          "prompt or max_tokens")
+
+
+def check_length(prompt_tokens: int, max_tokens: int, max_len: int) -> None:
+    """Raise :class:`TooLong` unless prompt + completion fit in ``max_len`` tokens."""
+    total = prompt_tokens + max_tokens
+    if prompt_tokens < 1 or total > max_len:
+        raise TooLong(f"this model's maximum context length is {max_len} tokens; you requested {total} "
+                      f"tokens ({prompt_tokens} in the prompt, {max_tokens} for the completion): shorten the "
+                      "prompt or max_tokens")
 
 
 def key_matches(header: str | None, key: str) -> bool:
