@@ -59,6 +59,8 @@ def test_playground_chat_streams_an_answer(server, browser, tmp_path):
     answer = browser.find_element(By.CSS_SELECTOR, ".msg.assistant span").text
     assert user == "where does the cat sit"
     assert answer.strip(), "the streamed answer is empty"
+    pieces = browser.find_element(By.CSS_SELECTOR, ".msg.assistant").get_attribute("data-pieces")
+    assert int(pieces) > 1, "the answer arrived in one piece, not streamed"
     assert browser.find_element(By.ID, "status").text == ""
     out = Path(SCREENSHOT_DIR or tmp_path) / "playground.png"
     out.parent.mkdir(parents=True, exist_ok=True)

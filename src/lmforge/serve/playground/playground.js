@@ -96,7 +96,10 @@ async function sendChat(ev) {
   $("send").disabled = true;
   try {
     await streamed("/v1/chat/completions", { model: $("model").value, messages, max_tokens: 128 },
-      (piece) => { span.textContent += piece; });
+      (piece) => {
+        span.textContent += piece;
+        span.parentElement.dataset.pieces = Number(span.parentElement.dataset.pieces || 0) + 1;
+      });
     history.push({ role: "assistant", content: span.textContent });
     span.parentElement.dataset.done = "1";
   } catch (e) {
