@@ -249,3 +249,32 @@ def test_an_index_folder_is_served_for_search(tmp_path):
     assert [h["rank"] for h in hits] == [1, 2]
     r = client.post("/v1/completions", json={"model": "idx", "prompt": "x"})
     assert r.status_code == 400 and "/v1/search" in r.json()["error"]["message"]
+
+
+def test_a_task_folder_is_served_for_classification_as_predict_gives(tmp_path):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from lmforge.serve.app import create_app
+    from lmforge.serve.limits import Limits
+    from lmforge.serve.served import load_served
+    from lmforge.tasks import inference
+    from lmforge.tasks.finetune import finetune
+    from lmforge.tasks.spec import TaskSpec
+    from tests import task_helpers as th
+
+    tok = th.tokenizer(tmp_path, "bert")
+    train = th.write_sentiment(tmp_path / "train.tsv", 16)
+    finetune(th.body("bert", tok), TaskSpec(task="classify"), train, config=th.train_config(steps=2),
+             out=tmp_path / "run", tokenizer=tok)
+    folder = tmp_path / "run" / "model"
+    texts = [t for t, _ in th.sentiment_rows(3, seed=5)]
+    expected = inference.predict(folder, inference.Table("request", [{"text": t} for t in texts], ["text"]))
+    limits = Limits()
+    served = {"sst": load_served("sst", folder, limits)}
+    client = TestClient(create_app(served, limits))
+    r = client.post("/v1/classify", json={"model": "sst", "input": texts})
+    assert r.status_code == 200, r.text
+    got = r.json()["data"]
+    assert [g["label"] for g in got] == [e["label"] for e in expected]
+    assert [g["probabilities"] for g in got] == [e["probabilities"] for e in expected]
