@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.lmforge-installed
 TORCH  := torch==2.13.0
 
-.PHONY: demo test install bench bench-docs check-report clean
+.PHONY: demo test install browser bench bench-docs check-report clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,8 +25,17 @@ QUICKSTART ?= quickstart-run
 demo: $(STAMP)
 	$(VENV)/bin/lmforge quickstart --out $(QUICKSTART)
 
+# Headless Chromium and its driver for the serve playground's browser test (Debian packages; nothing else is
+# downloaded): installed when missing and we are root, else the command to run is printed.
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; } \
+			|| echo "could not install Chromium: the browser test will be skipped"; \
+	else echo "browser test will be skipped: install Chromium with: sudo apt-get install chromium chromium-driver"; fi
+
 # tests/ and the docstring examples in src/lmforge (pyproject.toml: testpaths, --doctest-modules).
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PY) -m pytest -q
 
 # Every speed/memory benchmark in benchmarks/, one table of lmforge vs reference (`lmforge bench --quick`: minutes).

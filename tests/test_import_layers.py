@@ -45,6 +45,7 @@ LAYERS = {
     "experiments": 7,  # grids of runs: pretrain and finetune cells, below the quickstart that composes everything
     "cost": 7,  # price-tag reports, scaling fits and plans: above the training loop whose tags they read
     "quickstart": 8,
+    "serve": 8,  # the server composes generation, prompting, embeddings and tasks, beside the main job
     "cli": 9,
 }
 

@@ -7,6 +7,7 @@
     stopping.py   EOS and stop strings
     search.py     the greedy/sampling loop and beam search
     generate.py   generate / generate_text / stream
+    slots.py      SlotBatch: rows of a static KV cache that sequences join and leave (continuous batching)
 
 Example:
     >>> import torch, lmforge

@@ -27,6 +27,7 @@ from lmforge.quickstart.budget import WEIGHTS, Budget
 from lmforge.quickstart.context import Context
 from lmforge.quickstart.folder import RunFolder
 from lmforge.quickstart.runs import drop_checkpoints
+from lmforge.quickstart.serving import serve_command
 from lmforge.quickstart.stages import STAGES, Stage
 from lmforge.errors import UserInputError
 from lmforge.utils.lock import RunFolderLock
@@ -180,5 +181,8 @@ def finish(folder: RunFolder, stages: Sequence[Stage]) -> dict[str, Any]:
     page = html.write(result, folder.root, figs)
     print(report.table(result))
     print(f"report: {page.resolve()}")
+    command = serve_command(folder.root)
+    if command:
+        print(f"serve the trained models (OpenAI-compatible API, playground at http://127.0.0.1:8000/):\n  {command}")
     sys.stdout.flush()
     return result

@@ -1,0 +1,101 @@
+"""``lmforge serve``: an OpenAI-compatible HTTP server over model folders, with continuous batching.
+
+Example::
+
+    $ lmforge serve --model runs/gpt/model                      # http://127.0.0.1:8000, playground at /
+    $ lmforge serve --model gpt=runs/gpt/model --model enc=runs/minilm --port 8080 --api-key s3cret
+    $ curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
+          -d '{"model": "model", "prompt": "Once upon a time", "max_tokens": 20, "temperature": 0}'
+
+Decoders serve /v1/completions (and /v1/chat/completions when the folder has a chat template),
+encoders /v1/embeddings, fine-tuned task folders /v1/classify, index folders of ``lmforge index build``
+/v1/search (see :mod:`lmforge.serve`). SIGTERM drains:
+running requests finish, new ones get 503, then the server exits.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from lmforge.cli._load_args import add_load_flags
+from lmforge.cli.main import UserError, plain_warnings
+from lmforge.serve.app import create_app
+from lmforge.serve.limits import Limits
+from lmforge.serve.metrics import Metrics
+from lmforge.serve.served import load_served, parse_model_args
+from lmforge.serve.server import serve_forever
+
+API_KEY_ENV = "LMFORGE_API_KEY"
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="serve models over an OpenAI-compatible HTTP API (continuous batching, playground at /)",
+        description="Serve model folders over HTTP: /v1/models, /v1/completions, /v1/chat/completions (decoders; "
+        "chat needs the folder's chat_template.json), /v1/embeddings (encoders), /v1/classify (fine-tuned task "
+        "folders), /v1/search (index folders of lmforge index build), /health, /metrics, and a browser "
+        "playground at /. Concurrent generation requests share decode steps (continuous batching). Needs the "
+        "serve extra: pip install 'lmforge[serve]'.",
+    )
+    parser.add_argument("--model", action="append", required=True, metavar="[NAME=]DIR",
+                        help="a model (or index) folder to serve, optionally named (default name: the folder's "
+                        "name); repeatable")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (127.0.0.1: this machine only; 0.0.0.0 exposes the server)")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on (8000)")
+    parser.add_argument("--api-key", default=None, metavar="KEY",
+                        help=f"require 'Authorization: Bearer KEY' on every API call (default: ${API_KEY_ENV} if set)")
+    parser.add_argument("--max-batch", type=int, default=16, metavar="N",
+                        help="requests decoded together per model (rows of the running batch) (16)")
+    parser.add_argument("--max-queue", type=int, default=64, metavar="N",
+                        help="requests that may wait for a row; more get 429 with Retry-After (64)")
+    parser.add_argument("--max-len", type=int, default=None, metavar="N",
+                        help="prompt + completion tokens per request; more get 400 (default: the model's max_seq_len)")
+    parser.add_argument("--timeout", type=float, default=600.0, metavar="S",
+                        help="seconds a request may run before it is ended with 504 (600)")
+    parser.add_argument("--max-body", type=int, default=1 << 20, metavar="BYTES",
+                        help="largest request body accepted; more gets 413 (1 MiB)")
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu (default) or cuda")
+    add_load_flags(parser)
+    parser.set_defaults(func=run)
+
+
+def _require_extra() -> None:
+    try:
+        import fastapi  # noqa: F401  (optional dependencies: the serve extra)
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise UserError(f"lmforge serve needs the serve extra ({exc.name} is missing): "
+                        "pip install 'lmforge[serve]'") from None
+
+
+def run(args) -> int:
+    with plain_warnings("serve"):
+        return _run(args)
+
+
+def _run(args) -> int:
+    limits = Limits(max_batch=args.max_batch, max_queue=args.max_queue, max_len=args.max_len,
+                    timeout=args.timeout, max_body=args.max_body)
+    if not 0 < args.port < 65536:
+        raise UserError(f"--port {args.port}: give a port in 1..65535")
+    _require_extra()
+
+    metrics = Metrics()
+    served = {}
+    try:
+        for name, folder in parse_model_args(args.model):
+            served[name] = load_served(name, folder, limits, args.device, observe=metrics.observer(name))
+    except BaseException:
+        for m in served.values():
+            m.close()
+        raise
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    app = create_app(served, limits, api_key=api_key, metrics=metrics)
+    kinds = ", ".join(f"{m.name} ({m.kind}{', chat' if m.chat_template is not None else ''})" for m in served.values())
+    print(f"lmforge serve: {kinds} on http://{args.host}:{args.port} (playground at /; Ctrl-C or SIGTERM to stop)",
+          file=sys.stderr, flush=True)
+    serve_forever(app, args.host, args.port)
+    return 0

@@ -1,0 +1,187 @@
+"""Batched-slot decoding: rows join and leave a running batch between decode steps (continuous batching).
+
+Orca (Yu et al. 2022, "iteration-level scheduling") and vLLM schedule per decode step, not per batch: a
+new sequence joins as soon as a row is free, and a finished one leaves at once, so short requests never
+wait for long ones. :class:`SlotBatch` is the model-side half of that: rows of KV cache that sequences
+occupy and free, and one forward per step over every occupied row.
+
+Layout: per layer, static key/value buffers (R, H_kv, C, hd) for R rows and C positions (a
+:class:`~lmforge.nn.static_kv_cache.StaticKVCache`). The occupied rows are kept packed at the front
+(0..n-1; a leaving row is replaced by the last one) and share one write column ``cur``: every row's
+tokens lie right-aligned in ``[cur - L_i, cur)``, like a left-padded batch, and the mask of valid
+columns hides what lies before a row's first token:
+
+    row 0   . . a a a a a | cur        each step writes column cur for every row, then cur += 1
+    row 1   . . . . b b b |            position ids are per row (L_i), so a row's numbers equal its
+    row 2   c c c c c c c |            own, unpadded run; attention spans columns [0, cur]
+
+A joining sequence is prefilled alone (its prompt's forward over a fresh
+:class:`~lmforge.nn.kv_cache.KVCache`, exactly as ``generate`` does it) and its keys/values are copied into
+the columns before ``cur`` (all rows shift right first when the prompt is longer than ``cur``). When
+``cur`` reaches C the rows shift left by the free columns they all share. With C >= 2 * max_len
+(:func:`SlotBatch.__init__` takes ``max_len``, the longest prompt + output a row may reach) a shift
+always frees room: after it ``cur`` is the longest row's length (< max_len).
+
+Only position schemes applied through ``position_ids`` work this way (learned, sinusoidal, RoPE, none):
+relative biases would need each row's query offset in the cache.
+
+Example:
+    >>> import torch, lmforge
+    >>> model = lmforge.build_model("gpt-tiny", n_layers=1).eval()
+    >>> batch = SlotBatch(model, rows=2, max_len=16)
+    >>> with torch.inference_mode():
+    ...     a = batch.join("a", [5, 6, 7]).argmax()
+    ...     b = batch.join("b", [9]).argmax()
+    ...     logits = batch.step(torch.stack([a, b]))         # (n, V): one forward for both rows
+    ...     keys = list(batch.keys)
+    ...     batch.leave("a")                                  # its row is free for the next sequence
+    >>> keys, logits.shape[0], batch.keys
+    (['a', 'b'], 2, ['b'])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import torch
+
+from lmforge.errors import UserInputError
+from lmforge.generation.generate import _decode_weights
+from lmforge.nn.kv_cache import KVCache
+from lmforge.nn.static_kv_cache import StaticKVCache
+
+SUPPORTED_POSITIONS = ("learned", "sinusoidal", "rope", "none")
+
+
+def check_slot_model(model) -> None:
+    """Raise UserInputError unless ``model`` can decode in a :class:`SlotBatch` (decoders with an LM head
+    whose positions go through ``position_ids``)."""
+    mc = model.config
+    if mc.arch != "decoder" or mc.head != "lm":
+        raise UserInputError(f"model {mc.name!r} (arch={mc.arch}, head={mc.head}) cannot be served for "
+                             "generation: continuous batching needs a decoder with an LM head")
+    if mc.position not in SUPPORTED_POSITIONS:
+        raise UserInputError(f"model {mc.name!r} uses {mc.position!r} positions; continuous batching supports "
+                             f"{', '.join(SUPPORTED_POSITIONS)} (a relative bias needs each row's offset)")
+
+
+class SlotBatch:
+    """Rows of a static KV cache that sequences join and leave (see the module docstring).
+
+    Args:
+        model: a decoder with an LM head (:func:`check_slot_model`), in eval mode.
+        rows: the most sequences decoded at once (R).
+        max_len: the most tokens (prompt + generated) one sequence may hold; C = 2 * max_len columns.
+    """
+
+    def __init__(self, model, rows: int, max_len: int):
+        check_slot_model(model)
+        self.model, self.rows, self.max_len = model, rows, max_len
+        self.capacity = 2 * max_len
+        self.keys: list[Hashable] = []  # row i holds sequence keys[i]
+        self.lengths: list[int] = []  # tokens in the cache per row
+        self.cur = 0  # the column the next step writes
+        self._k: list[torch.Tensor] = []  # per layer (R, H_kv, C, hd), allocated at the first join
+        self._v: list[torch.Tensor] = []
+        device = next(model.parameters()).device
+        self._valid = torch.zeros(rows, self.capacity, dtype=torch.bool, device=device)  # (R, C)
+
+    @property
+    def free(self) -> int:
+        return self.rows - len(self.keys)
+
+    def join(self, key: Hashable, ids: Sequence[int]) -> torch.Tensor:
+        """Prefill ``ids`` (T,) into a free row for sequence ``key``; return the next-token logits (V,)."""
+        T = len(ids)
+        if not self.free:
+            raise RuntimeError("no free row: wait for a sequence to leave")
+        if not 0 < T < self.max_len:
+            raise ValueError(f"a prompt of {T} tokens does not fit rows of max_len={self.max_len}")
+        device = self._valid.device
+        cache = KVCache(capacity=T)
+        out = self.model(torch.tensor([list(ids)], device=device), past_key_values=cache, use_cache=True)
+        if not self._k:
+            for layer in range(len(cache._keys)):
+                k = cache._keys[layer]
+                self._k.append(k.new_zeros(self.rows, k.shape[1], self.capacity, k.shape[3]))
+                self._v.append(k.new_zeros(self.rows, k.shape[1], self.capacity, k.shape[3]))
+        if self.cur >= self.capacity:
+            self._compact()
+        if T > self.cur:
+            self._shift(T - self.cur)
+        i, start = len(self.keys), self.cur - T
+        for layer in range(len(self._k)):
+            self._k[layer][i].zero_()
+            self._v[layer][i].zero_()
+            self._k[layer][i, :, start:self.cur] = cache._keys[layer][0, :, :T]
+            self._v[layer][i, :, start:self.cur] = cache._values[layer][0, :, :T]
+        self._valid[i] = False
+        self._valid[i, start:self.cur] = True
+        self.keys.append(key)
+        self.lengths.append(T)
+        return out.logits[0, -1]  # (V,)
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Append ``tokens`` (n,), one per row in :attr:`keys` order; return the next logits (n, V)."""
+        n = len(self.keys)
+        if tokens.shape != (n,):
+            raise ValueError(f"step needs {n} tokens (one per row), got shape {tuple(tokens.shape)}")
+        if any(L + 1 > self.max_len for L in self.lengths):
+            raise ValueError(f"a row would exceed max_len={self.max_len}: let it leave first")
+        if self.cur >= self.capacity:
+            self._compact()
+        c, W = self.cur, self.cur + 1
+        device = self._valid.device
+        self._valid[:n, c] = True
+        slot = torch.tensor([c], device=device)
+        cache = StaticKVCache([k[:n, :, :W] for k in self._k], [v[:n, :, :W] for v in self._v], slot)
+        positions = torch.tensor(self.lengths, device=device)[:, None]  # (n, 1): each row's own count
+        out = self.model(tokens.reshape(n, 1).to(device), attention_mask=self._valid[:n, None, :W],  # (n, 1, W)
+                         position_ids=positions, past_key_values=cache, use_cache=True)
+        self.cur = W
+        self.lengths = [L + 1 for L in self.lengths]
+        return out.logits[:, -1]  # (n, V)
+
+    def leave(self, key: Hashable) -> None:
+        """Free ``key``'s row: the last row moves into it, so the occupied rows stay packed."""
+        i, last = self.keys.index(key), len(self.keys) - 1
+        if i != last:
+            for buf in (*self._k, *self._v):
+                buf[i] = buf[last]
+            self._valid[i] = self._valid[last]
+            self.keys[i], self.lengths[i] = self.keys[last], self.lengths[last]
+        self.keys.pop()
+        self.lengths.pop()
+        self._valid[last] = False
+        if not self.keys:
+            self.cur = 0
+
+    def _shift(self, d: int) -> None:
+        """Move every row's columns right by ``d`` (d > 0) so that a longer prompt fits before ``cur``."""
+        n, c = len(self.keys), self.cur
+        if n and c:
+            for buf in (*self._k, *self._v):
+                buf[:n, :, d:c + d] = buf[:n, :, :c].clone()
+                buf[:n, :, :d] = 0
+            self._valid[:n, d:c + d] = self._valid[:n, :c].clone()
+            self._valid[:n, :d] = False
+        self.cur = c + d
+
+    def _compact(self) -> None:
+        """Move every row's columns left by the columns that no row uses (those before the longest row)."""
+        n, c = len(self.keys), self.cur
+        d = c - max(self.lengths, default=0)
+        if d <= 0:
+            raise RuntimeError("no free columns to reclaim (a row exceeds max_len)")
+        for buf in (*self._k, *self._v):
+            buf[:n, :, :c - d] = buf[:n, :, d:c].clone()
+            buf[:n, :, c - d:] = 0
+        self._valid[:n, :c - d] = self._valid[:n, d:c].clone()
+        self._valid[:n, c - d:] = False
+        self.cur = c - d
+
+
+def decoding_forms(model) -> list[torch.Tensor]:
+    """The weights that ``generate`` multiplies in their decoding forms (see :mod:`lmforge.nn.linear`): a
+    slot decoder run inside ``decoding_weights(decoding_forms(model))`` computes what ``generate`` does."""
+    return _decode_weights(model)

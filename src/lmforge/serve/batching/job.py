@@ -1,0 +1,157 @@
+"""One generation request as the scheduler sees it: prompt ids, per-row sampling settings, and where its
+tokens go.
+
+Each row of a running batch picks its next token with its own settings: greedy (argmax) or sampled
+from softmax(logits / temperature) after top-k / top-p (the filters of
+:mod:`lmforge.generation.sampling`), from its own seeded generator, so a seeded request samples the same
+tokens whatever else shares the batch.
+
+Text is decoded whole at each token (multi-byte characters and tokenizer spacing stay right, as in
+:class:`lmforge.generation.TextStream`). A stop string ends the request; as in OpenAI's API the text
+stops *before* it, and a tail of text that might begin a stop string is held back until it cannot.
+
+Example:
+    >>> visible_text("an answer.\\n\\nQ: next", ["\\n\\n"])
+    ('an answer.', True)
+    >>> visible_text("an answer.\\n", ["\\n\\n"])      # might be the start of "\\n\\n": held back
+    ('an answer.', False)
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from lmforge.generation import GenerationConfig, LogitsPipeline
+
+_ids = itertools.count()
+
+
+def visible_text(text: str, stops: Sequence[str]) -> tuple[str, bool]:
+    """(the text that may be shown, whether a stop string ended it): cut before the earliest stop string,
+    else without a trailing part that could still grow into one, or an incomplete character."""
+    found = [text.find(s) for s in stops if s in text]
+    if found:
+        return text[:min(found)], True
+    hold = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), 0, -1):
+            if text.endswith(s[:k]):
+                hold = max(hold, k)
+                break
+    text = text[:len(text) - hold]
+    return text.rstrip("\ufffd") if text.endswith("\ufffd") else text, False
+
+
+@dataclass
+class Token:
+    """What one step produced for a job: the token, the new text it shows, and its log-probabilities."""
+
+    id: int
+    text: str
+    logprob: float | None = None
+    top: dict[int, float] | None = None  # the most likely ids -> log-probability, when asked
+
+
+@dataclass
+class Job:
+    """A generation request (see the module docstring).
+
+    Args:
+        ids: prompt token ids.
+        max_new_tokens: tokens to generate at most.
+        temperature: 0 = greedy; else sampling at this temperature.
+        top_p, top_k: sampling filters (1.0 / None = off).
+        seed: seeds this job's own generator (None: the global RNG).
+        eos_ids: ids that end the job (not shown as text).
+        stops: stop strings.
+        logprobs: None, or how many top alternatives to report per token (0: only the chosen one's).
+        decode: ids -> text.
+        emit: called from the scheduler thread with a :class:`Token`, then once with ``("done", reason)``
+            (``"stop"``, ``"length"``, ``"cancelled"``, ``"timeout"``) or ``("error", exception)``.
+        timeout: seconds the job may run from submission.
+    """
+
+    ids: list[int]
+    max_new_tokens: int
+    decode: Callable[[list[int]], str]
+    emit: Callable[[Any], None]
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    seed: int | None = None
+    eos_ids: Sequence[int] = ()
+    stops: Sequence[str] = ()
+    logprobs: int | None = None
+    timeout: float | None = None
+    key: int = field(default_factory=lambda: next(_ids))
+    tokens: list[int] = field(default_factory=list)
+    error_id: str | None = None  # set when the job failed: the id its 500 answer and the log share
+    reason: str | None = None  # why it ended: stop, length, cancelled, timeout (None while running; error)
+    generated: int = 0  # tokens chosen, an ending EOS included (usage counts it)
+    shown: str = ""
+    submitted: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+    _cancel: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        sampling = self.temperature > 0
+        config = GenerationConfig(strategy="sample" if sampling else "greedy", temperature=self.temperature or 1.0,
+                                  top_p=self.top_p if sampling else 1.0, top_k=self.top_k if sampling else None)
+        self.sampling = sampling
+        self.processors = LogitsPipeline(config, sampling)
+        self.generator = None
+        self.deadline = self.submitted + self.timeout if self.timeout else None
+
+    def cancel(self) -> None:
+        """Ask the scheduler to drop this job at its next step (thread-safe)."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def expired(self, now: float) -> bool:
+        return self.deadline is not None and now > self.deadline
+
+    def choose(self, logits: torch.Tensor) -> tuple[Token, str | None]:
+        """Pick the next token from logits (V,); return it and the finish reason, if it ends the job."""
+        scores = logits.float()[None]  # (1, V)
+        if self.processors:
+            scores = self.processors(scores, None, None)
+        if self.sampling:
+            if self.generator is None and self.seed is not None:
+                self.generator = torch.Generator(scores.device).manual_seed(self.seed)
+            token = int(torch.multinomial(scores.softmax(-1), 1, generator=self.generator))
+        else:
+            token = int(scores.argmax(-1))
+        logprob = top = None
+        if self.logprobs is not None:
+            logp = scores.log_softmax(-1)[0]  # (V,)
+            logprob = float(logp[token])
+            if self.logprobs:
+                values, ids = logp.topk(min(self.logprobs, logp.shape[0]))
+                top = dict(zip(ids.tolist(), values.tolist()))
+        if self.first_token_at is None:
+            self.first_token_at = time.monotonic()
+        self.generated += 1
+        if token in self.eos_ids:
+            return Token(token, "", logprob, top), "stop"
+        self.tokens.append(token)
+        text, stopped = visible_text(self.decode(self.tokens), self.stops)
+        piece = text[len(self.shown):] if text.startswith(self.shown) else ""
+        self.shown = text if piece or stopped else self.shown
+        if stopped:
+            return Token(token, piece, logprob, top), "stop"
+        if len(self.tokens) >= self.max_new_tokens:
+            final = self.decode(self.tokens)  # whatever was held back (a partial stop string) is text after all
+            tail = final[len(self.shown):] if final.startswith(self.shown) else ""
+            self.shown = final
+            return Token(token, piece + tail, logprob, top), "length"
+        return Token(token, piece, logprob, top), None

@@ -1,0 +1,230 @@
+"""The scheduler: one thread that runs every running generation request's decode step together.
+
+Iteration-level scheduling (Orca, Yu et al. 2022): before each decode step, waiting jobs join free rows
+of the :class:`~lmforge.generation.slots.SlotBatch` (their prompt prefilled, their first token chosen);
+then one forward over all rows gives every job its next token, each chosen with the job's own settings
+(:class:`~lmforge.serve.batching.job.Job`); a job that ends, is cancelled (its client went away) or
+runs past its deadline leaves, freeing its row at once.
+
+    submit(job) --> waiting (deque, at most max_queue) --> rows (at most max_batch) --> done / cancelled
+                        QueueFull beyond it                 one forward per step
+
+The model runs only on this thread (torch releases the GIL inside its kernels, so the server's event
+loop stays responsive); jobs report back through their ``emit`` callback. An exception while choosing
+one job's token fails that job only; one in the batched forward fails the jobs in that batch, and the
+scheduler goes on with fresh rows.
+
+Example:
+    >>> import torch, lmforge
+    >>> model = lmforge.build_model("gpt-tiny", n_layers=1).eval()
+    >>> engine = Scheduler(model, max_batch=2, max_queue=4, max_len=32).start()
+    >>> got = []
+    >>> job = Job([5, 6, 7], max_new_tokens=3, decode=lambda ids: "", emit=got.append)
+    >>> engine.submit(job); engine.wait_idle(timeout=30); engine.stop()
+    True
+    >>> got[-1]
+    ('done', 'length')
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+import uuid
+from collections import deque
+from collections.abc import Callable
+
+import torch
+
+from lmforge.generation.slots import SlotBatch
+from lmforge.nn.linear import decoding_weights
+from lmforge.serve.batching.job import Job
+
+
+class QueueFull(Exception):
+    """The waiting queue holds ``max_queue`` jobs already (the server answers 429)."""
+
+
+class Draining(Exception):
+    """The scheduler is shutting down and takes no new jobs (the server answers 503)."""
+
+
+def error_id() -> str:
+    """A short id that ties a failed request's 500 answer to the traceback in the server's log."""
+    return uuid.uuid4().hex[:12]
+
+
+class Scheduler:
+    """Continuous batching over one model (see the module docstring).
+
+    Args:
+        model: a decoder with an LM head.
+        max_batch: rows decoded at once.
+        max_queue: jobs that may wait for a row; more are refused with :class:`QueueFull`.
+        max_len: prompt + generated tokens a job may reach (the server checks requests against it).
+        observe: called with ``(event, value)`` for metrics: ``("queue", n)``, ``("batch", n)``,
+            ``("tokens", n)``, ``("finished", job)``.
+        decode_weights: weights to multiply in their decoding forms while the scheduler runs (those that
+            ``generate`` uses, so tokens equal its own).
+    """
+
+    def __init__(self, model, max_batch: int, max_queue: int, max_len: int,
+                 observe: Callable[[str, object], None] | None = None, decode_weights=()):
+        self.model = model.eval()
+        self.max_batch, self.max_queue, self.max_len = max_batch, max_queue, max_len
+        self.observe = observe or (lambda event, value: None)
+        self.decode_weights = list(decode_weights)
+        self.rows = SlotBatch(model, max_batch, max_len)
+        self.waiting: deque[Job] = deque()
+        self.running: dict[int, Job] = {}
+        self.last: dict[int, int] = {}  # job key -> its newest token (fed at the next step)
+        self.cond = threading.Condition()
+        self.draining = False
+        self._stop = False
+        self._open = 0  # jobs submitted and not yet ended (waiting, being admitted, or running)
+        self.thread = threading.Thread(target=self._loop, name="lmforge-scheduler", daemon=True)
+
+    # ------------------------------------------------------------------ the server's side
+    def start(self) -> "Scheduler":
+        self.thread.start()
+        return self
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job``; raise :class:`QueueFull` or :class:`Draining` instead when it cannot be taken."""
+        with self.cond:
+            if self.draining:
+                raise Draining("the server is shutting down")
+            if len(self.waiting) >= self.max_queue:
+                raise QueueFull(f"{len(self.waiting)} requests are already waiting (max_queue={self.max_queue})")
+            self.waiting.append(job)
+            self._open += 1
+            self.observe("queue", len(self.waiting))
+            self.cond.notify()
+
+    @property
+    def busy(self) -> int:
+        """Jobs waiting or running."""
+        with self.cond:
+            return self._open
+
+    def drain(self) -> None:
+        """Refuse new jobs from now on; the queued and running ones still finish."""
+        with self.cond:
+            self.draining = True
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until no job waits or runs; False if ``timeout`` seconds passed first."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.busy:
+            if end is not None and time.monotonic() > end:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def stop(self) -> None:
+        """End the thread (jobs still running are cancelled)."""
+        with self.cond:
+            self._stop = True
+            self.cond.notify()
+        self.thread.join(timeout=30)
+
+    # ------------------------------------------------------------------ the scheduler thread
+    def _loop(self) -> None:
+        with torch.inference_mode(), decoding_weights(self.decode_weights):
+            while True:
+                with self.cond:
+                    while not self._stop and not self.waiting and not self.running:
+                        self.cond.wait()
+                    if self._stop:
+                        break
+                self._admit()
+                if self.running:
+                    self._step()
+        for job in list(self.running.values()) + list(self.waiting):
+            job.emit(("done", "cancelled"))
+
+    def _admit(self) -> None:
+        while self.rows.free:
+            with self.cond:
+                if not self.waiting:
+                    return
+                job = self.waiting.popleft()
+                self.observe("queue", len(self.waiting))
+            if job.cancelled or job.expired(time.monotonic()):
+                job.reason = "cancelled" if job.cancelled else "timeout"
+                job.emit(("done", job.reason))
+                self._ended(job)
+                continue
+            try:
+                logits = self.rows.join(job.key, job.ids)
+            except Exception as exc:  # this prompt alone failed: the batch is untouched
+                self._fail(job, exc)
+                continue
+            self.running[job.key] = job
+            self._advance(job, logits)
+        self.observe("batch", len(self.running))
+
+    def _step(self) -> None:
+        keys = list(self.rows.keys)
+        tokens = torch.tensor([self.last[k] for k in keys])
+        try:
+            logits = self.rows.step(tokens)  # (n, V): one forward for every running job
+        except Exception as exc:
+            for key in keys:
+                self._fail(self.running[key], exc, leave=False)
+            self.rows = SlotBatch(self.model, self.max_batch, self.max_len)
+            self.running.clear()
+            self.observe("batch", 0)
+            return
+        self.observe("tokens", len(keys))
+        now = time.monotonic()
+        for key, row in zip(keys, logits):
+            job = self.running[key]
+            if job.cancelled or job.expired(now):
+                self._finish(job, "cancelled" if job.cancelled else "timeout")
+            else:
+                self._advance(job, row)
+        self.observe("batch", len(self.running))
+
+    def _advance(self, job: Job, logits: torch.Tensor) -> None:
+        """Choose ``job``'s next token and hand it over; end the job when it is done."""
+        try:
+            token, reason = job.choose(logits)
+        except Exception as exc:
+            self._fail(job, exc)
+            return
+        job.emit(token)
+        if reason is None and len(job.ids) + len(job.tokens) >= self.max_len:
+            reason = "length"
+        if reason is not None:
+            self._finish(job, reason)
+        else:
+            self.last[job.key] = token.id
+
+    def _finish(self, job: Job, reason: str) -> None:
+        self._leave(job)
+        job.reason = reason
+        job.emit(("done", reason))
+        self._ended(job)
+
+    def _fail(self, job: Job, exc: Exception, leave: bool = True) -> None:
+        job.error_id = error_id()
+        print(f"lmforge serve: error {job.error_id} in a generation request:\n{traceback.format_exc()}",
+              flush=True)
+        if leave:
+            self._leave(job)
+        job.emit(("error", exc))
+        self._ended(job)
+
+    def _ended(self, job: Job) -> None:
+        self.observe("finished", job)
+        with self.cond:
+            self._open -= 1
+
+    def _leave(self, job: Job) -> None:
+        if job.key in self.running:
+            del self.running[job.key]
+            self.last.pop(job.key, None)
+            if job.key in self.rows.keys:
+                self.rows.leave(job.key)

@@ -1,0 +1,64 @@
+"""Prometheus metrics of the server (``GET /metrics``, the text exposition format, via ``prometheus-client``).
+
+    lmforge_requests_total{endpoint,status}          requests answered, by HTTP status
+    lmforge_request_seconds{endpoint}                latency histogram (whole request, stream included)
+    lmforge_time_to_first_token_seconds{model}       submission to the first generated token
+    lmforge_prompt_tokens_total{model}               prompt tokens prefilled
+    lmforge_generated_tokens_total{model}            tokens generated
+    lmforge_queue_length{model}                      requests waiting for a batch row
+    lmforge_batch_size{model}                        requests in the running batch (rows in use)
+    lmforge_generations_total{model,reason}          generations ended: stop, length, cancelled, timeout, error
+
+Each app gets its own registry, so several servers (tests) can live in one process.
+
+Example:
+    >>> m = Metrics()
+    >>> m.observer("gpt")("batch", 3)
+    >>> b"lmforge_batch_size{model=\\"gpt\\"} 3.0" in m.render()
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+class Metrics:
+    """The server's counters, gauges and histograms (see the module docstring)."""
+
+    def __init__(self):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram  # optional dependency (serve)
+
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("lmforge_requests", "requests answered", ["endpoint", "status"], registry=r)
+        self.latency = Histogram("lmforge_request_seconds", "request latency", ["endpoint"], registry=r)
+        self.ttft = Histogram("lmforge_time_to_first_token_seconds", "time to the first generated token", ["model"],
+                              registry=r)
+        self.prompt_tokens = Counter("lmforge_prompt_tokens", "prompt tokens prefilled", ["model"], registry=r)
+        self.generated = Counter("lmforge_generated_tokens", "tokens generated", ["model"], registry=r)
+        self.queue = Gauge("lmforge_queue_length", "requests waiting for a batch row", ["model"], registry=r)
+        self.batch = Gauge("lmforge_batch_size", "requests in the running batch", ["model"], registry=r)
+        self.finished = Counter("lmforge_generations", "generations ended, by reason", ["model", "reason"], registry=r)
+
+    def observer(self, model: str) -> Callable[[str, object], None]:
+        """The ``observe`` callback of one model's scheduler."""
+
+        def observe(event: str, value) -> None:
+            if event == "queue":
+                self.queue.labels(model).set(value)
+            elif event == "batch":
+                self.batch.labels(model).set(value)
+            elif event == "finished":
+                job = value
+                self.prompt_tokens.labels(model).inc(len(job.ids))
+                self.generated.labels(model).inc(job.generated)
+                if job.first_token_at is not None:
+                    self.ttft.labels(model).observe(job.first_token_at - job.submitted)
+                self.finished.labels(model, job.reason or "error").inc()
+
+        return observe
+
+    def render(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
