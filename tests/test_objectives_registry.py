@@ -90,7 +90,7 @@ def test_restoring_the_state_replays_the_next_batch(name):
 def test_architecture_table_and_errors():
     assert architectures_for("mlm") == ("encoder",)
     assert architectures_for("clm") == ("decoder",) and architectures_for("prefix-lm") == ("decoder",)
-    assert architectures_for("span-corruption") == architectures_for("denoising") == ("encoder-decoder",)
+    assert architectures_for("span-corruption") == architectures_for("denoising") == ("encoder-decoder", "decoder")
     for name in OBJECTIVES:
         for arch in ARCHITECTURES:
             if arch in architectures_for(name):

@@ -104,6 +104,8 @@ class Transformer(nn.Module):
             self.decoder = TransformerStack(cfg, cfg.decoder_layers, causal=True, cross=True)
             if not cfg.share_embeddings:
                 self.decoder_embed_tokens = nn.Embedding(cfg.vocab_size, cfg.embed_dim)
+            if cfg.share_encoder_decoder:
+                share_blocks(self.encoder, self.decoder)
         self.lm_head = self.mlm_head = self.rtd_head = self.pooler = None
         if cfg.head == "lm":
             self.lm_head = LMHead(
@@ -388,6 +390,22 @@ class Transformer(nn.Module):
     def save(self, path: str | Path, tokenizer=None) -> Path:
         """Write ``config.json`` + ``model.safetensors`` (+ tokenizer) atomically; see lmforge.model_folder."""
         return model_folder.save(self, path, tokenizer=tokenizer)
+
+
+def share_blocks(encoder: TransformerStack, decoder: TransformerStack) -> None:
+    """T5's "Enc-dec, shared" row (Raffel et al. 2020, §3.2.2): the decoder's layer i reuses the encoder's
+    layer i, so the model has about the parameters P of one stack rather than 2P.
+
+    What is shared: each layer's self-attention and feed-forward, with their norms. The paper counts the
+    shared model as P, the size of an L-layer stack, which ignores the decoder's encoder-decoder attention;
+    the encoder has no such sublayer to share it with, so the decoder keeps its own cross-attention and its
+    norm. Each stack also keeps its own final norm and position signals (T5's relative bias is
+    bidirectional in the encoder and causal in the decoder, with separate buckets).
+    """
+    for enc, dec in zip(encoder.layers, decoder.layers, strict=True):
+        dec.attn_norm, dec.attn, dec.ffn_norm, dec.ffn = enc.attn_norm, enc.attn, enc.ffn_norm, enc.ffn
+        if enc.rezero is not None:
+            dec.rezero = enc.rezero
 
 
 def _attention_flops(cfg: ModelConfig, seq_len: int) -> int:

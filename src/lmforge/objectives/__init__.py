@@ -13,8 +13,8 @@ name                class                          architecture        paper
 ``mlm+nsp``         ``MaskedLMAndNSP``             encoder             BERT (MLM + NSP; RoBERTa §4.2)
 ``clm``             ``CausalLM``                   decoder             GPT
 ``prefix-lm``       ``PrefixLM``                   decoder             T5 §3.2; UniLM
-``span-corruption`` ``SpanCorruption``             encoder-decoder     T5
-``denoising``       ``BartDenoising``              encoder-decoder     BART
+``span-corruption`` ``SpanCorruption``             enc-dec; decoder    T5 (Table 2: LM, prefix LM rows)
+``denoising``       ``BartDenoising``              enc-dec; decoder    BART
 ``enc-dec-lm``      ``EncDecLM``                   encoder-decoder     T5 §3.3.1 (prefix LM baseline)
 ``bilm``            ``BiLMObjective``              bilstm              ELMo (forward + backward LM)
 ``electra``         ``ReplacedTokenDetection``     encoder             ELECTRA (generator + discriminator)
@@ -26,10 +26,10 @@ Example::
     >>> clm = build_objective("clm", pad_token_id=0)
     >>> clm([[5, 6, 7]])["labels"].tolist()
     [[6, 7]]
-    >>> check_architecture("span-corruption", "decoder")  # doctest: +ELLIPSIS
+    >>> check_architecture("enc-dec-lm", "decoder")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    lmforge.errors.UserInputError: objective 'span-corruption' does not fit arch='decoder': ...; it needs arch='encoder-decoder'
+    lmforge.errors.UserInputError: objective 'enc-dec-lm' does not fit arch='decoder': ...; it needs arch='encoder-decoder'
 """
 
 from __future__ import annotations
@@ -69,13 +69,15 @@ FITS = {
                               "of a bidirectional encoder"),
     "clm": (("decoder",), "it trains next-token prediction under a causal mask"),
     "prefix-lm": (("decoder",), "it passes a (B, T, T) prefix mask to a single decoder stack"),
+    # On a decoder (T5 Table 2's "Language model" and "Prefix LM" rows) input and target are concatenated:
+    # layout decoder | prefix-lm, see lmforge.objectives.decoder_layout.
     "span-corruption": (
-        ("encoder-decoder",),
-        "it produces decoder targets (labels, decoder_input_ids) from a corrupted encoder input",
+        ("encoder-decoder", "decoder"),
+        "it produces targets from a corrupted input (for a decoder: concatenated after it)",
     ),
     "denoising": (
-        ("encoder-decoder",),
-        "it produces decoder targets (labels, decoder_input_ids) from a corrupted encoder input",
+        ("encoder-decoder", "decoder"),
+        "it produces targets from a corrupted input (for a decoder: concatenated after it)",
     ),
     "enc-dec-lm": (("encoder-decoder",), "it feeds a prefix to an encoder and decodes the rest of the text"),
     "bilm": (("bilstm",), "it trains separate forward and backward LMs, i.e. ELMo's biLM (--model elmo-tiny)"),
