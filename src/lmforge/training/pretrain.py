@@ -67,7 +67,8 @@ from lmforge.models import Transformer
 from lmforge.checkpoint import bilm_config, is_bilm
 from lmforge.models.bilstm_lm import BiLM, BiLMConfig
 from lmforge.models.electra import ElectraPretrainer
-from lmforge.objectives import OBJECTIVES, ReplacedTokenDetection, architectures_for, check_architecture
+from lmforge.models.two_stream import TwoStreamLM
+from lmforge.objectives import OBJECTIVES, PermutedLM, ReplacedTokenDetection, architectures_for, check_architecture
 from lmforge.objectives.decoder_layout import check_layout_fits, default_layout
 from lmforge.objectives.input_formats import FullSentences, check_format
 from lmforge.tokenization import Tokenizer
@@ -287,13 +288,15 @@ def build_pretraining(config: TrainConfig, *, loss=None, init: Callable[[Transfo
         if config.strategy == "fsdp":
             raise ConfigError("objective 'electra' trains a generator + discriminator pair: use strategy ddp, not fsdp")
         model = ElectraPretrainer.from_config(model_config, **objective.pretrainer_options())
+    elif isinstance(objective, PermutedLM):  # XLNet: the encoder runs a content and a query stream
+        model = TwoStreamLM(Transformer(model_config))
     else:
         model = Transformer(model_config)
     if (Path(config.model) / model_checkpoint.WEIGHTS_FILE).is_file():
         model_checkpoint.verify_folder(config.model)
         # ELECTRA continues from a folder's encoder: its body, and its RTD head if it has one (else a fresh one).
         electra = isinstance(model, ElectraPretrainer)
-        model_checkpoint.load_weights(model.saved_model if electra else model,
+        model_checkpoint.load_weights(model.saved_model if electra or isinstance(model, TwoStreamLM) else model,
                                       Path(config.model) / model_checkpoint.WEIGHTS_FILE,
                                       strict=not electra or model_config.head == "rtd")
     elif init is not None:
