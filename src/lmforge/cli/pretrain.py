@@ -40,7 +40,10 @@ OPTIONS = [
               "folder (a folder's weights are loaded)"),
     ("objective", "pre-training objective (mlm+nsp: BERT's MLM plus next sentence prediction, which adds a "
                   "pooler and NSP head to the model; mlm alone is RoBERTa's no-NSP recipe; enc-dec-lm: T5's prefix "
-                  "LM for encoder-decoders, the encoder reads a random prefix and the decoder writes the rest)"),
+                  "LM for encoder-decoders, the encoder reads a random prefix and the decoder writes the rest; span-corruption "
+                  "and denoising also train a decoder (--objective-option layout=decoder or prefix-lm: input and "
+                  "target concatenated); mass: MASS, an encoder-decoder decodes a masked half; permuted-lm: XLNet's "
+                  "two-stream permuted LM on an encoder; unilm: UniLM's mixed attention masks on an encoder)"),
     ("tokenizer", "tokenizer folder (default: the copy inside --data)"),
     ("data", "prepared shards (output of `lmforge data prepare`)"),
     ("out", "run folder: config, tokenizer, checkpoints, logs, final model"),
