@@ -56,6 +56,8 @@ OPTIONS = [
     ("schedule", "learning-rate schedule after warmup"),
     ("min_lr_ratio", "end of linear/cosine decay, as a share of --lr"),
     ("weight_decay", "AdamW weight decay (not applied to biases, norms, embeddings)"),
+    ("label_smoothing", "label smoothing eps of the token cross-entropy: targets (1 - eps) one-hot + eps / V "
+                        "(the original Transformer: 0.1; 0 = off)"),
     ("grad_clip", "clip the global gradient norm to this (0: off)"),
     ("max_nonfinite_steps", "stop with an error after this many steps in a row with a non-finite loss or "
                             "gradient norm (their updates are skipped; 0: never stop)"),

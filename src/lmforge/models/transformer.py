@@ -14,6 +14,7 @@ Forward contract (tasks, PEFT, generation and the Trainer rely on it)::
     out.hidden_states       [N+1 x (B, T, D)] when output_hidden_states=True
     out.past_key_values     KVCache when use_cache=True
     out.loss                mean cross-entropy over labels != -100, when labels are given
+                            (label-smoothed when ``model.label_smoothing`` = eps > 0, a training setting)
                             (with label_weights (B, T): sum of weight * cross-entropy over them instead);
                             head="rtd" (ELECTRA's discriminator): binary cross-entropy, labels 1 = replaced
     out.n_targets           how many labels out.loss is a mean over
@@ -121,6 +122,7 @@ class Transformer(nn.Module):
         if cfg.pooler:
             self.pooler = Pooler(cfg.d_model)
         self.nsp_head = NSPHead(cfg.d_model) if cfg.nsp_head else None
+        self.label_smoothing = 0.0  # eps of the token cross-entropy (a training setting, not saved)
         self.reset_parameters()
 
     # ------------------------------------------------------------------ init
@@ -324,7 +326,8 @@ class Transformer(nn.Module):
             loss = F.binary_cross_entropy_with_logits(logits.float(), target.float(), weight=weights,
                                                       reduction="mean" if weights is None else "sum")
             return logits, loss, int(target.numel())
-        return logits, cross_entropy(logits, target, fused=fused, weight=weights), int(target.numel())
+        loss = cross_entropy(logits, target, fused=fused, weight=weights, label_smoothing=self.label_smoothing)
+        return logits, loss, int(target.numel())
 
     def generate(self, *args, **kwargs):
         """Greedy / beam / sampled generation; see :func:`lmforge.generation.generate` (same arguments,

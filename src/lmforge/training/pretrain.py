@@ -292,6 +292,10 @@ def build_pretraining(config: TrainConfig, *, loss=None, init: Callable[[Transfo
         model = TwoStreamLM(Transformer(model_config))
     else:
         model = Transformer(model_config)
+    if config.label_smoothing:
+        for module in model.modules():  # every Transformer inside (a wrapper's too) computes its loss smoothed
+            if isinstance(module, Transformer):
+                module.label_smoothing = config.label_smoothing
     if (Path(config.model) / model_checkpoint.WEIGHTS_FILE).is_file():
         model_checkpoint.verify_folder(config.model)
         # ELECTRA continues from a folder's encoder: its body, and its RTD head if it has one (else a fresh one).
