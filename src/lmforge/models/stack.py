@@ -87,6 +87,8 @@ class TransformerStack(nn.Module):
         memory_mask: torch.Tensor | None = None,
         cache: KVCache | None = None,
         output_hidden_states: bool = False,
+        attentions: list[torch.Tensor] | None = None,
+        cross_attentions: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
         """Contextualise token vectors.
 
@@ -99,6 +101,7 @@ class TransformerStack(nn.Module):
             memory_mask: (B, S_src) with 1 for real source tokens.
             cache: KV cache to read and extend (incremental decoding).
             output_hidden_states: also return the input of every layer and the final output.
+            attentions, cross_attentions: lists to append each layer's attention weights (B, H, T, S) to.
 
         Returns:
             (B, T, D) hidden states, and the list of N+1 hidden states when asked.
@@ -145,6 +148,8 @@ class TransformerStack(nn.Module):
             rel_embeddings=rel_embeddings,
             cache=cache,
             cross_mask=memory_mask.bool()[:, None, None, :] if memory_mask is not None else None,
+            attentions=attentions,
+            cross_attentions=cross_attentions,
         )
 
         hidden = [x] if output_hidden_states else None

@@ -19,6 +19,10 @@ Forward contract (tasks, PEFT, generation and the Trainer rely on it)::
                             head="rtd" (ELECTRA's discriminator): binary cross-entropy, labels 1 = replaced
     out.n_targets           how many labels out.loss is a mean over
     out.nsp_logits          (B, 2) IsNext/NotNext logits, when the model has an NSP head (nsp_head=True)
+    out.attentions          [N x (B, H, T, S)] softmax weights when output_attentions=True (alias
+                            return_attentions); encoder-decoders add out.encoder_attentions and
+                            out.cross_attentions. Asking for them writes the softmax out instead of SDPA's
+                            fused kernel; without them the forward is unchanged.
 
 Next sentence prediction (BERT). With ``next_sentence_label`` (B,) (0 = IsNext, 1 = NotNext, -100 = none)
 the loss is HF ``BertForPreTraining``'s: ``out.loss = MLM mean CE + NSP mean CE`` (NSP alone without
@@ -88,6 +92,10 @@ class ModelOutput:
     pooler_output: torch.Tensor | None = None
     nsp_logits: torch.Tensor | None = None  # (B, 2), HF's seq_relationship_logits
     loss_terms: list[LossTerm] | None = None  # the terms of ``loss`` when it sums means over different labels
+    # Attention maps, when asked for (output_attentions=True): one (B, H, T, S) tensor per layer.
+    attentions: list[torch.Tensor] | None = None  # self-attention (the decoder's, for an encoder-decoder)
+    encoder_attentions: list[torch.Tensor] | None = None
+    cross_attentions: list[torch.Tensor] | None = None
 
 
 class Transformer(nn.Module):
@@ -202,12 +210,15 @@ class Transformer(nn.Module):
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         output_hidden_states: bool = False,
+        attentions: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
-        """Run the encoder stack: (B, S) ids -> (B, S, D) states (and all layers when asked)."""
+        """Run the encoder stack: (B, S) ids -> (B, S, D) states (and all layers when asked; each layer's attention
+        weights appended to ``attentions`` when given)."""
         if self.encoder is None:
             raise UserInputError(f"model {self.config.name!r} (arch={self.config.arch}) has no encoder")
         tokens = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        return self.encoder(tokens, attention_mask, token_type_ids, position_ids, output_hidden_states=output_hidden_states)
+        return self.encoder(tokens, attention_mask, token_type_ids, position_ids,
+                            output_hidden_states=output_hidden_states, attentions=attentions)
 
     # ------------------------------------------------------------------ forward
     def forward(
@@ -227,6 +238,8 @@ class Transformer(nn.Module):
         output_hidden_states: bool = False,
         label_weights: torch.Tensor | None = None,
         next_sentence_label: torch.Tensor | None = None,
+        output_attentions: bool = False,
+        return_attentions: bool = False,
     ) -> ModelOutput:
         """See the module docstring. ``encoder_hidden_states`` (B, S, D) skips re-running the encoder
         (generation); ``inputs_embeds`` (B, T, E) replaces the token lookup (prompt tuning);
@@ -235,9 +248,15 @@ class Transformer(nn.Module):
         cfg = self.config
         out = ModelOutput()
         cache = past_key_values if past_key_values is not None else (KVCache(window=cfg.sliding_window) if use_cache else None)
+        maps = output_attentions or return_attentions
+        if maps:
+            out.attentions = []
+            if cfg.arch == "encoder-decoder":
+                out.encoder_attentions, out.cross_attentions = ([] if encoder_hidden_states is None else None), []
         if cfg.arch == "encoder":
             h, out.hidden_states = self.encode(
-                input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_hidden_states
+                input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_hidden_states,
+                out.attentions,
             )
             if self.pooler is not None:
                 out.pooler_output = self.pooler(h)
@@ -245,13 +264,14 @@ class Transformer(nn.Module):
             tokens = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
             h, out.hidden_states = self.decoder(
                 tokens, attention_mask, token_type_ids, position_ids, cache=cache,
-                output_hidden_states=output_hidden_states,
+                output_hidden_states=output_hidden_states, attentions=out.attentions,
             )
         else:
             memory = encoder_hidden_states
             if memory is None:
                 memory, out.encoder_hidden_states = self.encode(
-                    input_ids, attention_mask, token_type_ids, None, inputs_embeds, output_hidden_states
+                    input_ids, attention_mask, token_type_ids, None, inputs_embeds, output_hidden_states,
+                    out.encoder_attentions,
                 )
             out.encoder_last_hidden_state = memory
             if decoder_input_ids is None and decoder_inputs_embeds is None:
@@ -264,7 +284,7 @@ class Transformer(nn.Module):
             memory_mask = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
             h, out.hidden_states = self.decoder(
                 decoder_inputs_embeds, decoder_attention_mask, None, position_ids, memory, memory_mask, cache,
-                output_hidden_states,
+                output_hidden_states, out.attentions, out.cross_attentions,
             )
         out.last_hidden_state = h
         out.past_key_values = cache if use_cache else None
