@@ -52,3 +52,40 @@ def test_maps_only_when_asked_and_with_return_attentions_alias():
     maps = model(ids, return_attentions=True).attentions
     assert len(maps) == 3 and maps[0].shape == (2, 4, 6, 6)  # one map per depth, even with one shared layer
     assert torch.all(maps[1].triu(1) == 0)  # causal: nothing above the diagonal
+
+
+# ------------------------------------------------------------------ lmforge attention
+@pytest.fixture(scope="module", params=["bert", "gpt", "t5"])
+def model_folder(request, tmp_path_factory):
+    from task_helpers import body, tokenizer
+
+    folder = tmp_path_factory.mktemp(request.param)
+    tok = tokenizer(folder, request.param)
+    body(request.param, tok).save(folder / "model", tokenizer=tok)
+    return request.param, folder / "model"
+
+
+def test_attention_cli_writes_a_map_per_layer_and_head_and_a_grid(model_folder, tmp_path):
+    from lmforge.cli.main import main
+
+    family, folder = model_folder
+    args = ["attention", "--model", str(folder), "alice lives in paris", "--out", str(tmp_path / "maps")]
+    if family == "t5":
+        args += ["--target", "where does alice live"]
+    assert main(args) == 0
+    kinds = ["encoder", "decoder", "cross"] if family == "t5" else ["self"]
+    for kind in kinds:
+        heads = sorted(p.name for p in (tmp_path / "maps" / kind).iterdir())
+        assert heads == [f"layer{layer:02d}-head{head:02d}.png" for layer in range(2) for head in range(2)]
+        assert (tmp_path / "maps" / f"{kind}-grid.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in (tmp_path / "maps").iterdir() if p.is_file()) == sorted(f"{k}-grid.png" for k in kinds)
+
+
+def test_attention_cli_refuses_long_texts_and_writes_nothing(model_folder, tmp_path, capsys):
+    from lmforge.cli.main import main
+
+    _, folder = model_folder
+    assert main(["attention", "--model", str(folder), "alice lives in paris " * 10, "--out", str(tmp_path / "maps"),
+                 "--max-tokens", "8"]) != 0
+    assert "more than the attention-map limit of 8" in capsys.readouterr().err
+    assert not (tmp_path / "maps").exists()
