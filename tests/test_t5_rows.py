@@ -32,6 +32,8 @@ def test_shared_encoder_decoder_parameter_count_is_the_hand_count():
     assert shared.num_parameters() == hand
     separate = Transformer(cfg.replace(share_encoder_decoder=False))
     assert separate.num_parameters() - shared.num_parameters() == L * _block(D, F_)
+    # T5 Table 2: the shared model has P parameters but the cost M of the unshared one.
+    assert shared.train_flops(16, 8) == separate.train_flops(16, 8)
     enc, dec = shared.encoder.layers[1], shared.decoder.layers[1]
     assert dec.attn is enc.attn and dec.ffn is enc.ffn and dec.attn_norm is enc.attn_norm
     assert dec.cross_attn is not None and shared.decoder.final_norm is not shared.encoder.final_norm

@@ -405,7 +405,10 @@ class Transformer(nn.Module):
             return int((6 * n + cfg.n_layers * _attention_flops(cfg, seq_len)) * seq_len)
         S, T = seq_len, target_len or seq_len
         n_enc = _stack_weights(self.encoder)
-        n_dec = self.num_parameters(exclude_embeddings=True) - n_enc + head
+        # Blocks shared with the encoder (share_encoder_decoder) multiply the target tokens too: same cost as unshared.
+        enc_params = {id(p) for p in self.encoder.parameters()}
+        reused = sum(p.numel() for p in {id(p): p for p in self.decoder.parameters()}.values() if id(p) in enc_params)
+        n_dec = self.num_parameters(exclude_embeddings=True) - n_enc + head + reused
         enc = 6 * n_enc * S + 12 * cfg.n_layers * d_attn * S * S
         dec = 6 * n_dec * T + 12 * cfg.decoder_layers * d_attn * T * (T + S)  # self- then cross-attention
         return int(enc + dec)
