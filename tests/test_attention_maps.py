@@ -89,3 +89,19 @@ def test_attention_cli_refuses_long_texts_and_writes_nothing(model_folder, tmp_p
                  "--max-tokens", "8"]) != 0
     assert "more than the attention-map limit of 8" in capsys.readouterr().err
     assert not (tmp_path / "maps").exists()
+
+
+def test_the_fast_path_never_writes_the_weights_out(monkeypatch):
+    from lmforge.nn.attention import Attention
+
+    model = Transformer(tiny_config(arch="encoder-decoder", n_decoder_layers=1)).eval()
+    src, tgt = torch.randint(1, 97, (2, 6)), torch.randint(1, 97, (2, 4))
+    expected = model(src, decoder_input_ids=tgt).logits
+
+    def written_out(*args, **kwargs):
+        raise AssertionError("softmax written out without output_attentions")
+
+    monkeypatch.setattr(Attention, "_probs", written_out)
+    torch.testing.assert_close(model(src, decoder_input_ids=tgt).logits, expected)  # SDPA only
+    with pytest.raises(AssertionError, match="written out"):
+        model(src, decoder_input_ids=tgt, output_attentions=True)
