@@ -19,7 +19,7 @@ SENTINELS = list(range(999, 899, -1))
 
 
 def options(name: str, seed: int) -> dict:
-    if name in ("mlm", "electra"):
+    if name in ("mlm", "electra", "unilm"):
         return dict(vocab_size=1000, mask_token_id=MASK, pad_token_id=PAD, cls_token_id=CLS, sep_token_id=SEP,
                     add_cls_sep=True, seed=seed)
     if name == "nsp":
@@ -31,10 +31,12 @@ def options(name: str, seed: int) -> dict:
                     sentence_end_ids=[5], seed=seed)
     if name in ("clm", "bilm"):
         return dict(pad_token_id=PAD)
-    if name == "prefix-lm":
+    if name in ("prefix-lm", "permuted-lm"):
         return dict(pad_token_id=PAD, seed=seed)
     if name == "span-corruption":
         return dict(sentinel_ids=SENTINELS, eos_token_id=EOS, pad_token_id=PAD, seed=seed)
+    if name == "mass":
+        return dict(mask_token_id=MASK, pad_token_id=PAD, seed=seed)
     if name == "enc-dec-lm":
         return dict(eos_token_id=EOS, pad_token_id=PAD, seed=seed)
     return dict(mask_token_id=MASK, eos_token_id=EOS, pad_token_id=PAD, sentence_end_ids=[5], mask_prob=0.1,
@@ -90,7 +92,7 @@ def test_restoring_the_state_replays_the_next_batch(name):
 def test_architecture_table_and_errors():
     assert architectures_for("mlm") == ("encoder",)
     assert architectures_for("clm") == ("decoder",) and architectures_for("prefix-lm") == ("decoder",)
-    assert architectures_for("span-corruption") == architectures_for("denoising") == ("encoder-decoder",)
+    assert architectures_for("span-corruption") == architectures_for("denoising") == ("encoder-decoder", "decoder")
     for name in OBJECTIVES:
         for arch in ARCHITECTURES:
             if arch in architectures_for(name):

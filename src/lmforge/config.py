@@ -49,6 +49,8 @@ GATED_ACTIVATIONS = ("geglu", "geglu-tanh", "reglu", "swiglu", "glu", "liglu")
 ATTENTIONS = ("full", "linformer")  # linformer: keys/values projected to linformer_k along the sequence
 LINFORMER_SHARING = ("headwise", "key-value", "none")  # one E, F per layer; E = F; E_h, F_h per kv head
 HEADS = ("lm", "mlm", "rtd", "none")  # rtd: ELECTRA's replaced-token detection head (B, T)
+# share_layers: which stacks run one layer's weights at every depth (True = "both"; Narang et al. 2021's rows).
+SHARED_STACKS = ("encoder", "decoder", "both")
 
 PRESET_DIR = Path(__file__).parent / "presets"
 
@@ -193,7 +195,10 @@ class ModelConfig(ConfigBase):
             (segments; 0 = none), ``scale_embeddings`` (multiply by sqrt(d_model)), ``embedding_norm``,
             ``tie_embeddings`` (input/output), ``share_embeddings`` (encoder/decoder).
         layers: ``norm``, ``norm_position``, ``final_norm``, ``activation``, ``bias``, ``attn_scale``
-            (False for T5, which folds 1/sqrt(d) into its init), ``share_layers`` (ALBERT).
+            (False for T5, which folds 1/sqrt(d) into its init), ``share_layers`` (ALBERT: one layer's weights at
+            every depth; ``encoder`` / ``decoder`` / ``both`` (= True) pick the stacks), ``share_encoder_decoder``
+            (T5's "Enc-dec, shared" row: the decoder's layers reuse the encoder's, see
+            :mod:`lmforge.models.transformer`).
         mixture of experts (:mod:`lmforge.nn.moe`): ``moe_experts`` (0 = dense FFNs), ``moe_top_k`` (1 = Switch,
             2 = Mixtral/GShard), ``moe_every`` (layers k-1, 2k-1, ... of each stack are MoE), ``moe_capacity_factor``
             or ``moe_expert_capacity`` (neither = dropless), ``moe_renormalize`` (None: when top_k > 1),
@@ -248,7 +253,8 @@ class ModelConfig(ConfigBase):
     activation: str = "gelu"
     bias: bool = True
     attn_scale: bool = True
-    share_layers: bool = False
+    share_layers: bool | str = False  # False, True (= "both"), "encoder", "decoder" or "both"
+    share_encoder_decoder: bool = False
     # --- attention variants and residual gates (see the docstring's "attention" and "residuals") ------
     attention: str = "full"
     linformer_k: int = 256
@@ -378,6 +384,7 @@ class ModelConfig(ConfigBase):
             raise ConfigError(f"ModelConfig.relative_k={self.relative_k} must be positive")
         if self.position == "deberta":
             self._validate_deberta()
+        self._validate_sharing()
         self._validate_attention_variants()
         if self.layer_norm_eps <= 0:
             raise ConfigError(f"ModelConfig.layer_norm_eps={self.layer_norm_eps} must be positive")
@@ -401,6 +408,32 @@ class ModelConfig(ConfigBase):
             if tid is not None and not 0 <= tid < self.vocab_size:
                 raise ConfigError(f"ModelConfig.{name}={tid} is outside the vocabulary [0, {self.vocab_size})")
         return self
+
+    def layers_shared(self, stack: str) -> bool:
+        """Whether the ``stack`` ("encoder" or "decoder") runs one layer's weights at every depth.
+
+        Example:
+            >>> ModelConfig(arch="encoder-decoder", share_layers="encoder").layers_shared("decoder")
+            False
+        """
+        return self.share_layers is True or self.share_layers in ("both", stack)
+
+    def _validate_sharing(self) -> None:
+        value = self.share_layers
+        if not isinstance(value, bool) and value not in SHARED_STACKS:
+            raise ConfigError(f"ModelConfig.share_layers={value!r} must be true, false or one of "
+                              f"{', '.join(SHARED_STACKS)}")
+        if value in ("encoder", "decoder") and self.arch != "encoder-decoder" and value != self.arch:
+            raise ConfigError(f"ModelConfig.share_layers={value!r} names a stack that arch={self.arch!r} does not "
+                              f"have; use share_layers=true")
+        if self.share_encoder_decoder:
+            if self.arch != "encoder-decoder":
+                raise ConfigError(f"ModelConfig.share_encoder_decoder=True needs arch='encoder-decoder' (got "
+                                  f"arch={self.arch!r}): there is no second stack to share with")
+            if self.decoder_layers != self.n_layers or self.layers_shared("encoder") != self.layers_shared("decoder"):
+                raise ConfigError(f"ModelConfig.share_encoder_decoder=True needs stacks of the same shape (got "
+                                  f"n_layers={self.n_layers}, n_decoder_layers={self.decoder_layers}, "
+                                  f"share_layers={value!r}); make them equal")
 
     def _validate_attention_variants(self) -> None:
         if self.attention not in ATTENTIONS:

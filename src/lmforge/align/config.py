@@ -6,7 +6,7 @@
                                               starting weights; with lora_r the base model itself)
     lora_r                        all         train LoRA adapters of this rank on the policy (0: every weight)
     train                         dpo         preference pairs (prompt, chosen, rejected)
-    beta, variant, label_smoothing  dpo       DPO's beta; sigmoid (DPO/cDPO) or ipo; cDPO's eps
+    beta, variant, cdpo_epsilon     dpo       DPO's beta; sigmoid (DPO/cDPO) or ipo; cDPO's eps
     precompute_ref                dpo         score the pairs with the reference once, before training
     prompts                       ppo, grpo   prompt file, NAME:SPLIT, or "arithmetic" (sums made on the fly)
     prompt_field                  all         the prompt column of the pairs or prompt file
@@ -54,7 +54,7 @@ class AlignConfig(ConfigBase):
     train: str | None = None
     beta: float = 0.1
     variant: str = "sigmoid"
-    label_smoothing: float = 0.0
+    cdpo_epsilon: float = 0.0  # TRL's label_smoothing; renamed apart from the token loss's label_smoothing
     precompute_ref: bool = False
     prompts: str | None = None
     prompt_field: str = "prompt"
@@ -94,8 +94,8 @@ class AlignConfig(ConfigBase):
         for key in ("kl_coef", "kl_beta", "value_clip", "vf_coef", "lora_r"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"AlignConfig.{key}={getattr(self, key)} must be >= 0")
-        if not 0 <= self.label_smoothing < 0.5:
-            raise ConfigError(f"AlignConfig.label_smoothing={self.label_smoothing} must be in [0, 0.5)")
+        if not 0 <= self.cdpo_epsilon < 0.5:
+            raise ConfigError(f"AlignConfig.cdpo_epsilon={self.cdpo_epsilon} must be in [0, 0.5)")
 
     @property
     def samples_per_prompt(self) -> int:

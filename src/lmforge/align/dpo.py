@@ -160,7 +160,7 @@ class DPOLoss:
         if variant not in VARIANTS:
             raise ConfigError(f"--variant {variant!r} is not one of {', '.join(VARIANTS)}")
         if not 0 <= label_smoothing < 0.5:
-            raise ConfigError(f"--label-smoothing {label_smoothing}: must be in [0, 0.5)")
+            raise ConfigError(f"--cdpo-epsilon {label_smoothing}: must be in [0, 0.5)")
         if beta <= 0:
             raise ConfigError(f"--beta {beta}: must be > 0")
         self.reference = reference.eval().requires_grad_(False) if reference is not None else None

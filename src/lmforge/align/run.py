@@ -128,7 +128,7 @@ def run_align(config: TrainConfig, align: AlignConfig, *, log: Callable[[str], N
             precompute_reference(reference if reference is not None else model.policy, examples, tok.pad_id,
                                  config.batch_size, ctx.device)
             reference = None
-        loss = DPOLoss(reference, align.beta, align.variant, align.label_smoothing)
+        loss = DPOLoss(reference, align.beta, align.variant, align.cdpo_epsilon)
         objective, data = PairCollator(tok.pad_id), ExampleBatches(examples, config.batch_size, seed=config.seed)
     else:
         method = PPOMethod(align.kl_coef, align.kl_target, align.kl_horizon, align.gamma, align.lam) \

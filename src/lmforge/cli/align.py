@@ -54,8 +54,8 @@ ALIGN_OPTIONS = [
                "OUT/model has them merged"),
     ("train", "dpo: preference pairs, JSONL/TSV/CSV with prompt, chosen and rejected columns"),
     ("beta", "dpo: beta, the KL strength (temperature of the implicit reward)"),
-    ("variant", "dpo: sigmoid (DPO; with --label-smoothing, conservative DPO) or ipo"),
-    ("label_smoothing", "dpo: conservative DPO's assumed share of flipped labels (0: plain DPO)"),
+    ("variant", "dpo: sigmoid (DPO; with --cdpo-epsilon, conservative DPO) or ipo"),
+    ("cdpo_epsilon", "dpo: conservative DPO's assumed share of flipped labels (TRL's label_smoothing; 0: plain DPO)"),
     ("precompute_ref", "dpo: score the pairs with the reference once before training, then free it"),
     ("prompts", "ppo/grpo: prompts (JSONL with a prompt field, TSV/CSV, NAME:SPLIT, .txt one per line), or "
                 "'arithmetic' for sums made on the fly with an exact-answer reward"),

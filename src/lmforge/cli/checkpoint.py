@@ -7,6 +7,7 @@ Example::
 
     $ lmforge checkpoint consolidate runs/gpt/checkpoints/step-00002000 models/gpt-2000
     $ lmforge checkpoint consolidate runs/gpt models/gpt-latest     # the run's newest intact checkpoint
+    $ lmforge checkpoint average runs/mt --last 5 --out models/mt-avg5  # Vaswani et al.'s averaged model
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 from lmforge.cli.main import UserError
+from lmforge.training.checkpoint_average import average_checkpoints
 from lmforge.training.dist_checkpoint import (
     find_checkpoint,
     is_sharded,
@@ -37,6 +39,16 @@ def run_consolidate(args) -> int:
     return 0
 
 
+def run_average(args) -> int:
+    run = Path(args.run)
+    out = Path(args.out) if args.out else run / f"model-avg{args.last}"
+    if args.tokenizer is not None and not Path(args.tokenizer).exists():
+        raise UserError(f"--tokenizer {args.tokenizer}: no such tokenizer folder or file")
+    written = average_checkpoints(run, args.last, out, tokenizer=args.tokenizer)
+    print(f"average of the last {args.last} checkpoints of {run} -> {written}", file=sys.stderr)
+    return 0
+
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser("checkpoint", help="work with training checkpoints (consolidate to a model)")
     sub = parser.add_subparsers(dest="checkpoint_command", metavar="SUBCOMMAND")
@@ -54,4 +66,19 @@ def register(subparsers) -> None:
     cons.add_argument("--tokenizer", metavar="DIR", default=None,
                       help="tokenizer to include (default: the run's tokenizer/ folder, when SRC is inside a run)")
     cons.set_defaults(func=run_consolidate)
+    avg = sub.add_parser(
+        "average",
+        help="average the weights of a run's last K checkpoints into a model folder",
+        description="Average the weights of the last K checkpoints of a run (Vaswani et al. 2017: the last 5 for "
+                    "the base Transformer, 20 for big) into a model folder that lmforge.load reads. Every float "
+                    "tensor is the mean of the K checkpoints' tensors; each checkpoint is verified first. The "
+                    "checkpoints are only read.",
+    )
+    avg.add_argument("run", metavar="RUN", help="run folder (or its checkpoints folder)")
+    avg.add_argument("--last", type=int, required=True, metavar="K", help="how many of the newest checkpoints to average")
+    avg.add_argument("--out", metavar="DIR", default=None,
+                     help="model folder to write, replaced atomically (default: RUN/model-avgK)")
+    avg.add_argument("--tokenizer", metavar="DIR", default=None,
+                     help="tokenizer to include (default: the run's tokenizer/ folder)")
+    avg.set_defaults(func=run_average)
     parser.set_defaults(func=lambda args: parser.print_help() or 0)

@@ -40,7 +40,10 @@ OPTIONS = [
               "folder (a folder's weights are loaded)"),
     ("objective", "pre-training objective (mlm+nsp: BERT's MLM plus next sentence prediction, which adds a "
                   "pooler and NSP head to the model; mlm alone is RoBERTa's no-NSP recipe; enc-dec-lm: T5's prefix "
-                  "LM for encoder-decoders, the encoder reads a random prefix and the decoder writes the rest)"),
+                  "LM for encoder-decoders, the encoder reads a random prefix and the decoder writes the rest; span-corruption "
+                  "and denoising also train a decoder (--objective-option layout=decoder or prefix-lm: input and "
+                  "target concatenated); mass: MASS, an encoder-decoder decodes a masked half; permuted-lm: XLNet's "
+                  "two-stream permuted LM on an encoder; unilm: UniLM's mixed attention masks on an encoder)"),
     ("tokenizer", "tokenizer folder (default: the copy inside --data)"),
     ("data", "prepared shards (output of `lmforge data prepare`)"),
     ("out", "run folder: config, tokenizer, checkpoints, logs, final model"),
@@ -53,6 +56,8 @@ OPTIONS = [
     ("schedule", "learning-rate schedule after warmup"),
     ("min_lr_ratio", "end of linear/cosine decay, as a share of --lr"),
     ("weight_decay", "AdamW weight decay (not applied to biases, norms, embeddings)"),
+    ("label_smoothing", "label smoothing eps of the token cross-entropy: targets (1 - eps) one-hot + eps / V "
+                        "(the original Transformer: 0.1; 0 = off)"),
     ("grad_clip", "clip the global gradient norm to this (0: off)"),
     ("max_nonfinite_steps", "stop with an error after this many steps in a row with a non-finite loss or "
                             "gradient norm (their updates are skipped; 0: never stop)"),

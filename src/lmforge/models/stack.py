@@ -5,7 +5,7 @@ attention mask once per forward and hands them to every layer through an Attenti
 
     tokens (B, T, E) -> embeddings -> layer_1 ... layer_N -> final norm -> (B, T, D)
 
-With ``share_layers`` (ALBERT) one layer's weights serve every depth. Adding ``step_embeddings`` makes it
+With ``share_layers`` (ALBERT) one layer's weights serve every depth (of the encoder, the decoder or both). Adding ``step_embeddings`` makes it
 the Universal Transformer's recurrence in depth (Dehghani et al. 2019): before step t the stack adds a
 sinusoidal signal of t (the paper's timestep coordinate embedding), so the one shared layer knows how
 deep it is. The paper's adaptive computation time (a halting unit per position) is not included: every
@@ -61,8 +61,8 @@ class TransformerStack(nn.Module):
             if cfg.position == "rope"
             else None
         )
-        self.layers = nn.ModuleList(Block(cfg, cross, moe=cfg.moe_layer(i))
-                                    for i in range(1 if cfg.share_layers else n_layers))
+        shared = cfg.layers_shared("decoder" if causal else "encoder")
+        self.layers = nn.ModuleList(Block(cfg, cross, moe=cfg.moe_layer(i)) for i in range(1 if shared else n_layers))
         if cfg.attn_scale_by_layer:  # GPT-2's scale_attn_by_inverse_layer_idx: layer i's logits / (i + 1)
             for i, block in enumerate(self.layers):
                 block.attn.scale /= i + 1
@@ -87,6 +87,8 @@ class TransformerStack(nn.Module):
         memory_mask: torch.Tensor | None = None,
         cache: KVCache | None = None,
         output_hidden_states: bool = False,
+        attentions: list[torch.Tensor] | None = None,
+        cross_attentions: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
         """Contextualise token vectors.
 
@@ -99,6 +101,7 @@ class TransformerStack(nn.Module):
             memory_mask: (B, S_src) with 1 for real source tokens.
             cache: KV cache to read and extend (incremental decoding).
             output_hidden_states: also return the input of every layer and the final output.
+            attentions, cross_attentions: lists to append each layer's attention weights (B, H, T, S) to.
 
         Returns:
             (B, T, D) hidden states, and the list of N+1 hidden states when asked.
@@ -145,6 +148,8 @@ class TransformerStack(nn.Module):
             rel_embeddings=rel_embeddings,
             cache=cache,
             cross_mask=memory_mask.bool()[:, None, None, :] if memory_mask is not None else None,
+            attentions=attentions,
+            cross_attentions=cross_attentions,
         )
 
         hidden = [x] if output_hidden_states else None

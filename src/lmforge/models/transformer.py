@@ -14,12 +14,17 @@ Forward contract (tasks, PEFT, generation and the Trainer rely on it)::
     out.hidden_states       [N+1 x (B, T, D)] when output_hidden_states=True
     out.past_key_values     KVCache when use_cache=True
     out.loss                mean cross-entropy over labels != -100, when labels are given
+                            (label-smoothed when ``model.label_smoothing`` = eps > 0, a training setting)
                             (with label_weights (B, T): sum of weight * cross-entropy over them instead);
                             head="rtd" (ELECTRA's discriminator): binary cross-entropy, labels 1 = replaced;
                             an MoE model in training mode adds out.aux_loss to it
     out.aux_loss            MoE, training mode: moe_aux_loss * L_aux + moe_z_loss * L_z (see lmforge.nn.moe)
     out.n_targets           how many labels out.loss is a mean over
     out.nsp_logits          (B, 2) IsNext/NotNext logits, when the model has an NSP head (nsp_head=True)
+    out.attentions          [N x (B, H, T, S)] softmax weights when output_attentions=True (alias
+                            return_attentions); encoder-decoders add out.encoder_attentions and
+                            out.cross_attentions. Asking for them writes the softmax out instead of SDPA's
+                            fused kernel; without them the forward is unchanged.
 
 Next sentence prediction (BERT). With ``next_sentence_label`` (B,) (0 = IsNext, 1 = NotNext, -100 = none)
 the loss is HF ``BertForPreTraining``'s: ``out.loss = MLM mean CE + NSP mean CE`` (NSP alone without
@@ -101,6 +106,10 @@ class ModelOutput:
     nsp_logits: torch.Tensor | None = None  # (B, 2), HF's seq_relationship_logits
     loss_terms: list[LossTerm] | None = None  # the terms of ``loss`` when it sums means over different labels
     aux_loss: torch.Tensor | None = None  # MoE router losses (weighted) included in ``loss``, training mode only
+    # Attention maps, when asked for (output_attentions=True): one (B, H, T, S) tensor per layer.
+    attentions: list[torch.Tensor] | None = None  # self-attention (the decoder's, for an encoder-decoder)
+    encoder_attentions: list[torch.Tensor] | None = None
+    cross_attentions: list[torch.Tensor] | None = None
 
 
 class Transformer(nn.Module):
@@ -118,6 +127,8 @@ class Transformer(nn.Module):
             self.decoder = TransformerStack(cfg, cfg.decoder_layers, causal=True, cross=True)
             if not cfg.share_embeddings:
                 self.decoder_embed_tokens = nn.Embedding(cfg.vocab_size, cfg.embed_dim)
+            if cfg.share_encoder_decoder:
+                share_blocks(self.encoder, self.decoder)
         self.lm_head = self.mlm_head = self.rtd_head = self.pooler = None
         if cfg.head == "lm":
             self.lm_head = LMHead(
@@ -133,6 +144,7 @@ class Transformer(nn.Module):
         if cfg.pooler:
             self.pooler = Pooler(cfg.d_model)
         self.nsp_head = NSPHead(cfg.d_model) if cfg.nsp_head else None
+        self.label_smoothing = 0.0  # eps of the token cross-entropy (a training setting, not saved)
         self.reset_parameters()
 
     # ------------------------------------------------------------------ init
@@ -218,14 +230,17 @@ class Transformer(nn.Module):
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         output_hidden_states: bool = False,
+        attentions: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
-        """Run the encoder stack: (B, S) ids -> (B, S, D) states (and all layers when asked)."""
+        """Run the encoder stack: (B, S) ids -> (B, S, D) states (and all layers when asked; each layer's attention
+        weights appended to ``attentions`` when given)."""
         if self.encoder is None:
             raise UserInputError(f"model {self.config.name!r} (arch={self.config.arch}) has no encoder")
         if self.config.moe_experts:
             clear_router_losses(self.encoder)
         tokens = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        return self.encoder(tokens, attention_mask, token_type_ids, position_ids, output_hidden_states=output_hidden_states)
+        return self.encoder(tokens, attention_mask, token_type_ids, position_ids,
+                            output_hidden_states=output_hidden_states, attentions=attentions)
 
     # ------------------------------------------------------------------ forward
     def forward(
@@ -245,6 +260,8 @@ class Transformer(nn.Module):
         output_hidden_states: bool = False,
         label_weights: torch.Tensor | None = None,
         next_sentence_label: torch.Tensor | None = None,
+        output_attentions: bool = False,
+        return_attentions: bool = False,
     ) -> ModelOutput:
         """See the module docstring. ``encoder_hidden_states`` (B, S, D) skips re-running the encoder
         (generation); ``inputs_embeds`` (B, T, E) replaces the token lookup (prompt tuning);
@@ -255,9 +272,15 @@ class Transformer(nn.Module):
         if cfg.moe_experts:
             clear_router_losses(self)
         cache = past_key_values if past_key_values is not None else (KVCache(window=cfg.sliding_window) if use_cache else None)
+        maps = output_attentions or return_attentions
+        if maps:
+            out.attentions = []
+            if cfg.arch == "encoder-decoder":
+                out.encoder_attentions, out.cross_attentions = ([] if encoder_hidden_states is None else None), []
         if cfg.arch == "encoder":
             h, out.hidden_states = self.encode(
-                input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_hidden_states
+                input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_hidden_states,
+                out.attentions,
             )
             if self.pooler is not None:
                 out.pooler_output = self.pooler(h)
@@ -265,13 +288,14 @@ class Transformer(nn.Module):
             tokens = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
             h, out.hidden_states = self.decoder(
                 tokens, attention_mask, token_type_ids, position_ids, cache=cache,
-                output_hidden_states=output_hidden_states,
+                output_hidden_states=output_hidden_states, attentions=out.attentions,
             )
         else:
             memory = encoder_hidden_states
             if memory is None:
                 memory, out.encoder_hidden_states = self.encode(
-                    input_ids, attention_mask, token_type_ids, None, inputs_embeds, output_hidden_states
+                    input_ids, attention_mask, token_type_ids, None, inputs_embeds, output_hidden_states,
+                    out.encoder_attentions,
                 )
             out.encoder_last_hidden_state = memory
             if decoder_input_ids is None and decoder_inputs_embeds is None:
@@ -284,7 +308,7 @@ class Transformer(nn.Module):
             memory_mask = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
             h, out.hidden_states = self.decoder(
                 decoder_inputs_embeds, decoder_attention_mask, None, position_ids, memory, memory_mask, cache,
-                output_hidden_states,
+                output_hidden_states, out.attentions, out.cross_attentions,
             )
         out.last_hidden_state = h
         out.past_key_values = cache if use_cache else None
@@ -352,7 +376,8 @@ class Transformer(nn.Module):
             loss = F.binary_cross_entropy_with_logits(logits.float(), target.float(), weight=weights,
                                                       reduction="mean" if weights is None else "sum")
             return logits, loss, int(target.numel())
-        return logits, cross_entropy(logits, target, fused=fused, weight=weights), int(target.numel())
+        loss = cross_entropy(logits, target, fused=fused, weight=weights, label_smoothing=self.label_smoothing)
+        return logits, loss, int(target.numel())
 
     def generate(self, *args, **kwargs):
         """Greedy / beam / sampled generation; see :func:`lmforge.generation.generate` (same arguments,
@@ -425,7 +450,10 @@ class Transformer(nn.Module):
         # Cross-attention's key and value projections read the encoder's output: they run once per source token.
         n_mem = sum(p.numel() for name, p in self.decoder.named_parameters()
                     if ".cross_attn.k." in name or ".cross_attn.v." in name)
-        n_dec = self.active_parameters(exclude_embeddings=True) - n_enc - n_mem + head
+        # Blocks shared with the encoder (share_encoder_decoder) multiply the target tokens too: same cost as unshared.
+        enc_params = {id(p) for p in self.encoder.parameters()}
+        reused = sum(p.numel() for p in {id(p): p for p in self.decoder.parameters()}.values() if id(p) in enc_params)
+        n_dec = self.active_parameters(exclude_embeddings=True) - n_enc - n_mem + head + reused
         enc = 6 * (n_enc + n_mem) * S + 12 * cfg.n_layers * d_attn * S * S
         dec = 6 * n_dec * T + 12 * cfg.decoder_layers * d_attn * T * (T + S)  # self- then cross-attention
         return int(enc + dec)
@@ -433,6 +461,22 @@ class Transformer(nn.Module):
     def save(self, path: str | Path, tokenizer=None) -> Path:
         """Write ``config.json`` + ``model.safetensors`` (+ tokenizer) atomically; see lmforge.model_folder."""
         return model_folder.save(self, path, tokenizer=tokenizer)
+
+
+def share_blocks(encoder: TransformerStack, decoder: TransformerStack) -> None:
+    """T5's "Enc-dec, shared" row (Raffel et al. 2020, §3.2.2): the decoder's layer i reuses the encoder's
+    layer i, so the model has about the parameters P of one stack rather than 2P.
+
+    What is shared: each layer's self-attention and feed-forward, with their norms. The paper counts the
+    shared model as P, the size of an L-layer stack, which ignores the decoder's encoder-decoder attention;
+    the encoder has no such sublayer to share it with, so the decoder keeps its own cross-attention and its
+    norm. Each stack also keeps its own final norm and position signals (T5's relative bias is
+    bidirectional in the encoder and causal in the decoder, with separate buckets).
+    """
+    for enc, dec in zip(encoder.layers, decoder.layers, strict=True):
+        dec.attn_norm, dec.attn, dec.ffn_norm, dec.ffn = enc.attn_norm, enc.attn, enc.ffn_norm, enc.ffn
+        if enc.rezero is not None:
+            dec.rezero = enc.rezero
 
 
 def _attention_flops(cfg: ModelConfig, seq_len: int) -> int:

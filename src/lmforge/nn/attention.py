@@ -53,6 +53,8 @@ class AttentionContext:
         rel_embeddings: (2k, D) DeBERTa's relative-position table, shared by the stack's layers, or None.
         cache: the KV cache to read and extend, or None.
         cross_mask: bool (B, 1, 1, S_src) for cross-attention, or None.
+        attentions, cross_attentions: lists each layer appends its self- / cross-attention weights (B, H, T, S)
+            to, when attention maps are asked for; None (the fast path: SDPA never writes the weights out).
     """
 
     mask: torch.Tensor | None = None
@@ -63,6 +65,8 @@ class AttentionContext:
     rel_embeddings: torch.Tensor | None = None
     cache: KVCache | None = None
     cross_mask: torch.Tensor | None = None
+    attentions: list[torch.Tensor] | None = None
+    cross_attentions: list[torch.Tensor] | None = None
 
 
 class Attention(nn.Module):
@@ -155,9 +159,15 @@ class Attention(nn.Module):
         attn_mask = _merge_mask_and_bias(mask, bias, q.dtype)
         dropout = self.dropout if self.training else 0.0
 
-        if self.relative is not None and self.relative.value_table is not None:
-            probs = self._probs(q, k, attn_mask, False, dropout)
-            out = self._weigh(probs, v) + self.relative.value_term(probs, ctx.rel_index)  # (B, H, T, hd)
+        record = ctx.cross_attentions if self.cross else ctx.attentions
+        shaw_values = self.relative is not None and self.relative.value_table is not None
+        if shaw_values or record is not None:  # the weights themselves are needed: written out
+            probs = self._probs(q, k, attn_mask, is_causal and attn_mask is None, dropout)  # (B, H, T, S)
+            out = self._weigh(probs, v)  # (B, H, T, hd)
+            if shaw_values:
+                out = out + self.relative.value_term(probs, ctx.rel_index)
+            if record is not None:
+                record.append(probs)
         elif use_matmul_attention(q, k, attn_mask):
             causal = is_causal and attn_mask is None
             if causal and split_causal_in_halves(q, k):

@@ -11,6 +11,14 @@ from one inductor kernel instead of the chunk loop's small ops per chunk, which 
 rather than once per op (``benchmarks/train_step.py``'s compiled rows use it). The result equals
 ``F.cross_entropy`` up to floating-point rounding (checked in tests).
 
+Label smoothing (Szegedy et al. 2016; Vaswani et al. 2017 §5.4 use eps = 0.1) trains against the target
+distribution (1 - eps) onehot(y) + eps / V instead of onehot(y):
+
+    loss = (1 - eps) * (-log p_y) + eps * mean_v(-log p_v)        gradient: softmax(z) - (1 - eps) onehot(y) - eps / V
+
+which is ``F.cross_entropy(..., label_smoothing=eps)``. With log p_v = z_v - max z - log S, the smoothing term
+needs only the row's mean logit: mean_v(-log p_v) = max z + log S - mean_v z.
+
 Example:
     >>> import torch
     >>> z, y = torch.randn(6, 11, requires_grad=True), torch.randint(0, 11, (6,))
@@ -29,11 +37,12 @@ _CHUNK_ELEMENTS = 1 << 18
 
 
 def _chunked_loss_and_grad(
-    logits: torch.Tensor, target: torch.Tensor, divisor: float, want_grad: bool, weight: torch.Tensor | None = None
+    logits: torch.Tensor, target: torch.Tensor, divisor: float, want_grad: bool, weight: torch.Tensor | None = None,
+    smoothing: float = 0.0,
 ):
     """Eager: logits (N, V), target (N,) -> (summed loss / divisor, its gradient (N, V) in the logits'
     dtype, or None), computed one cache-sized chunk of rows at a time. With ``weight`` (N,) each row's
-    loss is multiplied by its weight instead (``divisor`` must then be 1)."""
+    loss is multiplied by its weight instead (``divisor`` must then be 1). ``smoothing``: label smoothing eps."""
     N = logits.shape[0]
     acc = torch.promote_types(logits.dtype, torch.float32)  # never accumulate in bf16
     # The gradient softmax(z) - onehot(y) falls out of the same softmax pass as the loss, so it is written
@@ -46,7 +55,10 @@ def _chunked_loss_and_grad(
         chunk, t = logits[start:end], target[start:end, None]  # (c, V), (c, 1)
         w = None if weight is None else weight[start:end, None].to(acc)  # (c, 1) the rows' loss weights
         if not want_grad:
-            logp = torch.log_softmax(chunk, dim=-1, dtype=acc).gather(1, t)  # (c, 1)
+            logp_all = torch.log_softmax(chunk, dim=-1, dtype=acc)  # (c, V)
+            logp = logp_all.gather(1, t)  # (c, 1)
+            if smoothing:
+                logp = (1 - smoothing) * logp + smoothing * logp_all.mean(-1, keepdim=True)
             total -= logp.sum() if w is None else (logp * w).sum()
             continue
         probs = torch.softmax(chunk, dim=-1, dtype=acc)  # (c, V), fp32 in cache-sized rows
@@ -54,22 +66,28 @@ def _chunked_loss_and_grad(
         # exp(0) / S: so -log S = log max p. That spares the exp pass over (c, V) that recovering p from a
         # log_softmax would cost (ATen's standalone exp is slower than the softmax kernel's own).
         top = chunk.amax(-1, keepdim=True).to(acc)  # (c, 1)
-        logp = chunk.gather(1, t).to(acc) - top + probs.amax(-1, keepdim=True).log()  # (c, 1)
+        log_norm = probs.amax(-1, keepdim=True).log() - top  # (c, 1): -(max z + log S)
+        logp = chunk.gather(1, t).to(acc) + log_norm  # (c, 1)
+        if smoothing:  # mean_v log p_v = mean_v z - max z - log S
+            logp = (1 - smoothing) * logp + smoothing * (chunk.mean(-1, keepdim=True, dtype=acc) + log_norm)
+            probs.sub_(smoothing / chunk.shape[1])
         total -= logp.sum() if w is None else (logp * w).sum()
-        probs.scatter_add_(1, t, probs.new_full(t.shape, -1.0))  # in fp32, so p - 1 keeps its digits
+        probs.scatter_add_(1, t, probs.new_full(t.shape, smoothing - 1.0))  # in fp32, so p - 1 keeps its digits
         grad[start:end].copy_(probs.mul_(1.0 / divisor if w is None else w))  # scale in cache; round once
     return total / divisor, grad
 
 
-def _loss_and_grad(logits: torch.Tensor, target: torch.Tensor, mean: bool, weight: torch.Tensor | None = None):
+def _loss_and_grad(logits: torch.Tensor, target: torch.Tensor, mean: bool, weight: torch.Tensor | None = None,
+                   smoothing: float = 0.0):
     """The same loss and gradient written as whole-tensor ops, for inductor to fuse into one kernel.
     ``mean`` is a flag, not a divisor, so that every batch size shares one compiled graph; ``weight`` (N,)
-    replaces it with per-row loss weights."""
+    replaces it with per-row loss weights; ``smoothing`` is label smoothing's eps."""
     z = logits.to(torch.promote_types(logits.dtype, torch.float32))  # (N, V)
     top = z.amax(-1, keepdim=True)  # (N, 1)
     e = (z - top).exp()
     norm = e.sum(-1, keepdim=True)  # (N, 1)
-    nll = top + norm.log() - z.gather(1, target[:, None])  # (N, 1)
+    log_z = top + norm.log()  # (N, 1) logsumexp
+    nll = (1 - smoothing) * (log_z - z.gather(1, target[:, None])) + smoothing * (log_z - z.mean(-1, keepdim=True))
     if weight is None:
         scale = 1.0 / z.shape[0] if mean else 1.0
         loss = nll.sum() * scale
@@ -77,7 +95,8 @@ def _loss_and_grad(logits: torch.Tensor, target: torch.Tensor, mean: bool, weigh
         scale = weight[:, None].to(z.dtype)  # (N, 1)
         loss = (nll * scale).sum()
     onehot = torch.arange(z.shape[1], device=z.device) == target[:, None]  # (N, V)
-    return loss, ((e / norm - onehot.to(z.dtype)) * scale).to(logits.dtype)
+    smoothed = (1 - smoothing) * onehot.to(z.dtype) + smoothing / z.shape[1]  # (N, V) the target distribution
+    return loss, ((e / norm - smoothed) * scale).to(logits.dtype)
 
 
 @functools.cache
@@ -87,12 +106,13 @@ def _compiled_loss_and_grad():
 
 class _CrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, mean: bool, fused: bool, weight) -> torch.Tensor:
+    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, mean: bool, fused: bool, weight,
+                smoothing: float) -> torch.Tensor:
         if fused and ctx.needs_input_grad[0]:
-            loss, grad = _compiled_loss_and_grad()(logits, target, mean, weight)
+            loss, grad = _compiled_loss_and_grad()(logits, target, mean, weight, smoothing)
         else:
             divisor = float(logits.shape[0]) if mean and weight is None else 1.0
-            loss, grad = _chunked_loss_and_grad(logits, target, divisor, ctx.needs_input_grad[0], weight)
+            loss, grad = _chunked_loss_and_grad(logits, target, divisor, ctx.needs_input_grad[0], weight, smoothing)
         ctx.save_for_backward(grad)
         return loss
 
@@ -102,8 +122,8 @@ class _CrossEntropy(torch.autograd.Function):
         # loss.backward() seeds 1: then the gradient is already final, and skipping the rescale saves a
         # full pass over the (N, V) logits. Reading the scalar is free on the CPU; elsewhere it would sync.
         if grad_out.device.type == "cpu" and grad_out.numel() == 1 and float(grad_out) == 1.0:
-            return grad, None, None, None, None
-        return grad * grad_out.to(grad.dtype), None, None, None, None
+            return grad, None, None, None, None, None
+        return grad * grad_out.to(grad.dtype), None, None, None, None, None
 
 
 def cross_entropy(
@@ -112,6 +132,7 @@ def cross_entropy(
     reduction: str = "mean",
     fused: bool = False,
     weight: torch.Tensor | None = None,
+    label_smoothing: float = 0.0,
 ) -> torch.Tensor:
     """Token cross-entropy. logits (N, V) in any float dtype, target (N,) long; no ignore index
     (select the labelled rows first). ``reduction``: ``mean`` or ``sum`` (a trainer that accumulates
@@ -119,11 +140,13 @@ def cross_entropy(
     per-row loss weights, the loss is sum_i weight_i * CE_i and ``reduction`` is not used (an
     example-averaged loss weighs each token by 1 / (its example's targets x examples)). ``fused``:
     compute it with torch.compile (the first call compiles, once per process; needs what torch.compile
-    needs)."""
+    needs). ``label_smoothing``: eps, as in ``F.cross_entropy`` (see the module docstring)."""
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing={label_smoothing!r} must be in [0, 1]")
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction={reduction!r} must be 'mean' or 'sum'")
     if weight is not None and weight.shape != target.shape:
         raise ValueError(f"weight has shape {tuple(weight.shape)}; it needs one weight per row, {tuple(target.shape)}")
     if logits.shape[0] == 0:
         return logits.sum() * 0.0
-    return _CrossEntropy.apply(logits, target, reduction == "mean", fused, weight)
+    return _CrossEntropy.apply(logits, target, reduction == "mean", fused, weight, float(label_smoothing))

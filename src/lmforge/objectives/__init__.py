@@ -13,11 +13,14 @@ name                class                          architecture        paper
 ``mlm+nsp``         ``MaskedLMAndNSP``             encoder             BERT (MLM + NSP; RoBERTa §4.2)
 ``clm``             ``CausalLM``                   decoder             GPT
 ``prefix-lm``       ``PrefixLM``                   decoder             T5 §3.2; UniLM
-``span-corruption`` ``SpanCorruption``             encoder-decoder     T5
-``denoising``       ``BartDenoising``              encoder-decoder     BART
+``span-corruption`` ``SpanCorruption``             enc-dec; decoder    T5 (Table 2: LM, prefix LM rows)
+``denoising``       ``BartDenoising``              enc-dec; decoder    BART
 ``enc-dec-lm``      ``EncDecLM``                   encoder-decoder     T5 §3.3.1 (prefix LM baseline)
 ``bilm``            ``BiLMObjective``              bilstm              ELMo (forward + backward LM)
 ``electra``         ``ReplacedTokenDetection``     encoder             ELECTRA (generator + discriminator)
+``mass``            ``Mass``                       encoder-decoder     MASS (masked fragment, decoded)
+``permuted-lm``     ``PermutedLM``                 encoder             XLNet (two-stream attention)
+``unilm``           ``UniLM``                      encoder             UniLM (per-row attention masks)
 ==================  =============================  ==================  ==========================
 
 Example::
@@ -26,10 +29,10 @@ Example::
     >>> clm = build_objective("clm", pad_token_id=0)
     >>> clm([[5, 6, 7]])["labels"].tolist()
     [[6, 7]]
-    >>> check_architecture("span-corruption", "decoder")  # doctest: +ELLIPSIS
+    >>> check_architecture("enc-dec-lm", "decoder")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    lmforge.errors.UserInputError: objective 'span-corruption' does not fit arch='decoder': ...; it needs arch='encoder-decoder'
+    lmforge.errors.UserInputError: objective 'enc-dec-lm' does not fit arch='decoder': ...; it needs arch='encoder-decoder'
 """
 
 from __future__ import annotations
@@ -39,10 +42,13 @@ from lmforge.objectives.clm import CausalLM
 from lmforge.objectives.denoising import BartDenoising
 from lmforge.objectives.enc_dec_lm import EncDecLM
 from lmforge.objectives.electra import ReplacedTokenDetection
+from lmforge.objectives.mass import Mass
 from lmforge.objectives.mlm import MaskedLM
 from lmforge.objectives.nsp import MaskedLMAndNSP, NextSentencePrediction
+from lmforge.objectives.permuted_lm import PermutedLM
 from lmforge.objectives.prefix_lm import PrefixLM
 from lmforge.objectives.span_corruption import SpanCorruption, compute_input_and_target_lengths
+from lmforge.objectives.unilm import UniLM
 from lmforge.errors import UserInputError
 
 # The values of ModelConfig.arch, plus "bilstm": ELMo's biLM (lmforge.models.bilstm_lm), which is no Transformer.
@@ -59,6 +65,9 @@ OBJECTIVES = {
     "enc-dec-lm": EncDecLM,
     "bilm": BiLMObjective,
     "electra": ReplacedTokenDetection,
+    "mass": Mass,
+    "permuted-lm": PermutedLM,
+    "unilm": UniLM,
 }
 
 # objective -> (architectures it trains, why), so a mismatch can be explained, not just refused.
@@ -69,17 +78,25 @@ FITS = {
                               "of a bidirectional encoder"),
     "clm": (("decoder",), "it trains next-token prediction under a causal mask"),
     "prefix-lm": (("decoder",), "it passes a (B, T, T) prefix mask to a single decoder stack"),
+    # On a decoder (T5 Table 2's "Language model" and "Prefix LM" rows) input and target are concatenated:
+    # layout decoder | prefix-lm, see lmforge.objectives.decoder_layout.
     "span-corruption": (
-        ("encoder-decoder",),
-        "it produces decoder targets (labels, decoder_input_ids) from a corrupted encoder input",
+        ("encoder-decoder", "decoder"),
+        "it produces targets from a corrupted input (for a decoder: concatenated after it)",
     ),
     "denoising": (
-        ("encoder-decoder",),
-        "it produces decoder targets (labels, decoder_input_ids) from a corrupted encoder input",
+        ("encoder-decoder", "decoder"),
+        "it produces targets from a corrupted input (for a decoder: concatenated after it)",
     ),
     "enc-dec-lm": (("encoder-decoder",), "it feeds a prefix to an encoder and decodes the rest of the text"),
     "bilm": (("bilstm",), "it trains separate forward and backward LMs, i.e. ELMo's biLM (--model elmo-tiny)"),
     "electra": (("encoder",), "its discriminator labels every token of a bidirectional encoder's input"),
+    "mass": (("encoder-decoder",), "the encoder reads the sentence with a fragment masked and the decoder "
+                                   "predicts exactly that fragment"),
+    "permuted-lm": (("encoder",), "it runs XLNet's content and query streams through one encoder stack "
+                                  "(lmforge.models.two_stream)"),
+    "unilm": (("encoder",), "it gives one encoder stack a (B, T, T) bidirectional, left-to-right, right-to-left "
+                            "or seq2seq mask per row"),
 }
 
 
@@ -91,7 +108,7 @@ def _canonical(name: str) -> str:
 
 
 def build_objective(name: str, **options):
-    """Construct an objective by name (``mlm|nsp|mlm+nsp|clm|prefix-lm|span-corruption|denoising|enc-dec-lm|bilm|electra``).
+    """Construct an objective by name (a key of :data:`OBJECTIVES`).
 
     ``options`` are the class's keyword arguments: special-token ids, rates and ``seed``.
     """
@@ -124,12 +141,15 @@ __all__ = [
     "BiLMObjective",
     "CausalLM",
     "EncDecLM",
+    "Mass",
     "MaskedLM",
     "MaskedLMAndNSP",
     "NextSentencePrediction",
+    "PermutedLM",
     "PrefixLM",
     "ReplacedTokenDetection",
     "SpanCorruption",
+    "UniLM",
     "architectures_for",
     "build_objective",
     "check_architecture",

@@ -38,7 +38,8 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from lmforge.objectives.base import Seeded, as_ids, place_spans, seq2seq_batch, split_sentences
+from lmforge.objectives.base import Seeded, as_ids, place_spans, split_sentences
+from lmforge.objectives.decoder_layout import check_layout, layout_batch
 
 
 def token_masking(tokens: torch.Tensor, prob: float, mask_token_id: int, generator=None) -> torch.Tensor:
@@ -146,6 +147,8 @@ class BartDenoising(Seeded):
         infill_ratio: share of the tokens removed by text infilling; ``poisson_lambda``: mean span length.
         permute_prob: probability that a document's sentences are shuffled.
         rotate_prob: probability that a document is rotated.
+        layout: ``seq2seq`` (encoder-decoder), or ``decoder`` / ``prefix-lm``: input and target concatenated
+            for one decoder stack, loss on the target (:mod:`lmforge.objectives.decoder_layout`).
         seed: seed of the generator that drives every noise function.
     """
 
@@ -164,9 +167,11 @@ class BartDenoising(Seeded):
         poisson_lambda: float = 3.0,
         permute_prob: float = 1.0,
         rotate_prob: float = 0.0,
+        layout: str = "seq2seq",
         seed: int = 0,
     ):
         super().__init__(seed)
+        self.layout = check_layout(layout)
         for name, value in [("mask_prob", mask_prob), ("delete_prob", delete_prob), ("infill_ratio", infill_ratio),
                             ("permute_prob", permute_prob), ("rotate_prob", rotate_prob)]:
             if not 0.0 <= value <= 1.0:
@@ -204,4 +209,4 @@ class BartDenoising(Seeded):
             tokens, sentence_lengths = _split_example(example)
             sources.append(torch.cat([bos, self.noise(tokens, sentence_lengths), eos]))
             targets.append(torch.cat([bos, tokens, eos]))
-        return seq2seq_batch(sources, targets, self.pad_token_id, self.decoder_start_token_id)
+        return layout_batch(sources, targets, self.pad_token_id, self.decoder_start_token_id, self.layout)

@@ -38,7 +38,8 @@ from collections.abc import Sequence
 
 import torch
 
-from lmforge.objectives.base import Seeded, as_ids, seq2seq_batch
+from lmforge.objectives.base import Seeded, as_ids
+from lmforge.objectives.decoder_layout import check_layout, layout_batch
 
 
 def compute_input_and_target_lengths(
@@ -139,6 +140,8 @@ class SpanCorruption(Seeded):
         eos_token_id, pad_token_id: appended to inputs and targets / used for padding.
         decoder_start_token_id: first decoder input; defaults to ``pad_token_id``, as in T5.
         noise_density, mean_noise_span_length: T5 defaults 0.15 and 3.
+        layout: ``seq2seq`` (encoder-decoder), or ``decoder`` / ``prefix-lm``: input and target concatenated
+            for one decoder stack, loss on the target (:mod:`lmforge.objectives.decoder_layout`).
         seed: seed of the generator that draws the masks.
     """
 
@@ -151,9 +154,11 @@ class SpanCorruption(Seeded):
         decoder_start_token_id: int | None = None,
         noise_density: float = 0.15,
         mean_noise_span_length: float = 3.0,
+        layout: str = "seq2seq",
         seed: int = 0,
     ):
         super().__init__(seed)
+        self.layout = check_layout(layout)
         if len(sentinel_ids) == 0:
             raise ValueError("span corruption needs sentinel ids (<extra_id_0>, <extra_id_1>, ...)")
         self.sentinel_ids = torch.as_tensor(list(sentinel_ids), dtype=torch.long)
@@ -169,4 +174,4 @@ class SpanCorruption(Seeded):
             source, target = corrupt_spans(tokens, mask, self.sentinel_ids, self.eos_token_id)
             inputs.append(source)
             targets.append(target)
-        return seq2seq_batch(inputs, targets, self.pad_token_id, self.decoder_start_token_id)
+        return layout_batch(inputs, targets, self.pad_token_id, self.decoder_start_token_id, self.layout)

@@ -34,7 +34,7 @@ PRECISIONS = ("auto", "bf16", "fp32")
 DEVICES = ("auto", "cpu", "cuda")
 NO_DECAY_KINDS = ("bias", "norm", "embedding")
 PRETRAIN_OBJECTIVES = ("mlm", "clm", "prefix-lm", "span-corruption", "denoising", "enc-dec-lm", "bilm", "electra",
-                       "mlm+nsp")
+                       "mlm+nsp", "mass", "permuted-lm", "unilm")
 STRATEGIES = ("auto", "single", "ddp", "fsdp")
 FSDP_PARAM_DTYPES = ("auto", "bf16", "fp32")
 FSDP_REDUCE_DTYPES = ("fp32", "bf16")
@@ -54,6 +54,7 @@ class TrainConfig(ConfigBase):
         optimizer: AdamW ``lr``, ``betas``, ``eps``, ``weight_decay`` (not applied to the parameter kinds in
             ``no_decay``), ``grad_clip`` (max global L2 norm; 0 = off), ``max_nonfinite_steps`` (stop the run
             when this many optimizer steps in a row have a non-finite loss or gradient norm; 0 = never).
+        loss: ``label_smoothing`` eps of the token cross-entropy (Vaswani et al. 2017: 0.1; 0 = off).
         schedule: ``schedule``, ``warmup`` steps, ``min_lr_ratio`` (end of linear/cosine decay, as a share of
             ``lr``), ``cut_frac`` and ``stlr_ratio`` (slanted triangular).
         speed: ``precision``, ``compile``, ``activation_checkpointing``, ``device``, ``num_workers``.
@@ -90,6 +91,7 @@ class TrainConfig(ConfigBase):
     no_decay: list[str] = field(default_factory=lambda: list(NO_DECAY_KINDS))
     grad_clip: float = 1.0
     max_nonfinite_steps: int = 3
+    label_smoothing: float = 0.0
     # --- schedule ------------------------------------------------------------------------------
     schedule: str = "cosine"
     warmup: int = 0
@@ -167,6 +169,8 @@ class TrainConfig(ConfigBase):
                 raise bad(key, "must be >= 0")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise bad("min_lr_ratio", "must be in [0, 1]")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise bad("label_smoothing", "must be in [0, 1)")
         if not 0.0 < self.cut_frac < 1.0:
             raise bad("cut_frac", "must be in (0, 1)")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):

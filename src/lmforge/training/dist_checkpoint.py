@@ -312,8 +312,19 @@ def consolidate(src: str | Path, dst: str | Path, tokenizer: str | Path | None =
     return write_model_folder(find_checkpoint(src), dst, tokenizer)
 
 
-def write_model_folder(folder: Path, dst: str | Path, tokenizer: str | Path | None = None) -> Path:
-    """:func:`consolidate` for a checkpoint folder already verified by :func:`find_checkpoint`."""
+def write_model_folder(folder: Path, dst: str | Path, tokenizer: str | Path | None = None,
+                       model: nn.Module | None = None) -> Path:
+    """:func:`consolidate` for a checkpoint folder already verified by :func:`find_checkpoint` (or, with
+    ``model``, that model's weights written in the folder's place, e.g. an average of checkpoints)."""
+    if model is None:
+        model = checkpoint_model(folder)
+    if tokenizer is None and (folder.parent.parent / RUN_TOKENIZER).is_dir():
+        tokenizer = folder.parent.parent / RUN_TOKENIZER
+    return model_checkpoint.save(model, dst, tokenizer=Tokenizer.load(tokenizer) if tokenizer else None)
+
+
+def checkpoint_model(folder: Path) -> nn.Module:
+    """The model of a verified checkpoint folder (either layout), its weights loaded."""
     model = empty_model(model_checkpoint.read_config(folder / MODEL_DIR))
     if is_sharded(folder):
         state = model.state_dict()
@@ -323,9 +334,7 @@ def write_model_folder(folder: Path, dst: str | Path, tokenizer: str | Path | No
         model.load_state_dict(state)
     else:
         model_checkpoint.load_weights(model, folder / MODEL_DIR / model_checkpoint.WEIGHTS_FILE)
-    if tokenizer is None and (folder.parent.parent / RUN_TOKENIZER).is_dir():
-        tokenizer = folder.parent.parent / RUN_TOKENIZER
-    return model_checkpoint.save(model, dst, tokenizer=Tokenizer.load(tokenizer) if tokenizer else None)
+    return model
 
 
 def unsharded_copy(model: nn.Module, ctx: DistContext) -> nn.Module | None:

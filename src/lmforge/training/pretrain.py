@@ -67,7 +67,9 @@ from lmforge.models import Transformer
 from lmforge.checkpoint import bilm_config, is_bilm
 from lmforge.models.bilstm_lm import BiLM, BiLMConfig
 from lmforge.models.electra import ElectraPretrainer
-from lmforge.objectives import OBJECTIVES, ReplacedTokenDetection, architectures_for, check_architecture
+from lmforge.models.two_stream import TwoStreamLM
+from lmforge.objectives import OBJECTIVES, PermutedLM, ReplacedTokenDetection, architectures_for, check_architecture
+from lmforge.objectives.decoder_layout import check_layout_fits, default_layout
 from lmforge.objectives.input_formats import FullSentences, check_format
 from lmforge.tokenization import Tokenizer
 from lmforge.training import distributed
@@ -161,7 +163,7 @@ def objective_kwargs(name: str, tokenizer: Tokenizer, seed: int, options: dict[s
 
 def packed_fits(objective: str) -> bool:
     """True when ``objective`` reads packed blocks (decoder-only objectives), False for document segments."""
-    return "decoder" in architectures_for(objective)
+    return architectures_for(objective)[0] == "decoder"
 
 
 def framing_tokens(objective: str) -> int:
@@ -244,6 +246,12 @@ def build_pretraining(config: TrainConfig, *, loss=None, init: Callable[[Transfo
     has_weights = (Path(config.model) / model_checkpoint.WEIGHTS_FILE).is_file()
     model_config = model_config_for(config.model, tokenizer, {**({} if has_weights else needs), **config.overrides})
     check_architecture(config.objective, model_config.arch)
+    concatenated = False
+    if "layout" in inspect.signature(OBJECTIVES[config.objective]).parameters:  # seq2seq objectives on a decoder
+        layout = config.objective_options.get("layout", default_layout(model_config.arch))
+        check_layout_fits(config.objective, layout, model_config.arch)
+        config = config.updated({"objective_options": {**config.objective_options, "layout": layout}})
+        concatenated = layout != "seq2seq"
     if getattr(model_config, "head", None) == "rtd" and config.objective != "electra":
         raise ConfigError(f"model {config.model} has ELECTRA's replaced-token head (head: rtd), which objective "
                           f"{config.objective!r} cannot train; continue it with --objective electra, or fine-tune it")
@@ -270,7 +278,8 @@ def build_pretraining(config: TrainConfig, *, loss=None, init: Callable[[Transfo
     objective = build_objective_for(config, tokenizer, distributed.rank_seed(config.seed, ctx.rank), seq_len, ends,
                                     static_seed=config.seed)
     eval_objective = build_objective_for(config, tokenizer, config.seed + 1, seq_len, ends)
-    train_data, eval_data = datasets_for(config, seq_len, ends)
+    # Concatenated, input and target share the model's seq_len: each gets about half of it.
+    train_data, eval_data = datasets_for(config, seq_len // 2 if concatenated else seq_len, ends)
 
     torch.manual_seed(config.seed)  # the same seed, the same initial weights
     if isinstance(model_config, BiLMConfig):
@@ -279,13 +288,19 @@ def build_pretraining(config: TrainConfig, *, loss=None, init: Callable[[Transfo
         if config.strategy == "fsdp":
             raise ConfigError("objective 'electra' trains a generator + discriminator pair: use strategy ddp, not fsdp")
         model = ElectraPretrainer.from_config(model_config, **objective.pretrainer_options())
+    elif isinstance(objective, PermutedLM):  # XLNet: the encoder runs a content and a query stream
+        model = TwoStreamLM(Transformer(model_config))
     else:
         model = Transformer(model_config)
+    if config.label_smoothing:
+        for module in model.modules():  # every Transformer inside (a wrapper's too) computes its loss smoothed
+            if isinstance(module, Transformer):
+                module.label_smoothing = config.label_smoothing
     if (Path(config.model) / model_checkpoint.WEIGHTS_FILE).is_file():
         model_checkpoint.verify_folder(config.model)
         # ELECTRA continues from a folder's encoder: its body, and its RTD head if it has one (else a fresh one).
         electra = isinstance(model, ElectraPretrainer)
-        model_checkpoint.load_weights(model.saved_model if electra else model,
+        model_checkpoint.load_weights(model.saved_model if electra or isinstance(model, TwoStreamLM) else model,
                                       Path(config.model) / model_checkpoint.WEIGHTS_FILE,
                                       strict=not electra or model_config.head == "rtd")
     elif init is not None:

@@ -12,6 +12,10 @@ exactly where it stopped: there is no scheduler state to drift. ``s`` counts opt
     slanted-triangular  ULMFiT (Howard & Ruder 2018, eq. 3): a short linear rise over cut = floor(T cut_frac)
                         steps to 1, then a long linear fall to 1/ratio at s=T
 
+``inverse-sqrt`` is Vaswani et al.'s "Noam" rate (§5.3), lr = d_model^-0.5 min(s^-0.5, s W^-1.5), once the
+peak ``lr`` is :func:`noam_lr` = d_model^-0.5 W^-0.5: for s <= W that is d_model^-0.5 W^-0.5 s/W =
+d_model^-0.5 s W^-1.5, and after it d_model^-0.5 W^-0.5 sqrt(W/s) = d_model^-0.5 s^-0.5.
+
 Slanted triangular, from the paper: ``p = s/cut`` if ``s < cut`` else
 ``1 - (s - cut) / (cut (1/cut_frac - 1))``, and the factor is ``(1 + p (ratio - 1)) / ratio``.
 
@@ -30,6 +34,16 @@ import math
 from dataclasses import asdict, dataclass
 
 from lmforge.training.config import SCHEDULES
+
+
+def noam_lr(d_model: int, warmup: int) -> float:
+    """The peak LR that turns ``inverse-sqrt`` into Vaswani et al.'s schedule: d_model^-0.5 * warmup^-0.5.
+
+    Example:
+        >>> round(noam_lr(512, 4000), 6)  # the base Transformer's peak, reached at step 4000
+        0.000699
+    """
+    return d_model**-0.5 * warmup**-0.5
 
 
 @dataclass(frozen=True)
