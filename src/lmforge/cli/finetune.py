@@ -57,7 +57,7 @@ TASK_FLAGS = {
     "text_column": ("NAME", "column of the input text (tag: the words; qa: the question)"),
     "text_pair_column": ("NAME", "column of the second text of a pair (qa: the context)"),
     "label_column": ("NAME", "column of the label (classify/regress/multilabel/tag; text2text with --label-map)"),
-    "target_column": ("NAME", "column of the target text (seq2seq/text2text) or answers (qa)"),
+    "target_column": ("NAME", "column of the target text (seq2seq/text2text), answers (qa) or choices (multiple-choice: a list, or NAME0, NAME1, ... columns)"),
     "task_prefix": ("TEXT", "text put before every input (seq2seq/text2text), e.g. 'translate English to Spanish: '"),
     "pair_prefix": ("TEXT", "text2text: put before the second text of a pair, e.g. 'sentence2: '"),
     "label_separator": ("SEP", "multilabel: separator of the labels in one cell (default ,)"),
@@ -137,7 +137,7 @@ def _add_peft_flags(parser) -> None:
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "finetune", help="fine-tune a model on a task (classify, regress, multilabel, tag, qa, seq2seq, text2text)",
+        "finetune", help="fine-tune a model on a task (classify, regress, multilabel, tag, qa, multiple-choice, seq2seq, text2text)",
         description="Fine-tune a preset, an lmforge model folder or a Hugging Face folder on a TSV/CSV/JSONL/CoNLL "
                     "file (or a shipped data set NAME:SPLIT, e.g. rt-sentiment:train). Writes OUT/finetune.yaml, "
                     "OUT/checkpoints/, OUT/metrics.jsonl, OUT/best/ (best evaluation by --metric) and OUT/model/.",

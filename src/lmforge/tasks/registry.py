@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from lmforge.tasks.classification import ClassifyTask, MultilabelTask, RegressTask
+from lmforge.tasks.multiple_choice import MultipleChoiceTask
 from lmforge.tasks.qa import QATask
 from lmforge.tasks.seq2seq import Seq2SeqTask
 from lmforge.tasks.tagging import TagTask
 from lmforge.tasks.text2text import Text2TextTask
 
 TASK_CLASSES = {"classify": ClassifyTask, "regress": RegressTask, "multilabel": MultilabelTask, "tag": TagTask,
-                "qa": QATask, "seq2seq": Seq2SeqTask, "text2text": Text2TextTask}
+                "qa": QATask, "multiple-choice": MultipleChoiceTask, "seq2seq": Seq2SeqTask, "text2text": Text2TextTask}
 
 
 def build_task(spec, tokenizer, config):

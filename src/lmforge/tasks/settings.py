@@ -49,7 +49,7 @@ TASK_KEYS = ("text_column", "text_pair_column", "label_column", "target_column",
 RECIPE_KEYS = ("layer_decay", "unfreeze_every", "freeze_body", "metric", "eval_limit", "eval_batch_size", "epochs",
                "warmup_ratio", "bucket")
 PEFT_FLAGS = ("peft", "peft_option", "peft_config")
-TASK_NAMES = "classify, regress, multilabel, tag, qa, seq2seq, text2text, instruct or embedding"
+TASK_NAMES = "classify, regress, multilabel, tag, qa, multiple-choice, seq2seq, text2text, instruct or embedding"
 
 
 def parse_label_map(value: str | None) -> dict[str, str]:

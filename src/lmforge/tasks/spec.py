@@ -6,10 +6,11 @@
     multilabel  text (+ text_pair)                    label (a set: list or "a,b")    pooled -> C logits, BCE
     tag         tokens (words)                        tags (one per word)             per token -> C, CE
     qa          question + context                    answers (text, char start)      per token -> start/end
+    multiple-choice  context + each choice            label (the right choice's index)  pooled -> 1 per choice, CE
     seq2seq     source (+ task_prefix)                target text                     the model's LM head
     text2text   prefix + text (+ pair)                target text, or label_map[lbl]  the model's LM head
 
-Column names default by task (``text``/``label``; ``tokens``/``tags``; ``question``/``context``/``answers``;
+Column names default by task (``text``/``label``; ``tokens``/``tags``; ``question``/``context``/``answers``; ``context``/``choice``/``label``;
 ``source``/``target``) and are overridden by the ``*_column`` fields. ``labels`` is filled from the
 training data (sorted; numbers numerically) and fixes the class ids.
 
@@ -32,8 +33,8 @@ from typing import Any
 
 from lmforge.config import ConfigBase, ConfigError
 
-TASKS = ("classify", "regress", "multilabel", "tag", "qa", "seq2seq", "text2text")
-HEAD_TASKS = ("classify", "regress", "multilabel", "tag", "qa")
+TASKS = ("classify", "regress", "multilabel", "tag", "qa", "multiple-choice", "seq2seq", "text2text")
+HEAD_TASKS = ("classify", "regress", "multilabel", "tag", "qa", "multiple-choice")
 GENERATIVE_TASKS = ("seq2seq", "text2text")
 POOLINGS = ("cls", "mean", "last", "max")
 LOSS_AVERAGES = ("token", "example")
@@ -45,6 +46,8 @@ DEFAULT_COLUMNS = {
     "multilabel": {"text": "text", "label": "labels"},
     "tag": {"text": "tokens", "label": "tags"},
     "qa": {"text": "question", "text_pair": "context", "target": "answers"},
+    # choices: a list in column ``choice``, or columns ``choice0``, ``choice1``, ... (SWAG: ``ending0``...)
+    "multiple-choice": {"text": "context", "target": "choice", "label": "label"},
     "seq2seq": {"text": "source", "target": "target"},
     "text2text": {"text": "text", "target": "target"},
 }
