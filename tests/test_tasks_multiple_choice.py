@@ -15,7 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 tf = importlib.import_module("transformers")
 
 from lmforge.cli.main import main  # noqa: E402
-from lmforge import checkpoint  # noqa: E402
+from lmforge import checkpoint, datasets  # noqa: E402
 from lmforge.interop.hf import convert_from_hf, to_hf  # noqa: E402
 from lmforge.tasks import build_task, inference  # noqa: E402
 from lmforge.tasks.data import TaskDataError, read_table  # noqa: E402
@@ -155,3 +155,22 @@ def test_bad_rows_name_file_and_row(cell, label, message, toks, tmp_path, capsys
                  "--out", str(tmp_path / "run")]) == 2
     err_text = capsys.readouterr().err.strip().splitlines()
     assert err_text[-1].endswith(message) and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_shipped_next_verse_task_reads_by_name(toks, tmp_path):
+    tok = toks["bert"]
+    spec = TaskSpec(task="multiple-choice", max_length=48)
+    task = build_task(spec, tok, th.body("bert", tok).config)
+    table = read_table("bible-next-verse:dev")
+    assert len(table) == 1453
+    table.rows, table.lines = table.rows[:40], table.lines[:40]
+    examples = task.encode(table)
+    assert {e["gold"] for e in examples} == {0, 1, 2, 3} and all(len(e["input_ids"]) == 4 for e in examples)
+    header = ["context", "choice0", "choice1", "choice2", "choice3", "label"]
+    for split, n in (("train", 16), ("dev", 8)):
+        th.write_tsv(tmp_path / f"{split}.tsv", header, [[r[c] for c in header] for r in datasets.load(
+            "bible-next-verse", split)[:n]])
+    result = finetune(th.body("bert", tok), spec, tmp_path / "train.tsv", tmp_path / "dev.tsv",
+                      config=th.train_config(steps=2, eval_every=2, batch_size=4), out=tmp_path / "run",
+                      tokenizer=tok)
+    assert 0.0 <= result.best["value"] <= 1.0
