@@ -32,6 +32,8 @@ OVERRIDE_FLAGS = {
     "task_prefix": "prefix put before each input (seq2seq/text2text)",
     "max_length": "input tokens (longer inputs are cut, with a warning)",
     "max_target_length": "target tokens; also the generation limit",
+    "null_threshold": "qa (SQuAD 2.0): answer 'no answer' when the [CLS] span outscores the best span by more than "
+                      "this (use the best_f1_thresh that evaluate reports on dev)",
 }
 
 
@@ -46,7 +48,7 @@ def add_common(parser, output: bool) -> None:
                         help="the task (checked against the folder's; required for a plain model folder)")
     parser.add_argument("--subtask", default=None, metavar="NAME", help="text2text mixture: which task the data is")
     for key, text in OVERRIDE_FLAGS.items():
-        kind = int if key.startswith("max_") else str
+        kind = int if key.startswith("max_") else float if key == "null_threshold" else str
         parser.add_argument("--" + key.replace("_", "-"), dest=key, type=kind, default=None, help=text)
     parser.add_argument("--batch-size", type=int, default=32, help="examples per forward pass (default 32)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")

@@ -68,6 +68,9 @@ TASK_FLAGS = {
                         "max_seq_len)"),
     "max_target_length": ("N", "target tokens for seq2seq/text2text, also the generation limit (default 128)"),
     "max_answer_length": ("N", "qa: longest answer span in tokens (default 30)"),
+    "null_threshold": ("TAU", "qa (SQuAD 2.0): answer 'no answer' when the [CLS] span outscores the best span by more "
+                              "than TAU (default 0 once the training data has unanswerable rows; tune it on dev: "
+                              "evaluate reports best_f1_thresh)"),
     "mixing_cap": ("K", "text2text mixture: examples-proportional mixing cap"),
     "mixing_temperature": ("T", "text2text mixture: mixing temperature (1 = proportional)"),
     "loss_average": ("HOW", "seq2seq/text2text: token (default: over all target tokens of a batch) | example "
@@ -160,7 +163,7 @@ def register(subparsers) -> None:
     task = parser.add_argument_group("task format")
     for key, (metavar, text) in TASK_FLAGS.items():
         kind = {"classifier_dropout": float, "mixing_temperature": float, "max_length": int, "max_target_length": int,
-                "max_answer_length": int, "mixing_cap": int}.get(key, str)
+                "max_answer_length": int, "mixing_cap": int, "null_threshold": float}.get(key, str)
         task.add_argument("--" + key.replace("_", "-"), dest=key, type=kind, default=None, metavar=metavar, help=text,
                           choices={"pooling": POOLINGS, "loss_average": LOSS_AVERAGES}.get(key))
     task.add_argument("--label-map", default=None, metavar="MAP",

@@ -34,7 +34,7 @@ from lmforge.utils.lock import remove_stale_temporaries
 from lmforge.errors import InputFileNotFound, UserInputError
 
 OVERRIDABLE = ("text_column", "text_pair_column", "label_column", "target_column", "task_prefix", "pair_prefix",
-               "max_length", "max_target_length", "label_separator")
+               "max_length", "max_target_length", "label_separator", "null_threshold")
 
 
 def load(model_dir: str | Path, task: str | None = None, overrides: dict[str, Any] | None = None,

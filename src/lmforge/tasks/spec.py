@@ -71,6 +71,8 @@ class TaskSpec(ConfigBase):
             the classifier as in BART/RoBERTa; None = by family), ``classifier_dropout``.
         lengths: ``max_length`` input tokens, ``max_target_length`` target tokens (generation stops there too),
             ``max_answer_length`` (QA span decoding, in tokens).
+        no answer: ``null_threshold`` (qa, SQuAD 2.0): answer "no answer" when the [CLS] span's score beats the
+            best span's by more than this (BERT's tau, tuned on dev); None = always answer (SQuAD 1.1).
         mixture: text2text multi-task entries; ``mixing_cap``, ``mixing_temperature`` (T5 section 3.5.2).
         loss: ``loss_average`` (seq2seq, text2text): ``token`` averages the loss over every target token of a
             batch; ``example`` averages each example's mean token loss, so a one-word label counts as much as
@@ -94,6 +96,7 @@ class TaskSpec(ConfigBase):
     max_length: int = 256
     max_target_length: int = 128
     max_answer_length: int = 30
+    null_threshold: float | None = None
     mixture: list[dict[str, Any]] = field(default_factory=list)
     mixing_cap: int | None = None
     mixing_temperature: float = 1.0
@@ -151,6 +154,8 @@ class TaskSpec(ConfigBase):
         words = list(self.label_map.values())
         if len(set(words)) != len(words):
             raise bad("label_map", "maps two labels to the same word; predictions could not be mapped back")
+        if self.null_threshold is not None and self.task != "qa":
+            raise bad("null_threshold", "is only used by task='qa'")
         if self.mixture and self.task != "text2text":
             raise bad("mixture", "is only used by task='text2text'")
         names = []
