@@ -41,6 +41,7 @@ LAYERS = {
     "prompting": 6,
     "embeddings": 6,
     "distillation": 6,
+    "evaluation": 6,  # tasks by name, probes, baselines: on top of tasks (it imports them, they never import it)
     "quickstart": 7,
     "cli": 8,
 }
