@@ -27,6 +27,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 
@@ -36,6 +37,8 @@ from lmforge.cli.pretrain import CHOICES, OPTIONS
 from lmforge.embeddings.losses import EMBEDDING_LOSSES
 from lmforge.embeddings.sbert import run_embedding_finetune
 from lmforge.peft import METHODS
+from lmforge.datasets import benchmarks as layouts
+from lmforge.evaluation import benchmarks
 from lmforge.tasks.run import run_finetune
 from lmforge.tasks.settings import (
     FINETUNE_DEFAULTS,
@@ -81,6 +84,32 @@ assert tuple(TASK_FLAGS) == TASK_KEYS, "every task-format flag is a setting, and
 EMBEDDING_DEFAULTS = {"lr": "2e-05", "max_steps": "one epoch"}
 
 
+# The metric a named task selects its best checkpoint by, where the task type computes the leaderboard's.
+_SELECT = {"mcc", "pearson", "spearman", "f1", "accuracy", "exact_match", "best_f1"}
+
+
+def named_task(given: dict):
+    """Resolve ``--task NAME`` (e.g. glue/cola) into the task type, columns, files and metric it stands for."""
+    name = given.get("task")
+    if name is None or name in (*TASKS, "instruct", "embedding"):
+        return None
+    bench = benchmarks.get(name)  # an unknown name: the list, with the closest match
+    if given.get("data_dir") is not None and name in layouts.LAYOUTS:
+        os.environ[layouts.SUITES[layouts.LAYOUTS[name].suite][0]] = str(given["data_dir"])
+    given["task"] = bench.task
+    for role, column in bench.columns.items():
+        if given.get(f"{role}_column") is None:
+            given[f"{role}_column"] = column
+    if given.get("train") is None and bench.train:
+        given["train"] = bench.source(bench.train)
+    if given.get("eval") is None and bench.evals:
+        given["eval"] = bench.source(bench.evals[0])
+    if given.get("metric") is None and bench.metrics[0] in _SELECT and not (
+            bench.task == "classify" and bench.metrics[0] == "f1"):
+        given["metric"] = bench.metrics[0]
+    return bench
+
+
 def run(args) -> int:
     given = vars(args)
     # A run that fails before its first step leaves no folder holding only its settings behind.
@@ -93,7 +122,10 @@ def _run(given, args) -> int:
         if any(given.get(k) for k in (*PEFT_FLAGS, "merge")):
             raise UserError("--peft and --merge are not supported with --task embedding (it has its own recipe)")
         return run_embedding_finetune(args)
+    bench = named_task(given)
     settings = finetune_settings(given)
+    if bench is not None and bench.labels and not settings["task"].get("labels"):
+        settings["task"]["labels"] = list(bench.labels)  # the official label set, not the one train happens to have
     with plain_warnings("finetune"):
         result = run_finetune(settings, pack=given.get("pack", False))
     if result.stopped_by in ("SIGINT", "SIGTERM"):
@@ -151,9 +183,13 @@ def register(subparsers) -> None:
     add_load_flags(what, tokenizer=True)
     what.add_argument("--random-init", action="store_true", default=False,
                       help="keep the architecture and tokenizer but start from random weights (a baseline)")
-    what.add_argument("--task", default=None, choices=(*TASKS, "instruct", "embedding"),
-                      help="the task (instruct: supervised fine-tuning on instruction/chat JSONL; "
-                      "embedding: Sentence-BERT training with --loss)")
+    what.add_argument("--task", default=None, metavar="TASK",
+                      help=f"the task: a type ({', '.join(TASKS)}; instruct: supervised fine-tuning on "
+                      "instruction/chat JSONL; embedding: Sentence-BERT training with --loss) or a task by name "
+                      "(see `lmforge tasks list`, e.g. glue/cola: its columns, labels, metric and files)")
+    what.add_argument("--data-dir", default=None, metavar="DIR",
+                      help="a named benchmark task's folder in its official layout (else $LMFORGE_GLUE_DIR, "
+                      "$LMFORGE_SUPERGLUE_DIR, $LMFORGE_SQUAD_DIR or $LMFORGE_SWAG_DIR)")
     what.add_argument("--pack", action="store_true", default=False,  # the parser's default is SUPPRESS
                       help="instruct: pack short examples (block-diagonal mask)")
     what.add_argument("--train", default=None, metavar="FILE",
