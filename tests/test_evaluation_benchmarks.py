@@ -110,6 +110,24 @@ def test_every_benchmark_finetunes_and_scores_from_its_fixture(name, model_dir, 
         scores = benchmarks.score(name, gold, [p[key] for p in preds], groups)
     for metric in bench.metrics:
         assert metric in scores, (metric, scores)
+    # `lmforge tasks evaluate` reports the same metrics on every evaluation split (MNLI: both).
+    assert main(["tasks", "evaluate", name, "--model", str(out), "--data-dir", str(suite)]) == 0
+    reported = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    if len(bench.evals) == 1:
+        assert reported == pytest.approx({m: scores[m] for m in bench.metrics}, nan_ok=True)
+    else:
+        assert set(reported) == {f"{m}_{s.rsplit('_', 1)[-1]}" for m in bench.metrics for s in bench.evals}
+
+
+def test_mnli_reports_matched_and_mismatched(model_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("LMFORGE_GLUE_DIR", raising=False)
+    assert main(["finetune", "--model", str(model_dir), "--task", "glue/mnli", "--data-dir", str(FIXTURES / "glue"),
+                 "--max-steps", "1", "--no-progress", "--no-tensorboard", "--out", str(tmp_path / "run")]) == 0
+    scores = benchmarks.evaluate(tmp_path / "run" / "best", "glue/mnli", FIXTURES / "glue")
+    assert set(scores) == {"accuracy_matched", "accuracy_mismatched"}
+    with pytest.raises(UserInputError, match="glue/ax has no labelled evaluation split"):
+        benchmarks.evaluate(tmp_path / "run" / "best", "glue/ax", FIXTURES / "glue")
+    assert len(benchmarks.table("glue/ax", "test", FIXTURES / "glue")) == 2
 
 
 def test_leaderboard_metrics_equal_the_libraries():

@@ -5,10 +5,14 @@ Example::
     $ lmforge tasks list
     $ lmforge tasks show glue/mnli
     $ lmforge finetune --model bert-tiny --task glue/cola --data-dir ~/glue_data --out runs/cola
+    $ lmforge tasks evaluate glue/cola --model runs/cola --data-dir ~/glue_data
 """
 
 from __future__ import annotations
 
+import json
+
+from lmforge.cli.main import model_argument
 from lmforge.cli.tokenizer import HELP
 from lmforge.datasets import benchmarks as layouts
 from lmforge.evaluation import benchmarks
@@ -42,6 +46,15 @@ def _show(args) -> int:
     return 0
 
 
+def _evaluate(args) -> int:
+    scores = benchmarks.evaluate(model_argument("tasks evaluate", args.model), args.name, args.data_dir,
+                                 args.batch_size, args.device)
+    for key, value in scores.items():
+        print(f"{key:24s} {value:.4f}")
+    print(json.dumps(scores))
+    return 0
+
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser("tasks", help="list the tasks lmforge knows by name (GLUE, SuperGLUE, SQuAD, "
                                    "SWAG, shipped)", description="Tasks by name, for `lmforge finetune --task NAME`.")
@@ -51,3 +64,12 @@ def register(subparsers) -> None:
     p = verbs.add_parser("show", help="one task's columns, labels, metrics and files", formatter_class=HELP)
     p.add_argument("name", help="task name (see `lmforge tasks list`), e.g. glue/cola")
     p.set_defaults(func=_show)
+    p = verbs.add_parser("evaluate", help="a fine-tuned model's leaderboard metrics on every evaluation split "
+                         "(MNLI: matched and mismatched)", formatter_class=HELP)
+    p.add_argument("name", help="task name, e.g. glue/mnli")
+    p.add_argument("--model", required=True, metavar="DIR", help="task folder, or a run folder (its best/)")
+    p.add_argument("--data-dir", default=None, metavar="DIR",
+                   help="the suite's folder in its official layout (else its LMFORGE_*_DIR variable)")
+    p.add_argument("--batch-size", type=int, default=32, help="examples per forward pass (default 32)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.set_defaults(func=_evaluate)

@@ -37,7 +37,8 @@ from typing import Any, Sequence
 from lmforge import datasets
 from lmforge.datasets import benchmarks as layouts
 from lmforge.errors import UserInputError
-from lmforge.tasks import metrics
+from lmforge.tasks import inference, metrics
+from lmforge.tasks.data import benchmark_table, read_table
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,39 @@ def where(name: str) -> str:
         env, source = layouts.SUITES[suite]
         return f"--data-dir or ${env} ({source})"
     return "shipped" if datasets.info(name).shipped else "--data-dir or $LMFORGE_WNUT16_DIR"
+
+
+def table(name: str, split: str, data_dir=None):
+    """One split of a task as a :class:`~lmforge.tasks.data.Table` (a benchmark from ``data_dir``, else shipped)."""
+    if name in layouts.LAYOUTS:
+        return benchmark_table(name, split, data_dir)
+    return read_table(f"{name}:{split}")
+
+
+def evaluate(model_dir, name: str, data_dir=None, batch_size: int = 32, device: str = "cpu") -> dict[str, float]:
+    """The leaderboard's metrics of a fine-tuned task folder on every evaluation split of task ``name``.
+
+    A task with several evaluation splits reports each metric per split, named by the split's last part
+    (MNLI: ``accuracy_matched``, ``accuracy_mismatched``).
+    """
+    bench = get(name)
+    if not bench.evals:
+        raise UserInputError(f"{name} has no labelled evaluation split (it is scored on its test set by the "
+                             "leaderboard); predict it with `lmforge predict`")
+    out: dict[str, float] = {}
+    for split in bench.evals:
+        data = table(name, split, data_dir)
+        if bench.task in ("qa", "seq2seq", "tag"):  # the task's own scoring is the leaderboard's
+            scores = inference.evaluate(model_dir, data, batch_size=batch_size, device=device)
+            scores = {m: scores[m] for m in bench.metrics if m in scores}
+        else:
+            preds = inference.predict(model_dir, data, batch_size=batch_size, device=device)
+            key = "score" if bench.task == "regress" else "label"
+            gold = [row.get(bench.columns["label"]) for row in data.rows]
+            scores = score(name, gold, [p[key] for p in preds], [row.get("question_id") for row in data.rows])
+        suffix = f"_{split.rsplit('_', 1)[-1]}" if len(bench.evals) > 1 else ""
+        out.update({f"{k}{suffix}": v for k, v in scores.items()})
+    return out
 
 
 def score(name: str, gold: Sequence, pred: Sequence, groups: Sequence | None = None) -> dict[str, float]:

@@ -195,13 +195,21 @@ def _read_conll(path: Path) -> Table:
     return Table(str(path), rows, ["tokens", "tags"], lines)
 
 
+def benchmark_table(name: str, split: str, data_dir: str | Path | None = None) -> Table:
+    """One split of a public benchmark, read in its official layout from ``data_dir`` (else the suite's
+    environment variable); see :mod:`lmforge.datasets.benchmarks`."""
+    try:
+        file, rows, lines = benchmarks.read(name, split, data_dir)
+    except ValueError as exc:
+        raise TaskDataError(str(exc)) from exc
+    if not rows:
+        raise TaskDataError(f"{file}: no rows")
+    return Table(str(file), rows, list(dict.fromkeys(k for r in rows for k in r)), lines)
+
+
 def _read_dataset(name: str, split: str) -> Table:
-    if name in benchmarks.LAYOUTS:  # a public benchmark, from the user's folder (lmforge.datasets.benchmarks)
-        try:
-            file, rows, lines = benchmarks.read(name, split)
-        except ValueError as exc:
-            raise TaskDataError(str(exc)) from exc
-        return Table(str(file), rows, list(dict.fromkeys(k for r in rows for k in r)), lines)
+    if name in benchmarks.LAYOUTS:  # a public benchmark, from the user's folder
+        return benchmark_table(name, split)
     try:
         info = datasets.info(name)
     except ValueError as exc:
