@@ -109,7 +109,8 @@ def toks(tmp_path_factory):
 def test_every_family_trains_evaluates_and_reloads(family, toks, tmp_path):
     tok = toks[family]
     train, dev = write_mc(tmp_path / "train.tsv"), write_mc(tmp_path / "dev.tsv", 6, seed=1)
-    result = finetune(th.body(family, tok), TaskSpec(task="multiple-choice"), train, dev,
+    body = th.body(family, tok, **({"pooler": True} if family == "bert" else {}))  # BERT's pooler: HF's MC head
+    result = finetune(body, TaskSpec(task="multiple-choice"), train, dev,
                       config=th.train_config(steps=3, eval_every=3, batch_size=4), out=tmp_path / "run",
                       tokenizer=tok)
     assert result.best["metric"] == "accuracy"
@@ -123,6 +124,14 @@ def test_every_family_trains_evaluates_and_reloads(family, toks, tmp_path):
     assert sum(mine[0]["probabilities"]) == pytest.approx(1.0, abs=1e-4)
     rows = inference.predict(tmp_path / "run" / "best", dev, tmp_path / "pred.jsonl")
     assert len(rows) == 6 and rows[0]["label"] in range(4)
+    if family == "bert":  # the fine-tuned folder converts to BertForMultipleChoice with the same scores
+        assert main(["convert", "to-hf", str(tmp_path / "run" / "model"), str(tmp_path / "hf")]) == 0
+        hf = tf.BertForMultipleChoice.from_pretrained(tmp_path / "hf").eval()
+        batch = task.collate(examples[:3])
+        with torch.no_grad():
+            torch.testing.assert_close(hf(**{k: v for k, v in batch.items() if k != "labels"}).logits,
+                                       reloaded(**{k: v for k, v in batch.items() if k != "labels"}).logits,
+                                       atol=1e-4, rtol=0)
 
 
 def test_choices_may_be_a_list_column(toks, tmp_path):
