@@ -24,7 +24,7 @@ from tests import task_helpers as th  # noqa: E402
 @pytest.fixture(scope="module")
 def toks(tmp_path_factory):
     folder = tmp_path_factory.mktemp("toks")
-    return {f: th.tokenizer(folder, f) for f in ("bert", "gpt", "t5")}
+    return {f: th.tokenizer(folder, f) for f in ("bert", "gpt", "t5", "bart")}
 
 
 def test_encoder_top5_equals_the_hf_fill_mask_pipeline(toks, tmp_path):
@@ -58,6 +58,18 @@ def test_decoder_reads_the_next_token_and_t5_its_sentinel(toks):
     logits = t5(torch.tensor([enc]), decoder_input_ids=torch.tensor([[t5.config.decoder_start_token_id, sentinel]]))
     assert [f["id"] for f in fillers] == torch.softmax(logits.logits[0, -1], -1).topk(4).indices.tolist()
     assert sum(f["probability"] for f in fillers) <= 1.0
+
+
+def test_bart_continues_its_rewrite_at_the_mask(toks):
+    tok = toks["bart"]
+    torch.manual_seed(0)
+    bart = th.body("bart", tok).eval()
+    fillers = fill_mask(bart, tok, "john lives in [MASK] .", k=3)
+    enc = tok.encode("john lives in <mask> .")
+    prefix = tok.encode("john lives in")[:-1]  # <s> john lives in (without </s>)
+    dec = torch.tensor([[bart.config.decoder_start_token_id] + prefix])
+    logits = bart(torch.tensor([enc]), decoder_input_ids=dec).logits[0, -1]
+    assert [f["id"] for f in fillers] == torch.softmax(logits, -1).topk(3).indices.tolist()
 
 
 def test_refusals(toks):
