@@ -95,6 +95,12 @@ def test_unanswerable_rows_train_at_cls_and_switch_the_threshold_on(tok, tmp_pat
     assert tuned["f1"] == pytest.approx(scores["best_f1"])
     rows = inference.predict(tmp_path / "run" / "best", dev, tmp_path / "p.jsonl")
     assert all("null_score_diff" in r and "span" in r for r in rows)
+    # BERT's recipe: tune tau on dev and keep it in the folder; the folder then scores the search's best F1.
+    assert main(["evaluate", "--model", str(tmp_path / "run" / "best"), "--data", str(dev),
+                 "--tune-null-threshold"]) == 0
+    spec = json.loads((tmp_path / "run" / "best" / "task.json").read_text())["spec"]
+    assert spec["null_threshold"] == pytest.approx(scores["best_f1_thresh"])
+    assert inference.evaluate(tmp_path / "run" / "best", dev)["f1"] == pytest.approx(scores["best_f1"])
 
 
 def test_prediction_abstains_above_the_threshold(tok, tmp_path):

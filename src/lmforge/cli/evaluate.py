@@ -21,7 +21,7 @@ import sys
 
 from lmforge.cli._load_args import add_load_flags
 from lmforge.cli.main import model_argument, plain_warnings
-from lmforge.tasks.inference import evaluate, table_lines
+from lmforge.tasks.inference import evaluate, table_lines, tune_null_threshold
 from lmforge.tasks.spec import TASKS
 
 OVERRIDE_FLAGS = {
@@ -61,6 +61,11 @@ def overrides(args) -> dict:
 
 def run(args) -> int:
     model = model_argument("evaluate", args.model)
+    if args.tune_null_threshold:
+        with plain_warnings("evaluate"):
+            scores = tune_null_threshold(model, args.data, batch_size=args.batch_size, device=args.device)
+        print(f"stored null_threshold {scores['best_f1_thresh']:.6g} (best F1 {scores['best_f1']:.4f} on {args.data}) "
+              f"in {model}")
     with plain_warnings("evaluate"):
         scores = evaluate(model, args.data, task=args.task, overrides=overrides(args), subtask=args.subtask,
                           batch_size=args.batch_size, device=args.device, limit=args.limit)
@@ -79,4 +84,7 @@ def register(subparsers) -> None:
                     "metrics and, as the last line, a JSON object of the same metrics.")
     add_common(parser, output=False)
     parser.add_argument("--limit", type=int, default=None, help="evaluate the first N rows only")
+    parser.add_argument("--tune-null-threshold", action="store_true", default=False,
+                        help="qa (SQuAD 2.0): choose the no-answer threshold that maximises F1 on --data (dev), store "
+                        "it in the task folder, then report the scores with it")
     parser.set_defaults(func=run)

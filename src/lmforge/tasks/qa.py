@@ -14,8 +14,8 @@ SQuAD 2.0 (Rajpurkar et al. 2018) adds questions the context cannot answer. As i
 ``s_null = start[0] + end[0]``, and the model answers with its best span ``s_best`` only when
 ``s_best > s_null + tau``. Every prediction carries ``null_score_diff = s_null - s_best``; ``tau``
 (``TaskSpec.null_threshold``) is chosen on dev to maximise F1: the scores report the best threshold
-(``best_f1_thresh``, from :func:`lmforge.tasks.metrics.squad_v2`), and evaluate/predict take it back with
-``--null-threshold``. A row with no answer is an empty answer list (``{"text": [], "answer_start": []}`` or
+(``best_f1_thresh``, from :func:`lmforge.tasks.metrics.squad_v2`); ``lmforge evaluate --tune-null-threshold``
+on dev stores it in the task folder, and evaluate/predict also take one with ``--null-threshold``. A row with no answer is an empty answer list (``{"text": [], "answer_start": []}`` or
 ``[]``); once the training data has one, the task predicts "no answer" (threshold 0 unless set); without
 any (SQuAD v1.1) it always answers with a span.
 
