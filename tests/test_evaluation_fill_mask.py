@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
 
 import pytest
@@ -16,7 +17,7 @@ tf = importlib.import_module("transformers")
 from lmforge import checkpoint  # noqa: E402
 from lmforge.cli.main import main  # noqa: E402
 from lmforge.errors import UserInputError  # noqa: E402
-from lmforge.evaluation.fill_mask import fill_mask  # noqa: E402
+from lmforge.evaluation.fill_mask import fill_mask, score_candidates  # noqa: E402
 from lmforge.interop.hf import to_hf  # noqa: E402
 from tests import task_helpers as th  # noqa: E402
 
@@ -90,3 +91,36 @@ def test_cli_prints_the_top_k(toks, tmp_path, capsys):
     assert len(json.loads(capsys.readouterr().out)) == 2
     assert main(["fill-mask", "--model", str(folder), "no blank here"]) == 2
     assert "needs exactly one [MASK]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt", "t5", "bart"])
+def test_one_token_candidates_score_their_fill_mask_log_probability(family, toks):
+    tok = toks[family]
+    torch.manual_seed(0)
+    model = th.body(family, tok, **({"head": "mlm"} if family == "bert" else {})).eval()
+    text = "mary lives in [MASK]"
+    best = fill_mask(model, tok, text, k=20)
+    # a one-token candidate: the filler's text when it re-tokenises to the same single token
+    one = next(f for f in best if f["token"].strip() and f["token"].isalpha()
+               and len(tok.encode(f["token"], add_special_tokens=False)) == 1)
+    (scored,) = score_candidates(model, tok, text, [one["token"]])
+    # A tiny byte-BPE may split the re-typed filler (its space, then the word): compare one-token scores only.
+    assert scored["tokens"] == 1 or family == "gpt"
+    if scored["tokens"] == 1:
+        assert scored["log_likelihood"] == pytest.approx(math.log(one["probability"]), abs=1e-4)
+
+
+def test_decoder_multi_token_candidate_is_the_chain_rule(toks):
+    tok = toks["gpt"]
+    torch.manual_seed(0)
+    gpt = th.body("gpt", tok).eval()
+    ranked = score_candidates(gpt, tok, "john lives in [MASK]", ["paris and rome", "lima"])
+    by = {r["candidate"]: r for r in ranked}
+    ids = tok.encode("john lives in paris and rome")
+    prefix = len(tok.encode("john lives in"))
+    with torch.no_grad():
+        logp = torch.log_softmax(gpt(torch.tensor([ids])).logits[0], -1)
+    expected = sum(float(logp[p - 1, ids[p]]) for p in range(prefix, len(ids)))
+    assert by["paris and rome"]["log_likelihood"] == pytest.approx(expected, abs=1e-4)
+    assert by["paris and rome"]["tokens"] == len(ids) - prefix > 1
+    assert ranked[0]["log_likelihood"] >= ranked[1]["log_likelihood"]

@@ -13,7 +13,7 @@ import json
 import lmforge
 from lmforge.cli._load_args import add_load_flags
 from lmforge.cli.main import UserError, model_argument, plain_warnings
-from lmforge.evaluation.fill_mask import fill_mask
+from lmforge.evaluation.fill_mask import fill_mask, score_candidates
 from lmforge.tokenization import Tokenizer
 
 
@@ -25,6 +25,14 @@ def run(args) -> int:
         raise UserError(f"--model {folder}: no tokenizer.json (save the model with its tokenizer)")
     with plain_warnings("fill-mask"):
         model = lmforge.load(folder, device=args.device)
+        if args.candidates:
+            ranked = score_candidates(model, Tokenizer.load(folder), args.text,
+                                      [c.strip() for c in args.candidates.split(",") if c.strip()])
+            if args.json:
+                print(json.dumps(ranked, ensure_ascii=False))
+            for rank, r in enumerate(ranked if not args.json else [], 1):
+                print(f"{rank:3d}  {r['log_likelihood']:10.4f}  {r['candidate']}  ({r['tokens']} tokens)")
+            return 0
         fillers = fill_mask(model, Tokenizer.load(folder), args.text, args.top_k)
     if args.json:
         print(json.dumps(fillers, ensure_ascii=False))
@@ -44,6 +52,9 @@ def register(subparsers) -> None:
     parser.add_argument("--model", required=True, metavar="DIR",
                         help="model folder holding tokenizer.json, or a run folder (its best/, else its model/)")
     parser.add_argument("--top-k", type=int, default=10, help="how many fillers to print (default 10)")
+    parser.add_argument("--candidates", default=None, metavar="A,B,...",
+                        help="rank these fillers (any number of tokens each) by their log-likelihood in the blank "
+                        "instead of listing the top-k tokens")
     parser.add_argument("--json", action="store_true", default=False,
                         help="print one JSON list of {token, id, probability} instead of the table")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
