@@ -89,6 +89,10 @@ def test_cli_prints_the_top_k(toks, tmp_path, capsys):
     assert len(lines) == 4 and lines[0].split()[0] == "1"
     assert main(["fill-mask", "--model", str(folder), "mary lives in [MASK] .", "--top-k", "2", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)) == 2
+    assert main(["fill-mask", "--model", str(folder), "mary lives in [MASK] .", "--candidates", "paris,new lima",
+                 "--json"]) == 0
+    ranked = json.loads(capsys.readouterr().out)
+    assert {r["candidate"] for r in ranked} == {"paris", "new lima"} and all(r["log_likelihood"] < 0 for r in ranked)
     assert main(["fill-mask", "--model", str(folder), "no blank here"]) == 2
     assert "needs exactly one [MASK]" in capsys.readouterr().err
 
