@@ -66,10 +66,14 @@ def _recorded_shared_sums() -> dict[str, tuple[str, str]]:
     return {Path(rel).name: (rel, digest) for digest, rel in lines}
 
 
+# Files built inside lmforge from the shipped ones (not copies of shared files): checked by a rebuild below.
+DERIVED = set(datasets.info("bible-next-verse").files.values())
+
+
 def test_shipped_files_are_the_shared_files_byte_for_byte():
     sources_md = (datasets.FILES.parent / "SOURCES.md").read_text(encoding="utf-8")
     recorded = _recorded_shared_sums()
-    packed_files = sorted(datasets.FILES.glob("*.gz"))
+    packed_files = sorted(p for p in datasets.FILES.glob("*.gz") if p.name not in DERIVED)
     assert {p.name.removesuffix(".gz") for p in packed_files} == set(recorded)
     for packed in packed_files:
         raw = gzip.decompress(packed.read_bytes())
@@ -78,6 +82,29 @@ def test_shipped_files_are_the_shared_files_byte_for_byte():
         if SHARED.is_dir():  # the sources themselves, which also keeps the recorded sums honest
             assert raw == (SHARED / rel).read_bytes(), packed.name
         assert digest in sources_md
+
+
+def test_next_verse_files_are_their_documented_rebuild():
+    from lmforge.datasets import next_verse
+
+    sources_md = (datasets.FILES.parent / "SOURCES.md").read_text(encoding="utf-8")
+    for split, file_name in datasets.info("bible-next-verse").files.items():
+        verses = datasets.load("kjv-rv1909", split)
+        rows = next_verse.build(verses, limit=next_verse.TRAIN_ROWS if split == "train" else None)
+        packed = (datasets.FILES / file_name).read_bytes()
+        assert next_verse.tsv_gz(rows) == packed, file_name
+        assert hashlib.sha256(gzip.decompress(packed)).hexdigest() in sources_md
+        # Each row: the answer is the verse after the context, every distractor is another verse of its book.
+        text = {v["ref"]: v["en"] for v in verses}
+        book_texts = {}
+        for ref, t in text.items():
+            book_texts.setdefault(ref.rsplit(".", 2)[0], set()).add(t)
+        for row in datasets.load("bible-next-verse", split)[:300]:
+            book, chapter, verse = row["ref"].rsplit(".", 2)
+            choices = [row[f"choice{k}"] for k in range(4)]
+            assert row["context"] == text[row["ref"]]
+            assert choices[row["label"]] == text[f"{book}.{chapter}.{int(verse) + 1}"]
+            assert len(set(choices)) == 4 and set(choices) <= book_texts[book]
 
 
 def test_corpus_path_is_a_pretraining_input():

@@ -42,6 +42,7 @@ LAYERS = {
     "embeddings": 6,
     "align": 6,  # reward models, DPO, PPO, GRPO: a Trainer with a loss, like the tasks (whose reward task it holds)
     "distillation": 6,
+    "evaluation": 6,  # tasks by name, probes, baselines: on top of tasks (it imports them, they never import it)
     "experiments": 7,  # grids of runs: pretrain and finetune cells, below the quickstart that composes everything
     "cost": 7,  # price-tag reports, scaling fits and plans: above the training loop whose tags they read
     "quickstart": 8,

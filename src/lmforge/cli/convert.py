@@ -83,7 +83,15 @@ def run_from_hf(args) -> int:
 def run_to_hf(args) -> int:
     from pathlib import Path
 
-    path = convert_to_hf(args.src, args.dst, dtype=_dtype(args.dtype), overwrite=args.overwrite)
+    if (Path(args.src) / "task.json").is_file():  # a fine-tuned task folder: its head becomes HF's task class
+        from lmforge.interop.hf import to_hf
+        from lmforge.tasks.model import load_task_model, to_hf_head
+
+        model = load_task_model(args.src)
+        path = to_hf(model.body, args.dst, tokenizer=args.src if (Path(args.src) / "tokenizer.json").is_file() else None,
+                     task_head=to_hf_head(model), dtype=_dtype(args.dtype), overwrite=args.overwrite)
+    else:
+        path = convert_to_hf(args.src, args.dst, dtype=_dtype(args.dtype), overwrite=args.overwrite)
     hf = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
     has_tokenizer = (Path(path) / "tokenizer.json").is_file()
     tokenizer = "tokenizer.json + tokenizer_config.json" if has_tokenizer else "no tokenizer"

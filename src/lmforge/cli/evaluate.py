@@ -21,7 +21,7 @@ import sys
 
 from lmforge.cli._load_args import add_load_flags
 from lmforge.cli.main import model_argument, plain_warnings
-from lmforge.tasks.inference import evaluate, table_lines
+from lmforge.tasks.inference import evaluate, table_lines, tune_null_threshold
 from lmforge.tasks.spec import TASKS
 
 OVERRIDE_FLAGS = {
@@ -32,6 +32,8 @@ OVERRIDE_FLAGS = {
     "task_prefix": "prefix put before each input (seq2seq/text2text)",
     "max_length": "input tokens (longer inputs are cut, with a warning)",
     "max_target_length": "target tokens; also the generation limit",
+    "null_threshold": "qa (SQuAD 2.0): answer 'no answer' when the [CLS] span outscores the best span by more than "
+                      "this (use the best_f1_thresh that evaluate reports on dev)",
 }
 
 
@@ -46,7 +48,7 @@ def add_common(parser, output: bool) -> None:
                         help="the task (checked against the folder's; required for a plain model folder)")
     parser.add_argument("--subtask", default=None, metavar="NAME", help="text2text mixture: which task the data is")
     for key, text in OVERRIDE_FLAGS.items():
-        kind = int if key.startswith("max_") else str
+        kind = int if key.startswith("max_") else float if key == "null_threshold" else str
         parser.add_argument("--" + key.replace("_", "-"), dest=key, type=kind, default=None, help=text)
     parser.add_argument("--batch-size", type=int, default=32, help="examples per forward pass (default 32)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
@@ -59,6 +61,11 @@ def overrides(args) -> dict:
 
 def run(args) -> int:
     model = model_argument("evaluate", args.model)
+    if args.tune_null_threshold:
+        with plain_warnings("evaluate"):
+            scores = tune_null_threshold(model, args.data, batch_size=args.batch_size, device=args.device)
+        print(f"stored null_threshold {scores['best_f1_thresh']:.6g} (best F1 {scores['best_f1']:.4f} on {args.data}) "
+              f"in {model}")
     with plain_warnings("evaluate"):
         scores = evaluate(model, args.data, task=args.task, overrides=overrides(args), subtask=args.subtask,
                           batch_size=args.batch_size, device=args.device, limit=args.limit)
@@ -77,4 +84,7 @@ def register(subparsers) -> None:
                     "metrics and, as the last line, a JSON object of the same metrics.")
     add_common(parser, output=False)
     parser.add_argument("--limit", type=int, default=None, help="evaluate the first N rows only")
+    parser.add_argument("--tune-null-threshold", action="store_true", default=False,
+                        help="qa (SQuAD 2.0): choose the no-answer threshold that maximises F1 on --data (dev), store "
+                        "it in the task folder, then report the scores with it")
     parser.set_defaults(func=run)

@@ -27,6 +27,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 
@@ -36,6 +37,8 @@ from lmforge.cli.pretrain import CHOICES, OPTIONS
 from lmforge.embeddings.losses import EMBEDDING_LOSSES
 from lmforge.embeddings.sbert import run_embedding_finetune
 from lmforge.peft import METHODS
+from lmforge.datasets import benchmarks as layouts
+from lmforge.evaluation import benchmarks
 from lmforge.tasks.run import run_finetune
 from lmforge.tasks.settings import (
     FINETUNE_DEFAULTS,
@@ -57,7 +60,7 @@ TASK_FLAGS = {
     "text_column": ("NAME", "column of the input text (tag: the words; qa: the question)"),
     "text_pair_column": ("NAME", "column of the second text of a pair (qa: the context)"),
     "label_column": ("NAME", "column of the label (classify/regress/multilabel/tag; text2text with --label-map)"),
-    "target_column": ("NAME", "column of the target text (seq2seq/text2text) or answers (qa)"),
+    "target_column": ("NAME", "column of the target text (seq2seq/text2text), answers (qa) or choices (multiple-choice: a list, or NAME0, NAME1, ... columns)"),
     "task_prefix": ("TEXT", "text put before every input (seq2seq/text2text), e.g. 'translate English to Spanish: '"),
     "pair_prefix": ("TEXT", "text2text: put before the second text of a pair, e.g. 'sentence2: '"),
     "label_separator": ("SEP", "multilabel: separator of the labels in one cell (default ,)"),
@@ -68,6 +71,9 @@ TASK_FLAGS = {
                         "max_seq_len)"),
     "max_target_length": ("N", "target tokens for seq2seq/text2text, also the generation limit (default 128)"),
     "max_answer_length": ("N", "qa: longest answer span in tokens (default 30)"),
+    "null_threshold": ("TAU", "qa (SQuAD 2.0): answer 'no answer' when the [CLS] span outscores the best span by more "
+                              "than TAU (default 0 once the training data has unanswerable rows; tune it on dev: "
+                              "evaluate reports best_f1_thresh)"),
     "mixing_cap": ("K", "text2text mixture: examples-proportional mixing cap"),
     "mixing_temperature": ("T", "text2text mixture: mixing temperature (1 = proportional)"),
     "loss_average": ("HOW", "seq2seq/text2text: token (default: over all target tokens of a batch) | example "
@@ -76,6 +82,32 @@ TASK_FLAGS = {
 assert tuple(TASK_FLAGS) == TASK_KEYS, "every task-format flag is a setting, and every setting a flag"
 # --task embedding trains with its own recipe (Sentence-BERT), whose defaults differ; the help says so.
 EMBEDDING_DEFAULTS = {"lr": "2e-05", "max_steps": "one epoch"}
+
+
+# The metric a named task selects its best checkpoint by, where the task type computes the leaderboard's.
+_SELECT = {"mcc", "pearson", "spearman", "f1", "accuracy", "exact_match", "best_f1"}
+
+
+def named_task(given: dict):
+    """Resolve ``--task NAME`` (e.g. glue/cola) into the task type, columns, files and metric it stands for."""
+    name = given.get("task")
+    if name is None or name in (*TASKS, "instruct", "embedding"):
+        return None
+    bench = benchmarks.get(name)  # an unknown name: the list, with the closest match
+    if given.get("data_dir") is not None and name in layouts.LAYOUTS:
+        os.environ[layouts.SUITES[layouts.LAYOUTS[name].suite][0]] = str(given["data_dir"])
+    given["task"] = bench.task
+    for role, column in bench.columns.items():
+        if given.get(f"{role}_column") is None:
+            given[f"{role}_column"] = column
+    if given.get("train") is None and bench.train:
+        given["train"] = bench.source(bench.train)
+    if given.get("eval") is None and bench.evals:
+        given["eval"] = bench.source(bench.evals[0])
+    if given.get("metric") is None and bench.metrics[0] in _SELECT and not (
+            bench.task == "classify" and bench.metrics[0] == "f1"):
+        given["metric"] = bench.metrics[0]
+    return bench
 
 
 def run(args) -> int:
@@ -90,7 +122,10 @@ def _run(given, args) -> int:
         if any(given.get(k) for k in (*PEFT_FLAGS, "merge")):
             raise UserError("--peft and --merge are not supported with --task embedding (it has its own recipe)")
         return run_embedding_finetune(args)
+    bench = named_task(given)
     settings = finetune_settings(given)
+    if bench is not None and bench.labels and not settings["task"].get("labels"):
+        settings["task"]["labels"] = list(bench.labels)  # the official label set, not the one train happens to have
     with plain_warnings("finetune"):
         result = run_finetune(settings, pack=given.get("pack", False))
     if result.stopped_by in ("SIGINT", "SIGTERM"):
@@ -137,8 +172,8 @@ def _add_peft_flags(parser) -> None:
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "finetune", help="fine-tune a model on a task (classify, regress, multilabel, tag, qa, seq2seq, text2text, "
-                         "reward)",
+        "finetune", help="fine-tune a model on a task (classify, regress, multilabel, tag, qa, multiple-choice, "
+                         "seq2seq, text2text, reward)",
         description="Fine-tune a preset, an lmforge model folder or a Hugging Face folder on a TSV/CSV/JSONL/CoNLL "
                     "file (or a shipped data set NAME:SPLIT, e.g. rt-sentiment:train). Writes OUT/finetune.yaml, "
                     "OUT/checkpoints/, OUT/metrics.jsonl, OUT/best/ (best evaluation by --metric) and OUT/model/.",
@@ -149,10 +184,14 @@ def register(subparsers) -> None:
     add_load_flags(what, tokenizer=True)
     what.add_argument("--random-init", action="store_true", default=False,
                       help="keep the architecture and tokenizer but start from random weights (a baseline)")
-    what.add_argument("--task", default=None, choices=(*TASKS, "instruct", "embedding"),
-                      help="the task (instruct: supervised fine-tuning on instruction/chat JSONL; "
-                      "embedding: Sentence-BERT training with --loss; reward: a reward model trained with the "
-                      "Bradley-Terry loss on prompt/chosen/rejected rows, for lmforge align)")
+    what.add_argument("--task", default=None, metavar="TASK",
+                      help=f"the task: a type ({', '.join(TASKS)}; instruct: supervised fine-tuning on "
+                      "instruction/chat JSONL; embedding: Sentence-BERT training with --loss; reward: a reward model "
+                      "trained with the Bradley-Terry loss on prompt/chosen/rejected rows, for lmforge align) or a task "
+                      "by name (see `lmforge tasks list`, e.g. glue/cola: its columns, labels, metric and files)")
+    what.add_argument("--data-dir", default=None, metavar="DIR",
+                      help="a named benchmark task's folder in its official layout (else $LMFORGE_GLUE_DIR, "
+                      "$LMFORGE_SUPERGLUE_DIR, $LMFORGE_SQUAD_DIR or $LMFORGE_SWAG_DIR)")
     what.add_argument("--pack", action="store_true", default=False,  # the parser's default is SUPPRESS
                       help="instruct: pack short examples (block-diagonal mask)")
     what.add_argument("--train", default=None, metavar="FILE",
@@ -162,7 +201,7 @@ def register(subparsers) -> None:
     task = parser.add_argument_group("task format")
     for key, (metavar, text) in TASK_FLAGS.items():
         kind = {"classifier_dropout": float, "mixing_temperature": float, "max_length": int, "max_target_length": int,
-                "max_answer_length": int, "mixing_cap": int}.get(key, str)
+                "max_answer_length": int, "mixing_cap": int, "null_threshold": float}.get(key, str)
         task.add_argument("--" + key.replace("_", "-"), dest=key, type=kind, default=None, metavar=metavar, help=text,
                           choices={"pooling": POOLINGS, "loss_average": LOSS_AVERAGES}.get(key))
     task.add_argument("--label-map", default=None, metavar="MAP",

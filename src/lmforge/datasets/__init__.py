@@ -6,6 +6,7 @@
     kjv-rv1909        26718 / 1521 / 1699      ref, en, es                               public domain
     bible-paraphrase  16000 / 3124 / 3458      ref1, ref2, text1, text2, label           public domain
     bible-triplets    8000 / - / -             anchor, positive, negative, ref, neg_ref  public domain
+    bible-next-verse  4000 / 1453 / 1631       ref, context, choice0..choice3, label     public domain
     wnut16            1836 / 229 / 230         tokens, tags (CoNLL)                      not shipped: pass data_dir
 
 WNUT-16 is tweets released without a licence (X/Twitter terms apply), and its provenance notes ask
@@ -85,6 +86,10 @@ REGISTRY: dict[str, DatasetInfo] = {d.name: d for d in (
     DatasetInfo("bible-triplets", "KJV anchor, WEB positive, WEB hard negative from the same chapter", "tsv",
                 {"train": "bible_triplets_train.tsv.gz"}, {"train": 8000}, "public domain",
                 columns=("anchor", "positive", "negative", "ref", "neg_ref")),
+    DatasetInfo("bible-next-verse", "KJV verse and four candidates from its book: pick the next verse "
+                "(multiple choice)", "tsv", _splits("bible_next_verse", "tsv.gz"),
+                {"train": 4000, "dev": 1453, "test": 1631}, "public domain",
+                columns=("ref", "context", "choice0", "choice1", "choice2", "choice3", "label")),
     DatasetInfo("wnut16", "WNUT-16 Twitter named entities, BIO tags, 10 types", "conll",
                 _splits("wnut16", "conll"), {"train": 1836, "dev": 229, "test": 230},
                 "tweets, no explicit licence (X/Twitter terms); not redistributed", shipped=False,

@@ -7,6 +7,7 @@
     classification.py  classify, regress (STS-B style), multilabel
     tagging.py         token classification with first-sub-token label alignment
     qa.py              extractive QA: start/end logits and the span decoding rule
+    multiple_choice.py one score per (context, choice) pair, softmax across the choices (SWAG)
     seq2seq.py         translation / summarisation: teacher forcing, greedy decoding with the KV cache
     text2text.py       T5's format: task prefixes, label words, multi-task mixing
     model.py           TaskModel (body + head) and task folders (model folder + task.json + head weights)

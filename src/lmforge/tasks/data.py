@@ -8,7 +8,8 @@ Every row remembers where it came from, so that each complaint names the file an
 Rows are numbered from 1 in file order, skipping the header: a TSV's row ``n`` is on line ``n + 1``; a JSONL
 row is one non-empty line; a CoNLL row is one sentence (a block of ``token<TAB>...<TAB>tag`` lines ended by a
 blank line; ``-DOCSTART-`` lines are skipped). A shipped data set is named ``NAME:SPLIT``, e.g.
-``rt-sentiment:train`` (see :mod:`lmforge.datasets`).
+``rt-sentiment:train`` (see :mod:`lmforge.datasets`); a public benchmark's split, e.g. ``glue/cola:dev``, is
+read from the user's folder in its official layout (:mod:`lmforge.datasets.benchmarks`).
 
 :class:`ExampleBatches` turns encoded examples into shuffled batches for the Trainer: every batch is a pure
 function of ``(seed, epoch, batch index)``, and ``state_dict()`` / ``load_state_dict()`` make a resumed
@@ -41,6 +42,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from lmforge import datasets
+from lmforge.datasets import benchmarks
 from lmforge.utils.text import normalize_text
 from lmforge.errors import InputFileNotFound, LmforgeError, UserInputError
 from lmforge.utils.io import not_utf8, strip_bom, visible
@@ -193,7 +195,21 @@ def _read_conll(path: Path) -> Table:
     return Table(str(path), rows, ["tokens", "tags"], lines)
 
 
+def benchmark_table(name: str, split: str, data_dir: str | Path | None = None) -> Table:
+    """One split of a public benchmark, read in its official layout from ``data_dir`` (else the suite's
+    environment variable); see :mod:`lmforge.datasets.benchmarks`."""
+    try:
+        file, rows, lines = benchmarks.read(name, split, data_dir)
+    except ValueError as exc:
+        raise TaskDataError(str(exc)) from exc
+    if not rows:
+        raise TaskDataError(f"{file}: no rows")
+    return Table(str(file), rows, list(dict.fromkeys(k for r in rows for k in r)), lines)
+
+
 def _read_dataset(name: str, split: str) -> Table:
+    if name in benchmarks.LAYOUTS:  # a public benchmark, from the user's folder
+        return benchmark_table(name, split)
     try:
         info = datasets.info(name)
     except ValueError as exc:
@@ -217,7 +233,8 @@ def read_table(source: str | Path, format: str | None = None) -> Table:
     """
     text = str(source)
     path = Path(text)
-    if not path.exists() and ":" in text and "/" not in text and "\\" not in text:
+    if not path.exists() and ":" in text and ("/" not in text and "\\" not in text
+                                              or text.partition(":")[0] in benchmarks.LAYOUTS):
         name, _, split = text.partition(":")
         table = _read_dataset(name, split or "train")
     elif path.is_dir():

@@ -143,6 +143,9 @@ def _finetune(source, spec, train, eval, config, recipe, out, tokenizer, random_
     names = list(train_tables)
     train_sets = [_encode(task, train_tables[n], n) for n in names]
     train_sets = [[e for e in s if not e.get("answer_cut")] for s in train_sets]
+    if spec.task == "qa" and spec.null_threshold is None and any(not e["gold"] for s in train_sets for e in s):
+        spec = spec.replace(null_threshold=0.0)  # SQuAD 2.0 data: predict "no answer" (tune tau on dev)
+        task = build_task(spec, tok, cfg)
     # The limit applies per task, so that every task of a mixture is scored.
     eval_examples = [e for n in eval_tables for e in _encode(task, eval_tables[n], n)[:recipe.eval_limit]]
     if len(names) > 1:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.tasks.data import Table, TaskDataError, read_table
-from lmforge.tasks.model import hf_head, load_task_model, read_task_meta
+from lmforge.tasks.model import hf_head, load_task_model, read_task_meta, save_task_model
 from lmforge.tasks.registry import build_task
 from lmforge.tasks.spec import GENERATIVE_TASKS, TaskSpec
 from lmforge.tokenization import Tokenizer
@@ -34,7 +34,7 @@ from lmforge.utils.lock import remove_stale_temporaries
 from lmforge.errors import InputFileNotFound, UserInputError
 
 OVERRIDABLE = ("text_column", "text_pair_column", "label_column", "target_column", "task_prefix", "pair_prefix",
-               "max_length", "max_target_length", "label_separator")
+               "max_length", "max_target_length", "label_separator", "null_threshold")
 
 
 def load(model_dir: str | Path, task: str | None = None, overrides: dict[str, Any] | None = None,
@@ -96,6 +96,23 @@ def evaluate(model_dir: str | Path, data, *, task: str | None = None, overrides:
     examples = _examples(t, table, True, subtask)[:limit]
     _, scores = t.evaluate(model, examples, batch_size, device=device)
     return {**scores, "examples": len(examples)}
+
+
+def tune_null_threshold(model_dir: str | Path, data, *, batch_size: int = 32, device: str = "cpu") -> dict[str, float]:
+    """SQuAD 2.0: choose the no-answer threshold that maximises F1 on ``data`` (dev), as BERT did, and store
+    it in the task folder (``spec.null_threshold``, rewritten atomically). Returns the scores of the search."""
+    meta = read_task_meta(model_dir)
+    if meta is None or meta.get("peft") or meta["spec"].get("task") != "qa":
+        raise UserInputError(f"{model_dir}: --tune-null-threshold needs a fine-tuned qa task folder (not PEFT)")
+    scores = evaluate(model_dir, data, batch_size=batch_size, device=device)
+    if "best_f1_thresh" not in scores:
+        raise UserInputError(f"{model_dir}: this qa model never answers 'no answer' (it was trained without "
+                             "unanswerable rows); set --null-threshold at fine-tuning to use one")
+    model = load_task_model(model_dir)
+    model.spec = model.spec.replace(null_threshold=scores["best_f1_thresh"])
+    extra = {k: v for k, v in meta.items() if k not in ("format", "version", "spec")}
+    save_task_model(model, model_dir, Tokenizer.load(model_dir), extra={**extra, "null_threshold_tuned_on": str(data)})
+    return scores
 
 
 def predict(model_dir: str | Path, data, output: str | Path | None = None, *, task: str | None = None,

@@ -8,6 +8,7 @@
     multi-label F1, subset acc  multilabel         scikit-learn on the (N, C) indicator matrix
     entity-level P/R/F1         entity_f1          seqeval (CoNLL-style span matching, BIO/IOB2)
     exact match / F1 (QA)       squad_em_f1        the SQuAD v1.1 rule (normalise, bag-of-tokens F1), here
+    SQuAD 2.0 (HasAns/NoAns)    squad_v2           the official v2.0 evaluation's rules and threshold search, here
     BLEU, chrF                  bleu, chrf         sacrebleu (13a tokenisation, corpus level)
     ROUGE-1/2/L                 rouge              rouge-score (F-measure, Porter stemming), mean over items
     perplexity                  perplexity         exp(mean token cross-entropy)
@@ -144,6 +145,55 @@ def qa(preds: Sequence[str], golds: Sequence[Sequence[str]]) -> dict[str, float]
     scores = [squad_em_f1(p, g) for p, g in zip(preds, golds)]
     n = max(len(scores), 1)
     return {"exact_match": sum(s[0] for s in scores) / n, "f1": sum(s[1] for s in scores) / n}
+
+
+def squad_v2(spans: Sequence[str], golds: Sequence[Sequence[str]], null_diffs: Sequence[float],
+             threshold: float = 0.0) -> dict[str, float]:
+    """SQuAD 2.0 scores, by the official ``evaluate-v2.0.py``'s definitions, on the [0, 1] scale.
+
+    Args:
+        spans: each question's best non-null answer text.
+        golds: each question's gold texts; golds that normalise to nothing are dropped, and a question left
+            with none is unanswerable (its only gold is the empty answer).
+        null_diffs: ``s_null - s_best`` per question (the null span's score minus the best span's): the
+            "no-answer probability" of the official script, in score units.
+        threshold: answer "no answer" where ``null_diff > threshold`` (BERT's tau, Devlin et al. 2019, 4.3).
+
+    Returns:
+        ``exact_match``/``f1`` (all questions, at ``threshold``), ``HasAns_*`` and ``NoAns_*`` (the two
+        subsets; absent when a subset is empty), and ``best_exact``/``best_f1`` with ``best_exact_thresh``/
+        ``best_f1_thresh``: the official search, which answers the questions in order of increasing
+        ``null_diff`` and keeps the cut that scores best. Its "all unanswered" start point is a threshold
+        below every ``null_diff`` (the official script's 0.0 is that point for probabilities).
+
+    Example:
+        >>> m = squad_v2(["Paris", "Rome"], [["Paris"], []], [-2.0, 1.0])
+        >>> m["exact_match"], m["HasAns_exact"], m["NoAns_exact"], m["best_f1_thresh"]
+        (1.0, 1.0, 1.0, -2.0)
+    """
+    golds = [[g for g in gs if normalize_answer(g)] or [""] for gs in golds]
+    has_answer = [gs != [""] for gs in golds]
+    raw = [squad_em_f1(p, gs) for p, gs in zip(spans, golds)]  # scores of the non-null answers
+    out: dict[str, float] = {}
+    n = max(len(raw), 1)
+    for k, name in enumerate(("exact", "f1")):
+        scored = [float(not has) if diff > threshold else r[k]
+                  for r, has, diff in zip(raw, has_answer, null_diffs)]
+        out["exact_match" if name == "exact" else "f1"] = sum(scored) / n
+        for subset, want in (("HasAns", True), ("NoAns", False)):
+            part = [x for x, has in zip(scored, has_answer) if has == want]
+            if part:
+                out[f"{subset}_{name}"] = sum(part) / len(part)
+                out[f"{subset}_total"] = float(len(part))
+        # The official find_best_thresh: start with every question unanswered, then answer them by rising diff.
+        current = best = float(sum(not h for h in has_answer))
+        best_thresh = min(null_diffs, default=0.0) - 1.0
+        for i in sorted(range(len(raw)), key=lambda i: null_diffs[i]):
+            current += raw[i][k] if has_answer[i] else (-1.0 if spans[i] else 0.0)
+            if current > best:
+                best, best_thresh = current, float(null_diffs[i])
+        out[f"best_{name}"], out[f"best_{name}_thresh"] = best / n, best_thresh
+    return out
 
 
 # ------------------------------------------------------------------------------------------- generation

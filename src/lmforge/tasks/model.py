@@ -6,6 +6,10 @@ Where the head reads from, per family (the formats of BERT, GPT and BART)::
     decoder          [bos] A [DELIM] B [EXTRACT] -> causal states                  -> head ("last" = EXTRACT)
     encoder-decoder  <s> A </s> -> encoder; the same ids, shifted right, -> decoder -> head ("last" = </s>)
 
+Multiple choice (BERT's SWAG set-up): ``input_ids`` of shape (B, C, T) hold one (context, choice) pair per
+choice; they run through the body as B*C sequences, the head gives each pooled pair one score, and the
+scores come back as (B, C) logits for a softmax across the choices.
+
 Generative tasks (seq2seq, text2text) have no head of their own: the body's LM head and loss do the work.
 
 The forward pass follows the Trainer's contract: ``model(**batch)`` returns ``loss`` (a mean) and
@@ -45,7 +49,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from lmforge import checkpoint
-from lmforge.interop.hf import TaskHead
+from lmforge.interop.hf import TaskHead, hf_config_for
 from lmforge.models.transformer import Transformer, shift_right
 from lmforge.objectives.base import IGNORE_INDEX
 from lmforge.peft.model import load_adapter
@@ -87,15 +91,17 @@ def build_head(spec: TaskSpec, body: Transformer) -> nn.Module | None:
     d, n = cfg.d_model, len(spec.labels)
     if spec.task in ("classify", "multilabel", "tag") and n < 1:
         raise ValueError(f"task {spec.task!r} needs its labels (TaskSpec.labels); they come from the training data")
-    if spec.task in ("classify", "regress", "multilabel", "reward"):
+    if spec.task in ("classify", "regress", "multilabel", "multiple-choice", "reward"):
         pooling = spec.pooling or default_pooling(cfg.arch)
         # BART and RoBERTa put a tanh layer under the classifier; BERT has it already in its pooler.
         hidden = spec.head_hidden if spec.head_hidden is not None else (
             cfg.arch == "encoder-decoder" or (pooling == "cls" and not cfg.pooler and cfg.arch == "encoder"))
-        problem = {"classify": "single", "regress": "regression", "multilabel": "multi", "reward": "pairwise"}[spec.task]
+        problem = {"classify": "single", "regress": "regression", "multilabel": "multi",
+                   "multiple-choice": "single", "reward": "pairwise"}[spec.task]
         # A head with its own tanh layer reads the raw first state (RoBERTa); BERT's reads the model's pooler.
-        return SequenceHead(d, 1 if spec.task in ("regress", "reward") else n, pooling, problem, hidden, spec.classifier_dropout,
-                            use_pooler=not hidden)
+        # One score per input: a regression, a reward, or each (context, choice) pair of a multiple-choice row.
+        outputs = 1 if spec.task in ("regress", "multiple-choice", "reward") else n
+        return SequenceHead(d, outputs, pooling, problem, hidden, spec.classifier_dropout, use_pooler=not hidden)
     if spec.task == "tag":
         return TokenHead(d, n, spec.classifier_dropout)
     if spec.task == "qa":
@@ -163,8 +169,14 @@ class TaskModel(nn.Module):
             out = self.body(input_ids, attention_mask, token_type_ids, decoder_input_ids=decoder_input_ids,
                             decoder_attention_mask=decoder_attention_mask, labels=labels, label_weights=weights)
             return TaskOutput(out.logits, out.loss, out.n_targets if n is None else n)
+        choices = input_ids.shape[:2] if input_ids.dim() == 3 else None
+        if choices is not None:  # multiple choice: (B, C, T) -> (B*C, T), one score per (context, choice) pair
+            input_ids, attention_mask, token_type_ids = (None if x is None else x.flatten(0, 1)
+                                                         for x in (input_ids, attention_mask, token_type_ids))
         h, pooled = self.features(input_ids, attention_mask, token_type_ids)
         logits = self.head(h, attention_mask, pooled)
+        if choices is not None:
+            logits = logits.view(choices)  # (B*C, 1) -> (B, C): the softmax runs across the choices
         if labels is None:
             return TaskOutput(logits)
         loss, n = self.head.loss(logits, labels)
@@ -182,7 +194,7 @@ def build_task_model(body: Transformer, spec: TaskSpec) -> TaskModel:
     if spec.generative and body.config.arch == "encoder":
         raise UserInputError(f"task {spec.task!r} generates text; an encoder-only model cannot (use a decoder or "
                              "an encoder-decoder model)")
-    if spec.task in ("tag", "qa", "classify", "regress", "multilabel", "reward"):
+    if spec.task in ("tag", "qa", "classify", "regress", "multilabel", "multiple-choice", "reward"):
         strip_lm_head(body)
     return TaskModel(body, build_head(spec, body), spec)
 
@@ -228,7 +240,8 @@ def hf_head(path: str | Path) -> tuple[TaskSpec, dict[str, torch.Tensor]] | None
 
     ``BertForSequenceClassification`` (pooler -> dropout -> ``classifier``) and
     ``RobertaForSequenceClassification`` (<s> -> ``classifier.dense`` -> tanh -> ``classifier.out_proj``) map onto
-    :class:`SequenceHead`; ``problem_type`` and ``id2label`` give the task and the labels. None when the
+    :class:`SequenceHead`, and so do ``BertForMultipleChoice`` / ``RobertaForMultipleChoice`` (pooler -> dropout ->
+    ``classifier``, one score per choice); ``problem_type`` and ``id2label`` give the task and the labels. None when the
     folder holds no HF head.
     """
     head = TaskHead.load(path)
@@ -240,7 +253,9 @@ def hf_head(path: str | Path) -> tuple[TaskSpec, dict[str, torch.Tensor]] | None
     problem = cfg.get("problem_type")
     task = ("regress" if problem == "regression" or len(labels) == 1 else
             "multilabel" if problem == "multi_label_classification" else "classify")
-    fields = {"task": task, "labels": [] if task == "regress" else labels, "pooling": "cls"}
+    if head.architecture.endswith("ForMultipleChoice"):  # pooler -> dropout -> classifier (D -> 1) per pair
+        task, labels = "multiple-choice", []
+    fields = {"task": task, "labels": [] if task in ("regress", "multiple-choice") else labels, "pooling": "cls"}
     if "classifier.weight" in t:
         state = {"out.weight": t["classifier.weight"], "out.bias": t["classifier.bias"]}
         return TaskSpec(**fields, head_hidden=False), state
@@ -250,6 +265,37 @@ def hf_head(path: str | Path) -> tuple[TaskSpec, dict[str, torch.Tensor]] | None
         return TaskSpec(**fields, head_hidden=True), state
     raise checkpoint.CheckpointError(f"{path}: the {head.architecture} head ({', '.join(sorted(t))}) has no "
                                      "lmforge task head to map onto")
+
+
+def to_hf_head(model: TaskModel) -> TaskHead:
+    """The task head of ``model`` under Hugging Face's names, for :func:`lmforge.interop.hf.to_hf`: the inverse
+    of :func:`hf_head` for classify / regress / multilabel (``*ForSequenceClassification``) and
+    multiple-choice (``*ForMultipleChoice``) heads of BERT and RoBERTa bodies."""
+    spec, head, cfg = model.spec, model.head, model.config
+    if not isinstance(head, SequenceHead) or spec.task not in ("classify", "regress", "multilabel", "multiple-choice"):
+        raise UserInputError(f"task {spec.task!r} has no Hugging Face head that lmforge writes")
+    model_type = hf_config_for(cfg)[0].model_type
+    if model_type not in ("bert", "roberta"):
+        raise UserInputError(f"a {model_type} body has no Hugging Face task class that lmforge writes (bert, roberta)")
+    family = {"bert": "Bert", "roberta": "Roberta"}[model_type]
+    kind = "MultipleChoice" if spec.task == "multiple-choice" else "SequenceClassification"
+    state = {k: v.detach() for k, v in head.state_dict().items()}
+    if head.dense is not None:
+        if kind == "MultipleChoice":
+            raise UserInputError("a multiple-choice head with its own dense layer has no Hugging Face class "
+                                 "(HF's reads the pooler); fine-tune with head_hidden=false")
+        tensors = {"classifier.dense.weight": state["dense.weight"], "classifier.dense.bias": state["dense.bias"],
+                   "classifier.out_proj.weight": state["out.weight"], "classifier.out_proj.bias": state["out.bias"]}
+    else:
+        tensors = {"classifier.weight": state["out.weight"], "classifier.bias": state["out.bias"]}
+    config: dict = {"classifier_dropout": spec.classifier_dropout}
+    if spec.task != "multiple-choice":
+        labels = spec.labels or ["0"]
+        config.update(id2label={str(i): lbl for i, lbl in enumerate(labels)},
+                      label2id={lbl: i for i, lbl in enumerate(labels)},
+                      problem_type={"classify": "single_label_classification", "regress": "regression",
+                                    "multilabel": "multi_label_classification"}[spec.task])
+    return TaskHead(f"{family}For{kind}", tensors, config)
 
 
 def load_task_model(path: str | Path, spec: TaskSpec | None = None, device: str = "cpu") -> TaskModel:

@@ -1,4 +1,4 @@
-"""Extractive question answering (SQuAD v1.1 style): the answer is a span of the context.
+"""Extractive question answering (SQuAD v1.1 and 2.0): the answer is a span of the context, or none.
 
 The input is the pair (question, context) in the family's format; a :class:`~lmforge.tasks.heads.SpanHead`
 gives every token a start and an end logit. Training targets are the tokens holding the first and last
@@ -8,6 +8,16 @@ Span decoding rule (Devlin et al. 2019, 4.2; Seo et al. 2017): among context tok
 ``i <= j < i + max_answer_length`` maximising ``start[i] + end[j]``, and answer with the context's characters
 from token ``i``'s first to token ``j``'s last. Its probability is ``softmax(start)[i] * softmax(end)[j]``
 over the context tokens.
+
+SQuAD 2.0 (Rajpurkar et al. 2018) adds questions the context cannot answer. As in BERT (Devlin et al. 2019,
+4.3), "no answer" is the span that starts and ends at the first token ([CLS]): its score is
+``s_null = start[0] + end[0]``, and the model answers with its best span ``s_best`` only when
+``s_best > s_null + tau``. Every prediction carries ``null_score_diff = s_null - s_best``; ``tau``
+(``TaskSpec.null_threshold``) is chosen on dev to maximise F1: the scores report the best threshold
+(``best_f1_thresh``, from :func:`lmforge.tasks.metrics.squad_v2`); ``lmforge evaluate --tune-null-threshold``
+on dev stores it in the task folder, and evaluate/predict also take one with ``--null-threshold``. A row with no answer is an empty answer list (``{"text": [], "answer_start": []}`` or
+``[]``); once the training data has one, the task predicts "no answer" (threshold 0 unless set); without
+any (SQuAD v1.1) it always answers with a span.
 
 Answers are read from an ``answers`` column that holds SQuAD's ``{"text": [...], "answer_start": [...]}``, a
 list of such ``{"text", "answer_start"}`` dicts, or plain text (then an ``answer_start`` column gives the
@@ -19,6 +29,8 @@ Example:
     >>> import torch
     >>> best_span(torch.tensor([0., 5, 1, 0]), torch.tensor([0., 1, 4, 9]), allowed=[1, 2], max_len=30)
     (1, 2)
+    >>> null_score_diff(torch.tensor([3., 5, 1, 0]), torch.tensor([4., 1, 4, 9]), 1, 2)  # (3 + 4) - (5 + 4)
+    -2.0
 """
 
 from __future__ import annotations
@@ -44,6 +56,11 @@ def best_span(start: torch.Tensor, end: torch.Tensor, allowed: list[int], max_le
     return int(idx[flat // len(idx)]), int(idx[flat % len(idx)])
 
 
+def null_score_diff(start: torch.Tensor, end: torch.Tensor, i: int, j: int) -> float:
+    """``s_null - s_best``: the [CLS] span's score (position 0) minus the chosen span ``(i, j)``'s."""
+    return float(start[0] + end[0] - start[i] - end[j])
+
+
 class QATask(Task):
     """Answer spans from start/end logits (see the module docstring)."""
 
@@ -56,7 +73,7 @@ class QATask(Task):
         super().check_columns(table, labelled)
 
     def _answers(self, table: Table, i: int, context: str) -> list[tuple[str, int]]:
-        """Gold (text, character start) pairs of row ``i``."""
+        """Gold (text, character start) pairs of row ``i``; none for an unanswerable question (SQuAD 2.0)."""
         value = table.rows[i].get(self.columns["target"])
         if isinstance(value, dict) and "text" in value:
             texts, starts = list(value["text"]), list(value.get("answer_start") or [None] * len(value["text"]))
@@ -64,7 +81,8 @@ class QATask(Task):
         elif isinstance(value, list):
             pairs = [(a["text"], a.get("answer_start")) if isinstance(a, dict) else (str(a), None) for a in value]
         elif value is None or not str(value).strip():
-            raise TaskDataError(f"{table.where(i)}: column {self.columns['target']!r} is empty")
+            raise TaskDataError(f"{table.where(i)}: column {self.columns['target']!r} is empty (an unanswerable "
+                                "question's answers are an empty list)")
         else:
             start = table.rows[i].get("answer_start")
             pairs = [(str(value), int(start) if start not in (None, "") else None)]
@@ -76,8 +94,6 @@ class QATask(Task):
                 raise TaskDataError(f"{table.where(i)}: answer {text!r} is not in the context"
                                     + (f" at character {start}" if start >= 0 else ""))
             out.append((text, int(start)))
-        if not out:
-            raise TaskDataError(f"{table.where(i)}: no answer given")
         return out
 
     def encode(self, table: Table, labelled: bool = True) -> list[dict[str, Any]]:
@@ -106,7 +122,7 @@ class QATask(Task):
             if labelled:
                 answers = self._answers(table, i, contexts[i])
                 ex["gold"] = [a for a, _ in answers]
-                span = self._token_span(ex, *answers[0])
+                span = self._token_span(ex, *answers[0]) if answers else (0, 0)  # no answer: the [CLS] span
                 if span is None:
                     lost.append(i)
                     span = (0, 0)  # the answer was cut off; evaluation keeps the row, training drops it
@@ -146,9 +162,19 @@ class QATask(Task):
             p_start = torch.softmax(start[idx].float(), 0)[allowed.index(i)]
             p_end = torch.softmax(end[idx].float(), 0)[allowed.index(j)]
             a, z = ex["offsets"][i][0], ex["offsets"][j][1]
-            preds.append({"answer": ex["context"][a:z], "start": a, "end": z,
-                          "probability": round(float(p_start * p_end), 6)})
+            pred = {"answer": ex["context"][a:z], "start": a, "end": z, "probability": round(float(p_start * p_end), 6),
+                    "null_score_diff": round(null_score_diff(start, end, i, j), 6)}
+            threshold = self.spec.null_threshold
+            if threshold is not None:
+                pred["span"] = pred["answer"]
+                if pred["null_score_diff"] > threshold:
+                    pred.update(answer="", start=0, end=0)
+            preds.append(pred)
         return preds
 
     def score(self, examples, predictions):
-        return metrics.qa([p["answer"] for p in predictions], [e["gold"] for e in examples])
+        golds = [e["gold"] for e in examples]
+        if self.spec.null_threshold is None and all(golds):
+            return metrics.qa([p["answer"] for p in predictions], golds)
+        return metrics.squad_v2([p.get("span", p["answer"]) for p in predictions], golds,
+                                [p["null_score_diff"] for p in predictions], self.spec.null_threshold or 0.0)

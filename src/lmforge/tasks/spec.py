@@ -6,11 +6,12 @@
     multilabel  text (+ text_pair)                    label (a set: list or "a,b")    pooled -> C logits, BCE
     tag         tokens (words)                        tags (one per word)             per token -> C, CE
     qa          question + context                    answers (text, char start)      per token -> start/end
+    multiple-choice  context + each choice            label (the right choice's index)  pooled -> 1 per choice, CE
     seq2seq     source (+ task_prefix)                target text                     the model's LM head
     text2text   prefix + text (+ pair)                target text, or label_map[lbl]  the model's LM head
     reward      prompt + chosen, prompt + rejected    chosen beats rejected           pooled -> 1, Bradley-Terry
 
-Column names default by task (``text``/``label``; ``tokens``/``tags``; ``question``/``context``/``answers``;
+Column names default by task (``text``/``label``; ``tokens``/``tags``; ``question``/``context``/``answers``; ``context``/``choice``/``label``;
 ``source``/``target``) and are overridden by the ``*_column`` fields. ``labels`` is filled from the
 training data (sorted; numbers numerically) and fixes the class ids.
 
@@ -33,8 +34,9 @@ from typing import Any
 
 from lmforge.config import ConfigBase, ConfigError
 
-TASKS = ("classify", "regress", "multilabel", "tag", "qa", "seq2seq", "text2text", "reward")
-HEAD_TASKS = ("classify", "regress", "multilabel", "tag", "qa", "reward")
+TASKS = ("classify", "regress", "multilabel", "tag", "qa", "multiple-choice", "seq2seq", "text2text",
+         "reward")
+HEAD_TASKS = ("classify", "regress", "multilabel", "tag", "qa", "multiple-choice", "reward")
 GENERATIVE_TASKS = ("seq2seq", "text2text")
 POOLINGS = ("cls", "mean", "last", "max")
 LOSS_AVERAGES = ("token", "example")
@@ -46,6 +48,8 @@ DEFAULT_COLUMNS = {
     "multilabel": {"text": "text", "label": "labels"},
     "tag": {"text": "tokens", "label": "tags"},
     "qa": {"text": "question", "text_pair": "context", "target": "answers"},
+    # choices: a list in column ``choice``, or columns ``choice0``, ``choice1``, ... (SWAG: ``ending0``...)
+    "multiple-choice": {"text": "context", "target": "choice", "label": "label"},
     "seq2seq": {"text": "source", "target": "target"},
     "text2text": {"text": "text", "target": "target"},
     "reward": {"prompt": "prompt", "chosen": "chosen", "rejected": "rejected"},
@@ -70,6 +74,8 @@ class TaskSpec(ConfigBase):
             the classifier as in BART/RoBERTa; None = by family), ``classifier_dropout``.
         lengths: ``max_length`` input tokens, ``max_target_length`` target tokens (generation stops there too),
             ``max_answer_length`` (QA span decoding, in tokens).
+        no answer: ``null_threshold`` (qa, SQuAD 2.0): answer "no answer" when the [CLS] span's score beats the
+            best span's by more than this (BERT's tau, tuned on dev); None = always answer (SQuAD 1.1).
         mixture: text2text multi-task entries; ``mixing_cap``, ``mixing_temperature`` (T5 section 3.5.2).
         loss: ``loss_average`` (seq2seq, text2text): ``token`` averages the loss over every target token of a
             batch; ``example`` averages each example's mean token loss, so a one-word label counts as much as
@@ -93,6 +99,7 @@ class TaskSpec(ConfigBase):
     max_length: int = 256
     max_target_length: int = 128
     max_answer_length: int = 30
+    null_threshold: float | None = None
     mixture: list[dict[str, Any]] = field(default_factory=list)
     mixing_cap: int | None = None
     mixing_temperature: float = 1.0
@@ -150,6 +157,8 @@ class TaskSpec(ConfigBase):
         words = list(self.label_map.values())
         if len(set(words)) != len(words):
             raise bad("label_map", "maps two labels to the same word; predictions could not be mapped back")
+        if self.null_threshold is not None and self.task != "qa":
+            raise bad("null_threshold", "is only used by task='qa'")
         if self.mixture and self.task != "text2text":
             raise bad("mixture", "is only used by task='text2text'")
         names = []

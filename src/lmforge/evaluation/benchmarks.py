@@ -1,0 +1,217 @@
+"""Benchmark tasks by name: what ``--task glue/cola`` means (task type, columns, labels, splits, metrics).
+
+Each entry says how lmforge fine-tunes and scores one task of GLUE (Wang et al. 2019), SuperGLUE (Wang et al.
+2019), SQuAD 1.1/2.0 (Rajpurkar et al. 2016, 2018) or SWAG (Zellers et al. 2018). The files are read in their
+official layout from the user's folder (:mod:`lmforge.datasets.benchmarks`); the metrics are the
+leaderboards'::
+
+    task            metrics                              task            metrics
+    glue/cola       MCC                                  superglue/boolq accuracy
+    glue/sst2       accuracy                             superglue/cb    accuracy, F1 (macro)
+    glue/mrpc, qqp  F1 (positive class), accuracy        superglue/copa  accuracy
+    glue/stsb       Pearson, Spearman                    superglue/multirc  F1a (all answers), EM (per question)
+    glue/mnli       accuracy matched / mismatched        superglue/rte, wic, wsc  accuracy
+    glue/qnli, rte, wnli  accuracy                       squad/v1.1      EM, F1
+    glue/ax         MCC (diagnostic, an MNLI model)      squad/v2.0      EM, F1, HasAns/NoAns, best threshold
+    swag/swag       accuracy
+
+The shipped tasks (``rt-sentiment``, ``bible-next-verse`` ...) are listed beside them.
+
+Example:
+    >>> get("glue/cola").spec_fields()["text_column"]
+    'sentence'
+    >>> score("glue/mrpc", ["1", "0", "1", "1"], ["1", "0", "0", "1"])
+    {'f1': 0.8, 'accuracy': 0.75}
+    >>> get("glu/cola")
+    Traceback (most recent call last):
+    ...
+    lmforge.errors.UserInputError: unknown task 'glu/cola'; did you mean 'glue/cola'? Known tasks: ...
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from lmforge import datasets
+from lmforge.datasets import benchmarks as layouts
+from lmforge.errors import UserInputError
+from lmforge.tasks import inference, metrics
+from lmforge.tasks.data import benchmark_table, read_table
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One task by name: its lmforge task and columns, label set, splits and leaderboard metrics."""
+
+    name: str
+    description: str
+    task: str
+    columns: dict[str, str]
+    labels: tuple[str, ...] = ()
+    metrics: tuple[str, ...] = ("accuracy",)
+    train: str = "train"
+    evals: tuple[str, ...] = ("dev",)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def shipped(self) -> bool:
+        return self.name not in layouts.LAYOUTS
+
+    def spec_fields(self) -> dict[str, Any]:
+        """TaskSpec fields (task, columns, labels) for ``lmforge finetune``."""
+        out = {"task": self.task, **{f"{role}_column": col for role, col in self.columns.items()}, **self.extra}
+        if self.labels:
+            out["labels"] = list(self.labels)
+        return out
+
+    def source(self, split: str) -> str:
+        """The ``NAME:SPLIT`` that :func:`lmforge.tasks.data.read_table` reads."""
+        return f"{self.name}:{split}"
+
+
+def _pair(name, description, a, b, label, labels, metric=("accuracy",), **kw):
+    return Benchmark(name, description, "classify", {"text": a, "text_pair": b, "label": label}, labels, metric, **kw)
+
+
+NLI3 = ("contradiction", "entailment", "neutral")
+TASKS: dict[str, Benchmark] = {b.name: b for b in (
+    Benchmark("glue/cola", "CoLA: is the sentence grammatical? (Warstadt et al.)", "classify",
+              {"text": "sentence", "label": "label"}, ("0", "1"), ("mcc",)),
+    Benchmark("glue/sst2", "SST-2: movie-review sentence sentiment", "classify",
+              {"text": "sentence", "label": "label"}, ("0", "1")),
+    _pair("glue/mrpc", "MRPC: are the two news sentences paraphrases?", "#1 String", "#2 String", "Quality",
+          ("0", "1"), ("f1", "accuracy")),
+    _pair("glue/qqp", "QQP: are the two Quora questions duplicates?", "question1", "question2", "is_duplicate",
+          ("0", "1"), ("f1", "accuracy")),
+    Benchmark("glue/stsb", "STS-B: sentence similarity, 0-5", "regress",
+              {"text": "sentence1", "text_pair": "sentence2", "label": "score"}, (), ("pearson", "spearman")),
+    _pair("glue/mnli", "MNLI: entailment, matched and mismatched genres", "sentence1", "sentence2", "gold_label",
+          NLI3, evals=("dev_matched", "dev_mismatched")),
+    _pair("glue/qnli", "QNLI: does the sentence answer the question?", "question", "sentence", "label",
+          ("entailment", "not_entailment")),
+    _pair("glue/rte", "RTE: textual entailment", "sentence1", "sentence2", "label", ("entailment", "not_entailment")),
+    _pair("glue/wnli", "WNLI: Winograd NLI", "sentence1", "sentence2", "label", ("0", "1")),
+    _pair("glue/ax", "AX: GLUE's diagnostic set, scored with an MNLI model (test only)", "sentence1", "sentence2",
+          "label", NLI3, ("mcc",), train="", evals=()),
+    _pair("superglue/boolq", "BoolQ: yes/no question about a passage", "question", "passage", "label",
+          ("false", "true"), evals=("val",)),
+    _pair("superglue/cb", "CommitmentBank: 3-way entailment", "premise", "hypothesis", "label", NLI3,
+          ("accuracy", "f1_macro"), evals=("val",)),
+    Benchmark("superglue/copa", "COPA: the more plausible cause or effect", "multiple-choice",
+              {"text": "context", "target": "choice", "label": "label"}, evals=("val",)),
+    _pair("superglue/multirc", "MultiRC: is each answer to the question right?", "paragraph", "question_answer",
+          "label", ("0", "1"), ("f1a", "em"), evals=("val",)),
+    _pair("superglue/rte", "RTE (SuperGLUE copy)", "premise", "hypothesis", "label",
+          ("entailment", "not_entailment"), evals=("val",)),
+    _pair("superglue/wic", "WiC: is the word used in the same sense?", "sentence1", "sentence2", "label",
+          ("false", "true"), evals=("val",)),
+    _pair("superglue/wsc", "WSC: does the pronoun refer to the noun phrase?", "text", "question", "label",
+          ("false", "true"), evals=("val",)),
+    Benchmark("squad/v1.1", "SQuAD 1.1: answer span in a Wikipedia paragraph", "qa",
+              {"text": "question", "text_pair": "context", "target": "answers"}, (), ("exact_match", "f1")),
+    Benchmark("squad/v2.0", "SQuAD 2.0: answer span, or no answer", "qa",
+              {"text": "question", "text_pair": "context", "target": "answers"}, (),
+              ("exact_match", "f1", "HasAns_f1", "NoAns_f1", "best_f1", "best_f1_thresh")),
+    Benchmark("swag/swag", "SWAG: the most plausible continuation of a video caption", "multiple-choice",
+              {"text": "context", "target": "choice", "label": "label"}, evals=("val",)),
+    # shipped with lmforge
+    Benchmark("rt-sentiment", "Rotten Tomatoes sentence sentiment (shipped)", "classify",
+              {"text": "text", "label": "label"}, ("0", "1")),
+    Benchmark("bible-paraphrase", "KJV/WEB verse pairs: same verse or not (shipped)", "classify",
+              {"text": "text1", "text_pair": "text2", "label": "label"}, ("0", "1"), ("accuracy", "f1")),
+    Benchmark("bible-next-verse", "pick the verse that follows, from four (shipped, multiple choice)",
+              "multiple-choice", {"text": "context", "target": "choice", "label": "label"}),
+    Benchmark("kjv-rv1909", "KJV -> Reina-Valera 1909 verse translation (shipped)", "seq2seq",
+              {"text": "en", "target": "es"}, (), ("bleu", "chrf")),
+    Benchmark("wnut16", "WNUT-16 Twitter named entities (LMFORGE_WNUT16_DIR)", "tag",
+              {"text": "tokens", "label": "tags"}, (), ("f1",)),
+)}
+
+
+def names() -> list[str]:
+    return list(TASKS)
+
+
+def get(name: str) -> Benchmark:
+    """The task called ``name``; an unknown name lists the known ones with the closest match first."""
+    if name in TASKS:
+        return TASKS[name]
+    close = difflib.get_close_matches(name.lower(), list(TASKS), n=1, cutoff=0.3)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise UserInputError(f"unknown task {name!r}{hint} Known tasks: {', '.join(TASKS)}"
+                         " (or a task type: classify, regress, multilabel, tag, qa, multiple-choice, seq2seq, "
+                         "text2text)")
+
+
+def where(name: str) -> str:
+    """Where a task's data comes from, in one line."""
+    if name in layouts.LAYOUTS:
+        suite = layouts.LAYOUTS[name].suite
+        env, source = layouts.SUITES[suite]
+        return f"--data-dir or ${env} ({source})"
+    return "shipped" if datasets.info(name).shipped else "--data-dir or $LMFORGE_WNUT16_DIR"
+
+
+def table(name: str, split: str, data_dir=None):
+    """One split of a task as a :class:`~lmforge.tasks.data.Table` (a benchmark from ``data_dir``, else shipped)."""
+    if name in layouts.LAYOUTS:
+        return benchmark_table(name, split, data_dir)
+    return read_table(f"{name}:{split}")
+
+
+def evaluate(model_dir, name: str, data_dir=None, batch_size: int = 32, device: str = "cpu") -> dict[str, float]:
+    """The leaderboard's metrics of a fine-tuned task folder on every evaluation split of task ``name``.
+
+    A task with several evaluation splits reports each metric per split, named by the split's last part
+    (MNLI: ``accuracy_matched``, ``accuracy_mismatched``).
+    """
+    bench = get(name)
+    if not bench.evals:
+        raise UserInputError(f"{name} has no labelled evaluation split (it is scored on its test set by the "
+                             "leaderboard); predict it with `lmforge predict`")
+    out: dict[str, float] = {}
+    for split in bench.evals:
+        data = table(name, split, data_dir)
+        if bench.task in ("qa", "seq2seq", "tag"):  # the task's own scoring is the leaderboard's
+            scores = inference.evaluate(model_dir, data, batch_size=batch_size, device=device)
+            scores = {m: scores[m] for m in bench.metrics if m in scores}
+        else:
+            preds = inference.predict(model_dir, data, batch_size=batch_size, device=device)
+            key = "score" if bench.task == "regress" else "label"
+            gold = [row.get(bench.columns["label"]) for row in data.rows]
+            scores = score(name, gold, [p[key] for p in preds], [row.get("question_id") for row in data.rows])
+        suffix = f"_{split.rsplit('_', 1)[-1]}" if len(bench.evals) > 1 else ""
+        out.update({f"{k}{suffix}": v for k, v in scores.items()})
+    return out
+
+
+def score(name: str, gold: Sequence, pred: Sequence, groups: Sequence | None = None) -> dict[str, float]:
+    """The leaderboard's metrics of ``name`` from gold and predicted labels (scores for STS-B).
+
+    ``groups`` (MultiRC): the question of each answer, for EM (a question counts when all its answers are right).
+    """
+    bench = get(name)
+    gold, pred = [str(g) for g in gold], [str(p) for p in pred]
+    out: dict[str, float] = {}
+    for metric in bench.metrics:
+        if metric == "accuracy":
+            out[metric] = metrics.accuracy(gold, pred)
+        elif metric == "mcc":
+            out[metric] = metrics.mcc(gold, pred)
+        elif metric in ("f1", "f1a"):  # F1 of the positive class ("1"): MRPC, QQP; MultiRC's F1 over answers
+            if not set(gold) | set(pred) <= {"0", "1"}:
+                raise UserInputError(f"{name}: {metric} needs labels 0/1, got {sorted(set(gold) | set(pred))}")
+            out[metric] = metrics.f1([int(g) for g in gold], [int(p) for p in pred], average="binary")
+        elif metric == "f1_macro":
+            out[metric] = metrics.f1(gold, pred, average="macro", labels=list(bench.labels))
+        elif metric in ("pearson", "spearman"):
+            out.update({k: v for k, v in metrics.correlations([float(g) for g in gold],
+                                                              [float(p) for p in pred]).items() if k == metric})
+        elif metric == "em":
+            questions: dict[Any, bool] = {}
+            for g, p, q in zip(gold, pred, groups or range(len(gold))):
+                questions[q] = questions.get(q, True) and g == p
+            out[metric] = sum(questions.values()) / max(len(questions), 1)
+    return out
