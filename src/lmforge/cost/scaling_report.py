@@ -17,7 +17,6 @@ Example:
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from lmforge.cost.shapes import non_embedding_parameters
 from lmforge.errors import InputFileNotFound, UserInputError
 from lmforge.training.logging import read_metrics
 from lmforge.training.price_tag import PRICE_TAG_FILE
+from lmforge.utils.figures import figure, png
 from lmforge.utils.io import atomic_write_bytes
 
 KEYS = {"n": ("n", "N", "params"), "d": ("d", "D", "tokens"), "c": ("c", "C", "flops", "total_flops"),
@@ -75,18 +75,12 @@ def read_results(folder: str | Path) -> list[dict[str, Any]]:
 
 
 def _figure():
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(7, 4.5), dpi=100)
-    FigureCanvasAgg(fig)
+    fig = figure(7, 4.5)
     return fig, fig.add_subplot()
 
 
 def _save(fig, path: Path) -> Path:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_bytes(path, png(fig))
     return path
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.experiments.grid import check_finite, lower_is_better
+from lmforge.utils.figures import figure, png
 from lmforge.utils.io import atomic_write_bytes, atomic_write_text
 
 RESULTS_FILE = "results.jsonl"
@@ -105,14 +106,10 @@ def csv_text(table: list[dict[str, Any]], axes: list[str], metrics: list[str]) -
 def bar_plot(table: list[dict[str, Any]], metric: str) -> bytes | None:
     """PNG bytes: the metric's mean per cell with its standard deviation as the error bar, the best cell
     coloured; None when no cell has a value."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     scored = [e for e in table if e[metric] is not None]
     if not scored:
         return None
-    fig = Figure(figsize=(max(4.0, 0.9 * len(scored) + 1.5), 3.6), dpi=110)
-    FigureCanvasAgg(fig)
+    fig = figure(max(4.0, 0.9 * len(scored) + 1.5), 3.6, dpi=110)
     ax = fig.add_subplot(1, 1, 1)
     x = range(len(scored))
     ax.bar(x, [e[metric][0] for e in scored], yerr=[e[metric][1] for e in scored], capsize=4,
@@ -121,10 +118,7 @@ def bar_plot(table: list[dict[str, Any]], metric: str) -> bytes | None:
     ax.set_ylabel(metric)
     ax.set_title(f"{metric} ({'lower' if lower_is_better(metric) else 'higher'} is better; mean ± std over seeds)",
                  fontsize=9)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    return buffer.getvalue()
+    return png(fig, tight=True)
 
 
 def html_report(title: str, table: list[dict[str, Any]], axes: list[str], metrics: list[str],

@@ -25,13 +25,13 @@ Example:
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from lmforge.errors import UserInputError
+from lmforge.utils.figures import figure, png
 from lmforge.utils.io import atomic_write_bytes
 
 MAX_TOKENS = 128  # default limit on the text's tokens (query and key side)
@@ -92,19 +92,8 @@ def _heatmap(ax, weights: torch.Tensor, queries: list[str], keys: list[str], tit
         ax.set_xticks([]), ax.set_yticks([])
 
 
-def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
-
-
 def draw_attention_maps(maps: dict[str, AttentionMaps], out: str | Path, max_tokens: int = MAX_TOKENS) -> list[Path]:
     """Write a heatmap per layer and head and a grid per kind under ``out``; returns the files written."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as exc:
-        raise UserInputError("drawing attention maps needs matplotlib (pip install matplotlib)") from exc
     for kind, m in maps.items():
         check_length(max(len(m.queries), len(m.keys)), max_tokens, f"the {kind} sequence")
     out = Path(out)
@@ -113,22 +102,20 @@ def draw_attention_maps(maps: dict[str, AttentionMaps], out: str | Path, max_tok
         side = max(3.0, 0.25 * max(len(m.queries), len(m.keys)) + 1.5)
         for layer, weights in enumerate(m.weights):
             for head, w in enumerate(weights):  # (T, S)
-                fig = Figure(figsize=(side, side), dpi=100)  # the Agg canvas directly: no global pyplot state
-                FigureCanvasAgg(fig)
+                fig = figure(side, side)
                 _heatmap(fig.add_subplot(), w, m.queries, m.keys, f"{kind} layer {layer} head {head}", True)
                 fig.tight_layout()
                 path = out / kind / f"layer{layer:02d}-head{head:02d}.png"
-                atomic_write_bytes(path, _png(fig))
+                atomic_write_bytes(path, png(fig))
                 written.append(path)
         n_layers, n_heads = len(m.weights), m.weights[0].shape[0]
-        fig = Figure(figsize=(1.6 * n_heads + 1, 1.6 * n_layers + 1), dpi=100)
-        FigureCanvasAgg(fig)
+        fig = figure(1.6 * n_heads + 1, 1.6 * n_layers + 1)
         axes = fig.subplots(n_layers, n_heads, squeeze=False)
         for layer, weights in enumerate(m.weights):
             for head, w in enumerate(weights):
                 _heatmap(axes[layer][head], w, m.queries, m.keys, f"L{layer} H{head}", False)
         fig.suptitle(f"{kind} attention (rows: layers, columns: heads)")
         path = out / f"{kind}-grid.png"
-        atomic_write_bytes(path, _png(fig))
+        atomic_write_bytes(path, png(fig))
         written.append(path)
     return written

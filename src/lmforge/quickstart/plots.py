@@ -11,26 +11,19 @@ Example:
 
 from __future__ import annotations
 
-import io
 from typing import Any
+
+from lmforge.utils.figures import figure, png
 
 COLORS = ["#3b6ea8", "#d1773a", "#4f9a5a", "#b34a62", "#7b64a8", "#8a8a8a"]
 
 
 def _figure(width: float, height: float):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=110)
-    FigureCanvasAgg(fig)
-    return fig
+    return figure(width, height, dpi=110)
 
 
 def _png(fig) -> bytes:
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    return buffer.getvalue()
+    return png(fig, tight=True)
 
 
 def _smooth(values: list[float], window: int) -> list[float]:

@@ -24,7 +24,6 @@ Example:
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import sys
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.utils.faults import environment_errors
+from lmforge.utils.figures import figure, png
 from lmforge.utils.io import atomic_write_bytes, atomic_write_text, make_folder
 
 METRICS_FILE = "metrics.jsonl"
@@ -68,13 +68,9 @@ def truncate_metrics(path: str | Path, last_step: int) -> None:
 def plot_loss(records: list[dict[str, Any]], path: str | Path) -> bool:
     """Draw training (and evaluation) loss against the step into a PNG; False if matplotlib is missing."""
     try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
+        fig = figure(7, 4)
     except ImportError:
         return False
-    # Figure + the Agg canvas directly: no pyplot, so no global backend is switched in the user's process.
-    fig = Figure(figsize=(7, 4), dpi=100)
-    FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     train = [(r["step"], r["loss"]) for r in records if isinstance(r.get("loss"), (int, float))]
     evals = [(r["step"], r["eval_loss"]) for r in records if isinstance(r.get("eval_loss"), (int, float))]
@@ -87,9 +83,7 @@ def plot_loss(records: list[dict[str, Any]], path: str | Path) -> bool:
     ax.grid(alpha=0.3)
     if train or evals:
         ax.legend()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_bytes(path, png(fig))
     return True
 
 
