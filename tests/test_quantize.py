@@ -83,12 +83,15 @@ def test_int4_keeps_layers_off_the_group_size_in_full_precision_and_says_so(caps
 # ---------------------------------------------------------------------------------- a trained tiny GPT
 @pytest.fixture(scope="module")
 def trained(data_root):  # noqa: F811
-    """A 1-layer d_model-32 GPT pre-trained for 60 steps on Austen: real structure, so perplexity means something."""
+    """A 1-layer d_model-64 GPT pre-trained for 80 steps on Austen: real structure, so perplexity means something
+    (and every linear layer's input width is a multiple of int4's group of 32)."""
     data = prepared(data_root, "gpt")
     out = data_root / "quant-run"
     if not (out / "model").is_dir():
-        assert main(pretrain_args("clm", data, out, max_steps=60, batch_size=8, eval_every=0, save_every=60,
-                                  lr=3e-3)) == 0
+        args = pretrain_args("clm", data, out, max_steps=80, batch_size=8, seq_len=64, eval_every=0, save_every=80,
+                             lr=1e-2, warmup=10)
+        args += ["--override", "d_model=64", "--override", "d_ff=256", "--override", "n_heads=4"]
+        assert main(args) == 0
     return out / "model"
 
 
@@ -99,11 +102,12 @@ def test_trained_fixture_learned_something(trained):
     assert report.agreement == 1.0 and report.ppl_change == 0.0
 
 
-# Bounds. int8 per row: within 1% of fp32 perplexity. int4 per group of 32: 16 levels per group (about 18x
-# coarser than int8's 254 per row) perturb every logit more; 5% is the bound chosen, about 4x what a group of
-# 32 costs here, loose enough for any seed yet tight enough to fail if groups or scales were wrong (a
-# mis-scaled or unpacked-in-the-wrong-order layer moves perplexity by far more).
-BOUNDS = {"int8": 0.01, "int4": 0.05}
+# Bounds. int8 per row: within 1% of fp32 perplexity (the requirement). int4 per group of 32 has 16 levels per
+# group, about 18x coarser than int8's 254 per row, and published round-to-nearest int4 results on real LMs cost
+# one to a few percent; 2% is the bound chosen for this fixture: it holds with a wide margin here, and still fails
+# for a packing bug (swapping the two nibbles of each byte moves this model's perplexity by about 7% and makes
+# greedy decoding disagree from the first token).
+BOUNDS = {"int8": 0.01, "int4": 0.02}
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
