@@ -198,3 +198,29 @@ def test_quantize_refuses_an_existing_quantised_folder_and_same_out(trained, tmp
     assert "already quantised" in capsys.readouterr().err and not (tmp_path / "q2").exists()
     assert main(["quantize", "--model", str(trained), "--to", "int8", "--out", str(trained)]) == 2
     assert "is the --model folder" in capsys.readouterr().err
+
+
+def test_embed_cli_takes_dtype_and_quantize_and_stays_close(trained, tmp_path):
+    import numpy as np
+    texts = tmp_path / "texts.txt"
+    texts.write_text("She was happy.\nThe weather was fine.\n", encoding="utf-8")
+    out = {}
+    for name, flags in {"fp32": [], "int8": ["--quantize", "int8"], "bf16-int4": ["--dtype", "bf16", "--quantize", "int4"]}.items():
+        file = tmp_path / f"{name}.npy"
+        assert main(["embed", "--model", str(trained), "--input", str(texts), "--output", str(file), "--quiet",
+                     *flags]) == 0
+        out[name] = np.load(file).astype("float32")
+    cos = lambda a, b: float((a * b).sum(-1).min())  # noqa: E731 (rows are unit-normalised)
+    assert cos(out["fp32"], out["int8"]) > 0.999 and cos(out["fp32"], out["bf16-int4"]) > 0.95
+
+
+def test_evaluate_cli_on_a_task_folder_in_bf16_int8(trained, tmp_path, capsys):
+    from tests import task_helpers as th
+    train = th.write_sentiment(tmp_path / "train.tsv", n=16)
+    task = tmp_path / "task"
+    assert main(["finetune", "--model", str(trained), "--task", "classify", "--train", str(train), "--out", str(task),
+                 "--max-steps", "2", "--batch-size", "4", "--no-progress"]) == 0
+    capsys.readouterr()
+    for flags in ([], ["--dtype", "bf16", "--quantize", "int8"]):
+        assert main(["evaluate", "--model", str(task), "--data", str(train), *flags]) == 0
+    assert "accuracy" in capsys.readouterr().out
