@@ -77,7 +77,8 @@ def test_int4_keeps_layers_off_the_group_size_in_full_precision_and_says_so(caps
     record = quantize_model(model, "int4", group_size=32)
     assert record["layers"] == ["0", "1"] and list(record["kept"]) == ["2"]
     assert type(model[2]) is torch.nn.Linear
-    assert "2: kept in full precision (in_features 48 is not a multiple of the group size 32)" in capsys.readouterr().err
+    notice = "2: kept in full precision (in_features 48 is not a multiple of the group size 32)"
+    assert notice in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------- a trained tiny GPT
@@ -205,7 +206,8 @@ def test_embed_cli_takes_dtype_and_quantize_and_stays_close(trained, tmp_path):
     texts = tmp_path / "texts.txt"
     texts.write_text("She was happy.\nThe weather was fine.\n", encoding="utf-8")
     out = {}
-    for name, flags in {"fp32": [], "int8": ["--quantize", "int8"], "bf16-int4": ["--dtype", "bf16", "--quantize", "int4"]}.items():
+    modes = {"fp32": [], "int8": ["--quantize", "int8"], "bf16-int4": ["--dtype", "bf16", "--quantize", "int4"]}
+    for name, flags in modes.items():
         file = tmp_path / f"{name}.npy"
         assert main(["embed", "--model", str(trained), "--input", str(texts), "--output", str(file), "--quiet",
                      *flags]) == 0

@@ -131,7 +131,8 @@ def refuse_training(folder: str | Path, what: str = "training") -> None:
     record = read_quantization(folder) if Path(folder).is_dir() else None
     if record is not None:
         raise UserInputError(f"{folder}: a {record['mode']}-quantised model folder is for inference only, not for "
-                             f"{what}; train from the full-precision folder (with --peft qlora to fine-tune on 4-bit weights)")
+                             f"{what}; train from the full-precision folder (with --peft qlora to fine-tune on "
+                             "4-bit weights)")
 
 
 # ---------------------------------------------------------------------------------------- precision
