@@ -14,6 +14,9 @@ Kernels. On the CPU the layer calls PyTorch's own weight-only kernels (``torch._
 ``torch._weight_int4pack_mm_for_cpu`` on the tinygemm-packed int4 form), which read the narrow weights and
 scale inside the matmul. Elsewhere, and under ``torch.compile``, it dequantises and calls ``F.linear``
 (inductor fuses the two). Both equal ``x @ dequantised(W)^T`` to the rounding of the activation dtype.
+Compiled decoding (:mod:`lmforge.generation.compiled`) freezes the weights as constants, so inductor may fold
+the dequantisation into a full-precision constant: its tokens are right, but the saving in bytes read is
+the eager path's.
 
 Why not torchao. torchao (0.18 here) was tried first: its ``Int8WeightOnlyConfig`` with fp32 activations
 was no faster than the fp32 matmul on this CPU, and its ``Int4WeightOnlyConfig`` has no CPU packing format
