@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 
 import pytest
@@ -44,3 +45,15 @@ def _doctest_in_its_own_folder(request, monkeypatch):
     monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
     monkeypatch.chdir(folder)
     yield
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _compile_cache_in_a_temporary_folder(tmp_path_factory):
+    """Compiled decoding keeps a persistent cache (``LMFORGE_COMPILE_CACHE``, by default under the user's home);
+    a test run keeps its own in pytest's temporary folder, for every test and every process it starts."""
+    if "LMFORGE_COMPILE_CACHE" in os.environ:
+        yield
+        return
+    os.environ["LMFORGE_COMPILE_CACHE"] = str(tmp_path_factory.mktemp("compile-cache"))
+    yield
+    os.environ.pop("LMFORGE_COMPILE_CACHE", None)

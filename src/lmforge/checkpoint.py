@@ -49,6 +49,7 @@ from lmforge.models import build_model, load_transformer
 from lmforge.models.bilstm_lm import ARCH as BILM_ARCH
 from lmforge.models.bilstm_lm import PRESETS as BILM_PRESETS
 from lmforge.models.bilstm_lm import BiLM, BiLMConfig
+from lmforge.models.quantize import apply_precision, current_precision, refuse_training
 from lmforge.tokenization import Tokenizer
 from lmforge.utils.io import read_mapping_file
 
@@ -154,7 +155,7 @@ def read_model_folder(path: str | Path, with_tokenizer: bool = True, verify: boo
 
 
 def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-         verify: bool | None = None):
+         verify: bool | None = None, quantize: str | None = None):
     """A model, in eval mode, from any folder kind or a preset name (see the module docstring).
 
     Returns an lmforge Transformer, or an ELMo :class:`~lmforge.models.bilstm_lm.BiLM` for a folder whose
@@ -164,7 +165,12 @@ def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtyp
         verify: check an lmforge folder's files against its ``manifest.json`` (sizes and sha256) before
             loading; None means True unless :func:`load_checks` (``--no-verify``) turned it off. Non-finite
             weights are refused either way.
+        quantize: weight-only quantisation for inference, ``none | int8 | int4`` (see
+            :mod:`lmforge.models.quantize`); None: what a :func:`~lmforge.models.quantize.precision` block
+            (``--quantize``, ``--dtype``) set. A quantised folder loads as saved.
     """
+    precision_dtype, precision_quantize = current_precision()
+    quantize = quantize if quantize is not None else precision_quantize
     if is_bilm(path):
         return load_bilm(path, device=device, dtype=dtype, verify=verify)
     if _is_preset_name(path):
@@ -173,6 +179,8 @@ def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtyp
         model = _load_hf(path, tokenizer=False).model
     else:
         model = load_transformer(path, verify=verify)
+    if quantize is not None or (dtype is None and precision_dtype is not None):
+        apply_precision(model, precision_dtype if dtype is None else None, quantize)
     return _placed(model, device, dtype)
 
 
@@ -193,6 +201,7 @@ def load_body(source, tokenizer=None, random_init: bool = False, verify: bool | 
         body, tok = source, None
     else:
         path = Path(str(source))
+        refuse_training(path)
         if path.is_dir():
             body, tok = read_model_folder(path, with_tokenizer=tokenizer is None, verify=verify)
         elif path.exists() or "/" in str(source):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lmforge.cli._load_args import add_load_flags
+from lmforge.cli._load_args import add_load_flags, add_precision_flags
 from lmforge.cli.main import UserError
 from lmforge.embeddings.pooling import POOLINGS
 
@@ -30,3 +30,4 @@ def add_model_flags(parser, *, pooling: bool = True) -> None:
                         "(default: the model's max_seq_len)")
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     add_load_flags(parser)
+    add_precision_flags(parser)

@@ -19,7 +19,7 @@ import json
 import math
 import sys
 
-from lmforge.cli._load_args import add_load_flags
+from lmforge.cli._load_args import add_load_flags, add_precision_flags
 from lmforge.cli.main import model_argument, plain_warnings
 from lmforge.tasks.inference import evaluate, table_lines, tune_null_threshold
 from lmforge.tasks.spec import TASKS
@@ -53,6 +53,7 @@ def add_common(parser, output: bool) -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="examples per forward pass (default 32)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     add_load_flags(parser)
+    add_precision_flags(parser)
 
 
 def overrides(args) -> dict:

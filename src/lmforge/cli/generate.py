@@ -18,7 +18,7 @@ import argparse
 import sys
 
 import lmforge
-from lmforge.cli._load_args import add_load_flags
+from lmforge.cli._load_args import add_load_flags, add_precision_flags
 from lmforge.cli.main import UserError, model_argument, plain_warnings
 from lmforge.generation import GenerationConfig, generate_text, stream
 from lmforge.tokenization import Tokenizer
@@ -72,6 +72,7 @@ def register(subparsers) -> None:
                         help="print a single output as it is generated (on by default)")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu (default) or cuda")
     add_load_flags(parser)
+    add_precision_flags(parser)
     parser.set_defaults(func=run)
 
 

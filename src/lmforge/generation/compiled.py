@@ -29,6 +29,17 @@ each kept step holds its own packed copies of the weights (the tiny GPT, 55 MB o
 more resident memory per step), and a step whose weights were written in place or replaced since it
 was compiled is compiled again (it would otherwise run the old, frozen values).
 
+Persistent cache. The first call of a step compiles inside :func:`compile_cache_dir`, where inductor keeps
+its on-disk caches: the generated C++ kernels and their built libraries (keyed by a hash of their source),
+and FX graphs where inductor can cache them (it bypasses graphs holding the frozen, mkldnn-packed weights, so
+tracing and GEMM autotuning run again in each process). A new process that compiles the same step reuses the
+built libraries instead of invoking the C++ compiler, the bulk of a cold compile here. Nothing stale is used:
+the folder is named for the torch version, CPU capability and machine, artifacts are keyed by their source,
+and frozen weights are bound from the live model, never read from the cache. A damaged artifact does not
+crash decoding: inductor's autotuner skips a candidate kernel that fails to load, and a compile that still
+fails empties the folder and compiles once more from scratch, with a warning. ``LMFORGE_COMPILE_CACHE``
+names another folder, or ``off`` for inductor's default (a per-user folder in the system's temporary directory).
+
 Supported: decoders whose positions go through ``position_ids`` (learned, sinusoidal, RoPE, none), with
 greedy search, sampling (all logits processors, EOS, stop strings, several samples per prompt) and
 beam search; batches of any size, padded prompts included; streaming. Not supported (a ``ValueError``
@@ -49,9 +60,16 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import os
+import platform
+import re
+import shutil
 import types
+import warnings
 import weakref
 from collections import OrderedDict
+from pathlib import Path
 
 import torch
 
@@ -75,6 +93,36 @@ DECOMPOSE_SDPA = True
 
 # model -> OrderedDict[(batch, capacity, dtype, device), compiled step]
 _STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+CACHE_ENV = "LMFORGE_COMPILE_CACHE"  # a folder for the persistent compile cache, or "off"
+
+
+def compile_cache_dir() -> Path | None:
+    """The folder compiled steps are cached in across processes (None: ``LMFORGE_COMPILE_CACHE=off``).
+
+    ``$LMFORGE_COMPILE_CACHE`` or ``~/.cache/lmforge/compile`` (``$XDG_CACHE_HOME`` honoured), then a subfolder
+    named for what built artifacts depend on outside their own keys: torch version, CPU capability, machine.
+    """
+    value = os.environ.get(CACHE_ENV)
+    if value == "off":
+        return None
+    user_cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    base = Path(value) if value else user_cache / "lmforge" / "compile"
+    key = f"torch-{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}-{platform.machine()}"
+    return base / re.sub(r"[^A-Za-z0-9_.-]", "_", key)
+
+
+@contextlib.contextmanager
+def _cache_in(folder: Path | None):
+    if folder is None:
+        yield
+        return
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with temporary_cache_dir(str(folder)):
+        yield
 
 
 def check_supported(model) -> None:
@@ -141,7 +189,8 @@ class _CompiledStep:
     makes it :meth:`stale`."""
 
     def __init__(self, model, device: torch.device):
-        self.fn = torch.compile(_fresh_step(), fullgraph=True, dynamic=False, backend=_backend(device))
+        self.backend = _backend(device)
+        self.fn = torch.compile(_fresh_step(), fullgraph=True, dynamic=False, backend=self.backend)
         self.freeze = FREEZE
         self.versions = [(t, t._version) for t in _weights(model)]
         self.compiled = False
@@ -161,14 +210,30 @@ class _CompiledStep:
         # constants), from the global config; only this first call traces.
         import torch._inductor.config as inductor_config  # here: importing inductor takes a second or more
 
+        folder = compile_cache_dir()
         try:
-            with inductor_config.patch(freezing=self.freeze):
+            with inductor_config.patch(freezing=self.freeze), _cache_in(folder):
                 out = self.fn(*args)
-        except Exception as exc:  # a compiler or toolchain failure: say which switch to turn off
-            raise RuntimeError(f"compile=True: torch.compile of the decode step failed ({type(exc).__name__}: "
-                               f"{exc}); generate with compile=False instead") from exc
+        except Exception as exc:
+            if folder is None or not folder.is_dir():
+                raise _compile_failed(exc) from exc
+            # Perhaps a damaged cached artifact: compile once more with the cache emptied.
+            warnings.warn(f"compile=True: the compile cache {folder} gave an error ({type(exc).__name__}); "
+                          "rebuilding it", stacklevel=2)
+            shutil.rmtree(folder, ignore_errors=True)
+            self.fn = torch.compile(_fresh_step(), fullgraph=True, dynamic=False, backend=self.backend)
+            try:
+                with inductor_config.patch(freezing=self.freeze), _cache_in(folder):
+                    out = self.fn(*args)
+            except Exception as again:  # a compiler or toolchain failure: say which switch to turn off
+                raise _compile_failed(again) from again
         self.compiled = True
         return out
+
+
+def _compile_failed(exc: Exception) -> RuntimeError:
+    return RuntimeError(f"compile=True: torch.compile of the decode step failed ({type(exc).__name__}: {exc}); "
+                        "generate with compile=False instead")
 
 
 def _backend(device: torch.device):

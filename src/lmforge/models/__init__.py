@@ -8,6 +8,7 @@ import torch
 
 from lmforge.config import ModelConfig, resolve_config
 from lmforge.model_folder import WEIGHTS_FILE, load_weights, materialise, read_config, verify_folder
+from lmforge.models.quantize import quantized_shell, read_quantization
 from lmforge.models.transformer import ModelOutput, Transformer
 from lmforge.nn.labels import shift_right
 
@@ -41,6 +42,9 @@ def load_transformer(path: str | Path, verify: bool | None = None) -> Transforme
     with torch.device("meta"):
         shell = Transformer(cfg)
     model = materialise(shell)
+    record = read_quantization(path)
+    if record is not None:  # a quantised folder: its layers are rebuilt quantised, never re-quantised
+        quantized_shell(model, record)
     load_weights(model, path / WEIGHTS_FILE)
     # After the structural checks, which name a missing file or a wrong shape more precisely than a hash.
     verify_folder(path, verify)

@@ -332,6 +332,7 @@ def load_task_model(path: str | Path, spec: TaskSpec | None = None, device: str 
                                          "(fine-tune one with `lmforge finetune`)")
     model = build_task_model(body, spec)
     load_head(model, path, spec)
+    model.head.to(next(body.parameters()).dtype)  # a body loaded in bf16 (--dtype) feeds the head bf16 states
     return model.eval().to(device)
 
 

@@ -67,6 +67,7 @@ from lmforge.models import Transformer
 from lmforge.checkpoint import bilm_config, is_bilm
 from lmforge.models.bilstm_lm import BiLM, BiLMConfig
 from lmforge.models.electra import ElectraPretrainer
+from lmforge.models.quantize import refuse_training
 from lmforge.models.two_stream import TwoStreamLM
 from lmforge.objectives import OBJECTIVES, PermutedLM, ReplacedTokenDetection, architectures_for, check_architecture
 from lmforge.objectives.decoder_layout import check_layout_fits, default_layout
@@ -238,6 +239,7 @@ def build_pretraining(config: TrainConfig, *, loss=None, init: Callable[[Transfo
     ``run_files`` (name -> text) are written into the run folder beside ``config.yaml`` when the run starts.
     """
     config.require("model", "objective", "data", "out")
+    refuse_training(config.model, "pre-training")
     ctx = distributed.setup(config.strategy, config.device)  # before the datasets: they read rank and world size
     tokenizer = load_tokenizer(config)
     check_format(config.objective, config.objective_options.get("format"))

@@ -1,0 +1,228 @@
+"""Weight-only int8/int4 inference: kernels against a dequantised reference, quantised folders, precision flags,
+and the quality bounds on a tiny GPT trained on Austen."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import lmforge
+from lmforge import checkpoint
+from lmforge.cli.main import main
+from lmforge.errors import UserInputError
+from lmforge.models.quantize import (
+    QUANT_FILE,
+    apply_precision,
+    precision,
+    quantization_of,
+    quantize_model,
+    save_quantized,
+)
+from lmforge.nn.weight_only import WeightOnlyLinear, quantize_int4, quantize_int8, unpack_int4
+from lmforge.tasks.quantize import measure, quantize_folder
+from lmforge.tokenization import Tokenizer
+from test_training_pretrain import data_root, prepared, pretrain_args  # noqa: F401
+
+
+# ------------------------------------------------------------------------------------------- kernels
+def test_int8_rounding_matches_the_formula_by_hand():
+    w = torch.tensor([[1.0, -0.5, 0.25], [0.0, 2.0, -2.0]])
+    q, s = quantize_int8(w)
+    assert torch.equal(s, torch.tensor([1 / 127, 2 / 127]))
+    assert q.tolist() == [[127, -64, 32], [0, 127, -127]]  # round(-63.5) = -64 (half to even), 31.75 -> 32
+
+
+def test_int4_packs_two_nibbles_per_byte_low_first():
+    w = torch.zeros(1, 32)
+    w[0, 0], w[0, 1], w[0, 2] = 7.0, -7.0, 1.0  # scale 1 -> nibbles 15, 1, 9
+    packed, s = quantize_int4(w, 32)
+    assert s.tolist() == [[1.0]] and packed.shape == (1, 16)
+    assert packed[0, 0].item() == 15 | (1 << 4) and packed[0, 1].item() == 9 | (8 << 4)
+    assert unpack_int4(packed)[0, :4].tolist() == [15, 1, 9, 8]
+
+
+# Tolerances: fp32 activations compute with the dequantised weight exactly (up to sum order, ~1e-5 of the
+# output scale); bf16 activations are rounded to 8 bits of mantissa, so ~1e-2 relative.
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("shape", [(64, 128), (24, 96)])  # (out, in): 24 rows take int4's dequantise path
+def test_matmul_equals_the_dequantised_fp32_reference(mode, dtype, atol, shape):
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(shape[1], shape[0])
+    q = WeightOnlyLinear.from_linear(layer, mode)
+    x = torch.randn(2, 3, shape[1])  # (B, T, in)
+    ref = torch.nn.functional.linear(x, q.dequantized(), layer.bias)  # fp32 reference
+    y = q(x.to(dtype))
+    assert y.dtype == dtype and y.shape == (2, 3, shape[0])
+    torch.testing.assert_close(y.float(), ref, atol=atol * ref.abs().max().item(), rtol=0)
+    # The rounding itself is bounded: half a step of each row (int8) or group (int4) scale.
+    step = q.scales.max().item()
+    assert (q.dequantized() - layer.weight).abs().max().item() <= step / 2 + 1e-7
+
+
+def test_cpu_kernel_and_dequantise_fallback_agree():
+    torch.manual_seed(0)
+    for mode in ("int8", "int4"):
+        q = WeightOnlyLinear.from_linear(torch.nn.Linear(64, 32), mode)
+        x = torch.randn(5, 64)
+        assert q._cpu_kernel(x)
+        fallback = torch.nn.functional.linear(x, q.dequantized(), q.bias)
+        torch.testing.assert_close(q(x), fallback, atol=1e-5, rtol=0)
+
+
+def test_int4_keeps_layers_off_the_group_size_in_full_precision_and_says_so(capsys):
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 48), torch.nn.Linear(48, 8))
+    record = quantize_model(model, "int4", group_size=32)
+    assert record["layers"] == ["0", "1"] and list(record["kept"]) == ["2"]
+    assert type(model[2]) is torch.nn.Linear
+    notice = "2: kept in full precision (in_features 48 is not a multiple of the group size 32)"
+    assert notice in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------- a trained tiny GPT
+@pytest.fixture(scope="module")
+def trained(data_root):  # noqa: F811
+    """A 1-layer d_model-64 GPT pre-trained for 80 steps on Austen: real structure, so perplexity means something
+    (and every linear layer's input width is a multiple of int4's group of 32)."""
+    data = prepared(data_root, "gpt")
+    out = data_root / "quant-run"
+    if not (out / "model").is_dir():
+        args = pretrain_args("clm", data, out, max_steps=80, batch_size=8, seq_len=64, eval_every=0, save_every=80,
+                             lr=1e-2, warmup=10)
+        args += ["--override", "d_model=64", "--override", "d_ff=256", "--override", "n_heads=4"]
+        assert main(args) == 0
+    return out / "model"
+
+
+def test_trained_fixture_learned_something(trained):
+    model, tok = checkpoint.read_model_folder(trained)
+    report = measure(model, model, tok, "none")
+    assert report.ppl_fp32 < 0.5 * tok.vocab_size  # far below the uniform guess
+    assert report.agreement == 1.0 and report.ppl_change == 0.0
+
+
+# Bounds. int8 per row: within 1% of fp32 perplexity (the requirement). int4 per group of 32 has 16 levels per
+# group, about 18x coarser than int8's 254 per row, and published round-to-nearest int4 results on real LMs cost
+# one to a few percent; 2% is the bound chosen for this fixture: it holds with a wide margin here, and still fails
+# for a packing bug (swapping the two nibbles of each byte moves this model's perplexity by about 7% and makes
+# greedy decoding disagree from the first token).
+BOUNDS = {"int8": 0.01, "int4": 0.02}
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_quantize_cli_reports_quality_within_bounds_and_saves_a_folder(trained, tmp_path, mode, capsys):
+    out = tmp_path / mode
+    report_file = tmp_path / "report.json"
+    assert main(["quantize", "--model", str(trained), "--to", mode, "--out", str(out),
+                 "--report", str(report_file)]) == 0
+    printed = capsys.readouterr().out
+    assert "perplexity" in printed and "greedy" in printed
+    report = json.loads(report_file.read_text())
+    assert abs(report["ppl_change"]) <= BOUNDS[mode], report
+    assert report["agreement"] >= (0.75 if mode == "int8" else 0.4), report
+    assert json.loads((out / QUANT_FILE).read_text())["mode"] == mode
+    assert QUANT_FILE in json.loads((out / "manifest.json").read_text())["files"]
+    # The folder loads without re-quantising and gives the very logits of the model it was saved from.
+    reference, _ = checkpoint.read_model_folder(trained)
+    quantize_model(reference, mode)
+    loaded = lmforge.load(out)
+    assert quantization_of(loaded)["mode"] == mode
+    x = torch.tensor([[5, 17, 42, 7, 99]])
+    with torch.no_grad():
+        assert torch.equal(loaded(x).logits, reference.eval()(x).logits)
+
+
+def test_save_and_load_give_identical_logits(tmp_path):
+    torch.manual_seed(0)
+    model = lmforge.build_model("gpt-tiny", n_layers=1, d_model=64, n_heads=2, d_ff=128, vocab_size=200,
+                                max_seq_len=32).eval()
+    for mode in ("int8", "int4"):
+        quantized = lmforge.build_model("gpt-tiny", n_layers=1, d_model=64, n_heads=2, d_ff=128, vocab_size=200,
+                                        max_seq_len=32)
+        quantized.load_state_dict(model.state_dict())
+        quantize_model(quantized.eval(), mode)
+        path = save_quantized(quantized, tmp_path / mode)
+        loaded = lmforge.load(path)
+        x = torch.randint(0, 200, (2, 9))
+        with torch.no_grad():
+            assert torch.equal(loaded(x).logits, quantized(x).logits)
+        assert any(isinstance(m, WeightOnlyLinear) for m in loaded.modules())
+
+
+def test_precision_block_reaches_load_and_bf16_runs(trained):
+    with precision("bf16", "int8"):
+        model = lmforge.load(trained)
+    assert quantization_of(model)["mode"] == "int8"
+    assert model.embed_tokens.weight.dtype == torch.bfloat16
+    assert next(p for p in model.parameters() if p.is_floating_point()).dtype == torch.bfloat16
+    with torch.no_grad():
+        logits = model(torch.tensor([[1, 2, 3]])).logits
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(logits.float()).all()
+    assert quantization_of(lmforge.load(trained)) is None  # outside the block: as saved
+
+
+def test_bf16_without_cpu_support_warns_naming_the_fallback(monkeypatch):
+    from lmforge.models import quantize as q
+    monkeypatch.setattr(q, "bf16_supported", lambda: False)
+    with pytest.warns(UserWarning, match="slower emulated fallback.*--dtype fp32"):
+        apply_precision(torch.nn.Sequential(torch.nn.Linear(4, 4)), "bf16")
+
+
+def test_generate_cli_takes_dtype_and_quantize(trained, capsys):
+    assert main(["generate", "--model", str(trained), "--prompt", "She was", "--max-new-tokens", "5",
+                 "--dtype", "bf16", "--quantize", "int4", "--no-stream"]) == 0
+    assert capsys.readouterr().out.endswith("\n")
+    with pytest.raises(SystemExit):  # argparse refuses other modes
+        main(["generate", "--model", str(trained), "--prompt", "x", "--quantize", "int3"])
+
+
+def test_quantised_folder_is_refused_for_training(trained, data_root, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "q8"
+    quantize_folder(trained, "int8", out)
+    with pytest.raises(UserInputError, match="for inference only.*--peft qlora"):
+        checkpoint.load_body(str(out))
+    data = prepared(data_root, "gpt")
+    args = pretrain_args("clm", data, tmp_path / "run", max_steps=2)
+    args[args.index("--model") + 1] = str(out)
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "int8-quantised model folder is for inference only" in err and not (tmp_path / "run").exists()
+
+
+def test_quantize_refuses_an_existing_quantised_folder_and_same_out(trained, tmp_path, capsys):
+    out = tmp_path / "q"
+    quantize_folder(trained, "int8", out)
+    assert main(["quantize", "--model", str(out), "--to", "int4", "--out", str(tmp_path / "q2")]) == 2
+    assert "already quantised" in capsys.readouterr().err and not (tmp_path / "q2").exists()
+    assert main(["quantize", "--model", str(trained), "--to", "int8", "--out", str(trained)]) == 2
+    assert "is the --model folder" in capsys.readouterr().err
+
+
+def test_embed_cli_takes_dtype_and_quantize_and_stays_close(trained, tmp_path):
+    import numpy as np
+    texts = tmp_path / "texts.txt"
+    texts.write_text("She was happy.\nThe weather was fine.\n", encoding="utf-8")
+    out = {}
+    modes = {"fp32": [], "int8": ["--quantize", "int8"], "bf16-int4": ["--dtype", "bf16", "--quantize", "int4"]}
+    for name, flags in modes.items():
+        file = tmp_path / f"{name}.npy"
+        assert main(["embed", "--model", str(trained), "--input", str(texts), "--output", str(file), "--quiet",
+                     *flags]) == 0
+        out[name] = np.load(file).astype("float32")
+    cos = lambda a, b: float((a * b).sum(-1).min())  # noqa: E731 (rows are unit-normalised)
+    assert cos(out["fp32"], out["int8"]) > 0.999 and cos(out["fp32"], out["bf16-int4"]) > 0.95
+
+
+def test_evaluate_cli_on_a_task_folder_in_bf16_int8(trained, tmp_path, capsys):
+    from tests import task_helpers as th
+    train = th.write_sentiment(tmp_path / "train.tsv", n=16)
+    task = tmp_path / "task"
+    assert main(["finetune", "--model", str(trained), "--task", "classify", "--train", str(train), "--out", str(task),
+                 "--max-steps", "2", "--batch-size", "4", "--no-progress"]) == 0
+    capsys.readouterr()
+    for flags in ([], ["--dtype", "bf16", "--quantize", "int8"]):
+        assert main(["evaluate", "--model", str(task), "--data", str(train), *flags]) == 0
+    assert "accuracy" in capsys.readouterr().out
