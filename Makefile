@@ -34,9 +34,10 @@ browser:
 			|| echo "could not install Chromium: the browser test will be skipped"; \
 	else echo "browser test will be skipped: install Chromium with: sudo apt-get install chromium chromium-driver"; fi
 
-# tests/ and the docstring examples in src/lmforge (pyproject.toml: testpaths, --doctest-modules).
+# tests/ and the docstring examples in src/lmforge (pyproject.toml: testpaths, --doctest-modules), on two
+# processes (pytest-xdist; each test file stays on one, so a file's shared fixtures are built once).
 test: $(STAMP) browser
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # Every speed/memory benchmark in benchmarks/, one table of lmforge vs reference (`lmforge bench --quick`: minutes).
 bench: $(STAMP)

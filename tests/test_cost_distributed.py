@@ -18,7 +18,7 @@ def test_device_seconds_are_summed_over_ranks(data_root, tmp_path):
     data = prepared(data_root, "gpt")
     args = pretrain_args("clm", data, tmp_path / "run", max_steps=4, eval_every=0, save_every=4, device="cpu")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m",
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
                            "lmforge.cli.main", *args], env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -38,8 +38,8 @@ TOL = 1e-5
 
 def torchrun(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *args], env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def metrics(out: Path) -> list[dict]:
