@@ -44,6 +44,7 @@ SHARDS = {  # shards (named for the family that pre-trains on them) -> (corpus, 
     "t5": ("bible", "t5"),
 }
 VAL_FRACTION = 0.05
+MIN_VAL_DOCUMENTS = 8  # expected held-out documents at least: a short budget's reviews corpus has ~60 in all
 
 
 def _reviews(ctx: Context) -> list[str]:
@@ -109,8 +110,10 @@ def data(ctx: Context, seconds: float) -> dict[str, Any]:
     for family, (corpus, tokenizer) in SHARDS.items():
         source = ctx.path(tokenizers["corpora"][corpus]["path"])
         out = ctx.path("data", family)
+        # The split is by document: a small corpus needs a larger fraction for a batch of held-out sequences.
+        val_fraction = max(VAL_FRACTION, MIN_VAL_DOCUMENTS / tokenizers["corpora"][corpus]["documents"])
         manifest = prepare([source], ctx.path(tokenizers["tokenizers"][tokenizer]["path"]), out,
-                           val_fraction=VAL_FRACTION, overwrite=True, progress=ctx.progress)
+                           val_fraction=val_fraction, overwrite=True, progress=ctx.progress)
         splits = manifest["splits"]
         prepared[family] = {"path": ctx.relative(out), "corpus": corpus, "train_tokens": splits["train"]["tokens"],
                             "val_tokens": splits.get("val", {}).get("tokens", 0),
