@@ -75,7 +75,8 @@ def test_electra_masking_shares_and_no_random_tokens():
 
 def test_options_and_architecture_refusals():
     assert build_objective("electra", vocab_size=V, mask_token_id=MASK, pad_token_id=PAD).pretrainer_options() == {
-        "generator_size": 0.25, "rtd_weight": 50.0}
+        "generator_size": 0.25, "rtd_weight": 50.0, "tie_generator_output": True}
+    assert objective(tie_generator_output=False).pretrainer_options()["tie_generator_output"] is False
     with pytest.raises(ValueError, match="generator_size must be in"):
         objective(generator_size=1.5)
     check_architecture("electra", "encoder")
@@ -98,6 +99,28 @@ def test_generator_is_a_narrow_copy_sharing_the_embeddings():
     assert generator_config(tiny_config(), 1.0).d_model == 32
     half = generator_config(tiny_config(d_model=48, n_heads=6, d_ff=96), 0.5)  # 24 wide, head width 8 kept
     assert (half.d_model, half.n_heads, half.d_ff) == (24, 3, 48)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_untied_generator_output_leaves_the_rows_of_absent_tokens_alone(tied):
+    # Tied, the generator's softmax gives every row of the shared table a gradient (p_i * h for a non-target);
+    # untied, only the rows of tokens in the input move, and the generator owns a (V, E) output matrix.
+    model = pair(tie_generator_output=tied)
+    g = model.generator
+    assert g.config.tie_embeddings is tied and (g.mlm_head.decoder is None) is tied
+    assert g.embed_tokens.weight is model.discriminator.embed_tokens.weight  # the input table stays shared
+    ids = torch.tensor([[CLS, 10, 11, 12, 13, SEP]])
+    labels = torch.full_like(ids, -100)
+    labels[0, 2] = 11
+    out = model(ids.masked_fill(labels != -100, MASK), labels=labels, sampling_noise=torch.rand(1, 6))
+    out.mlm_loss.backward()
+    grad = model.discriminator.embed_tokens.weight.grad  # (V, E)
+    absent = torch.ones(V, dtype=torch.bool)
+    absent[ids.flatten()] = False
+    absent[MASK] = False
+    assert bool((grad[absent].abs().sum(-1) > 0).all()) is tied
+    if not tied:
+        assert float(grad[absent].abs().max()) == 0.0 and g.mlm_head.decoder.weight.grad is not None
 
 
 def test_sampling_follows_the_softmax_not_the_argmax():

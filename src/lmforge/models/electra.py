@@ -24,6 +24,14 @@ the same depth; the paper's 1/4 for small models), so it keeps the discriminator
 projects it to its own width (HF's ``embeddings_project``, lmforge's factorised embeddings ``embedding_dim``),
 and its MLM head maps back down to E before the tied output matrix.
 
+Untying the generator's output (``tie_generator_output=False``). With the tie, the generator's softmax moves
+every row of the shared table on every step, towards a common direction for the rows that are rarely targets
+(Gao et al., 2019, "Representation Degeneration Problem"); under Adam even a tiny steady gradient moves a row
+by about ``lr`` per step. Over the paper's million steps the rows spread out again; over a few hundred they do
+not, and the discriminator inherits a table whose rare and mid-frequency rows point the same way. Untied, the
+generator's MLM head gets its own (V, E) output matrix, and the shared table is updated only through the
+inputs of both models, as an untied BERT's is.
+
 The joint loss (§2) is the paper's, on every batch::
 
     L = L_MLM + lambda * L_RTD = mean_masked CE + lambda * mean_real BCE
@@ -96,15 +104,17 @@ def sample_tokens(logits: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp(max=logits.shape[-1] - 1)
 
 
-def generator_config(discriminator: ModelConfig, size: float) -> ModelConfig:
+def generator_config(discriminator: ModelConfig, size: float, tie_output: bool = True) -> ModelConfig:
     """The generator's config: the discriminator's with hidden size and FFN scaled by ``size``, the per-head
     width kept where it fits (ELECTRA's code: heads = hidden // 64), the same depth, the discriminator's
-    embedding width, and a tied MLM head.
+    embedding width, and an MLM head tied to the (shared) token table unless ``tie_output`` is False.
 
     Example:
         >>> g = generator_config(ModelConfig.from_preset("bert-tiny"), 0.25)
-        >>> g.d_model, g.n_heads, g.d_ff, g.embed_dim, g.n_layers
-        (96, 1, 384, 384, 6)
+        >>> g.d_model, g.n_heads, g.d_ff, g.embed_dim, g.n_layers, g.tie_embeddings
+        (96, 1, 384, 384, 6, True)
+        >>> generator_config(ModelConfig.from_preset("bert-tiny"), 0.25, tie_output=False).tie_embeddings
+        False
     """
     if not 0.0 < size <= 1.0:
         raise ConfigError(f"generator_size={size} must be in (0, 1]: a fraction of the discriminator's width")
@@ -114,7 +124,7 @@ def generator_config(discriminator: ModelConfig, size: float) -> ModelConfig:
         heads -= 1
     return discriminator.replace(
         d_model=d, n_heads=heads, n_kv_heads=None, head_dim=None, d_ff=max(1, round(discriminator.d_ff * size)),
-        embedding_dim=discriminator.embed_dim, head="mlm", tie_embeddings=True, pooler=False,
+        embedding_dim=discriminator.embed_dim, head="mlm", tie_embeddings=tie_output, pooler=False,
         name=f"{discriminator.name}-generator",
     )
 
@@ -202,14 +212,16 @@ class ElectraPretrainer(nn.Module):
         self.rtd_weight = float(rtd_weight)
 
     @classmethod
-    def from_config(cls, config: ModelConfig, generator_size: float = 0.25,
-                    rtd_weight: float = 50.0) -> "ElectraPretrainer":
+    def from_config(cls, config: ModelConfig, generator_size: float = 0.25, rtd_weight: float = 50.0,
+                    tie_generator_output: bool = True) -> "ElectraPretrainer":
         """The pair for an encoder ``config`` (e.g. the bert-tiny preset): the discriminator is ``config`` with
-        the RTD head, the generator :func:`generator_config` of it."""
+        the RTD head, the generator :func:`generator_config` of it (its MLM output tied to the shared token
+        table unless ``tie_generator_output`` is False)."""
         if config.arch != "encoder":
             raise ConfigError(f"ELECTRA pre-trains an encoder; model {config.name!r} has arch={config.arch!r}")
         discriminator = Transformer(config.replace(head="rtd"))
-        return cls(discriminator, Transformer(generator_config(discriminator.config, generator_size)), rtd_weight)
+        generator = Transformer(generator_config(discriminator.config, generator_size, tie_generator_output))
+        return cls(discriminator, generator, rtd_weight)
 
     @property
     def config(self) -> ElectraPairConfig:

@@ -21,8 +21,9 @@ inverse-CDF (:func:`lmforge.models.electra.sample_tokens`). Drawing it here, fro
 generator, makes the replacements a function of the objective's state: a resumed run draws the same ones,
 and splitting a batch into micro-batches does not change them.
 
-``generator_size`` and ``rtd_weight`` are the recipe's model-side settings (the generator's width as a
-fraction of the discriminator's, and lambda); they ride here so that ``--objective-option`` reaches them, and
+``generator_size``, ``rtd_weight`` and ``tie_generator_output`` are the recipe's model-side settings (the
+generator's width as a fraction of the discriminator's, lambda, and whether the generator's MLM output matrix
+is the shared token table); they ride here so that ``--objective-option`` reaches them, and
 :func:`lmforge.training.pretrain.build_pretraining` hands them to :class:`~lmforge.models.electra.ElectraPretrainer`.
 
 Batch layout (all (B, T), right-padded)::
@@ -60,6 +61,9 @@ class ReplacedTokenDetection(MaskedLM):
         generator_size: the generator's hidden size, heads and FFN width as a fraction of the
             discriminator's (the paper's 1/4 for small models; 1.0 = same size), in (0, 1].
         rtd_weight: lambda, the weight of the discriminator's loss in the joint loss (paper: 50).
+        tie_generator_output: the generator's MLM output matrix is the shared token table (the paper's
+            setting); False gives it its own, which keeps a short run from degenerating the shared table
+            (see :mod:`lmforge.models.electra`).
         mask_prob, random_prob: as in :class:`MaskedLM`, with ELECTRA's defaults.
         The other arguments are :class:`MaskedLM`'s (ids, ``mlm_probability``, whole-word and span masking,
         ``seed``).
@@ -82,6 +86,7 @@ class ReplacedTokenDetection(MaskedLM):
         add_cls_sep: bool = False,
         generator_size: float = 0.25,
         rtd_weight: float = 50.0,
+        tie_generator_output: bool = True,
         seed: int = 0,
     ):
         # Spelled out rather than **kwargs: the pre-training recipe fills arguments by their names.
@@ -97,6 +102,7 @@ class ReplacedTokenDetection(MaskedLM):
             raise ValueError(f"rtd_weight must be >= 0, got {rtd_weight}")
         self.generator_size = float(generator_size)
         self.rtd_weight = float(rtd_weight)
+        self.tie_generator_output = bool(tie_generator_output)
 
     def __call__(self, examples: Sequence) -> dict[str, torch.Tensor]:
         batch = super().__call__(examples)
@@ -105,6 +111,7 @@ class ReplacedTokenDetection(MaskedLM):
         batch["sampling_noise"] = torch.rand(batch["input_ids"].shape, generator=self.generator)  # (B, T)
         return batch
 
-    def pretrainer_options(self) -> dict[str, float]:
+    def pretrainer_options(self) -> dict[str, float | bool]:
         """The settings :class:`~lmforge.models.electra.ElectraPretrainer` takes from the recipe."""
-        return {"generator_size": self.generator_size, "rtd_weight": self.rtd_weight}
+        return {"generator_size": self.generator_size, "rtd_weight": self.rtd_weight,
+                "tie_generator_output": self.tie_generator_output}

@@ -1,15 +1,20 @@
 """Stages 1 and 2: write the pre-training corpora, train a tokenizer per model family, prepare token shards.
 
-    corpus    text                                               tokenizer                     model
+    corpus    text                                               tokenizer                     shards for
     english   Austen's novels + rt-sentiment's training reviews  gpt: byte-level BPE           gpt-tiny
-                                                                 bert: lower-cased WordPiece   bert-tiny
+                                                                 bert: lower-cased WordPiece
+    reviews   rt-sentiment's training reviews alone              (bert's WordPiece)            bert-tiny
     bible     KJV verses and their Reina-Valera 1909 Spanish     t5: BPE + 100 sentinels       t5-tiny
 
 The reviews' *text* (never their labels) joins the English corpus because pre-training on the task's domain
 is most of what a few minutes of pre-training can give a classifier (Howard & Ruder 2018; Gururangan et al.
-2020); the test split stays unseen. The T5 corpus is bilingual so that span corruption already shows the
-model Spanish before it learns to translate. T5 itself uses a unigram vocabulary; BPE with the same special
-tokens trains about ten times faster, which matters in a one-minute budget.
+2020); the test split stays unseen. bert-tiny, which the sentiment stages fine-tune, pre-trains on the
+reviews alone (its WordPiece vocabulary is still learnt from the whole English corpus): its few hundred
+masked-LM steps are worth more spent on the task's domain than spread over Austen (measured: about 2.5 points
+of test accuracy after fine-tuning; docs/notes-quickstart-pretraining.md). The T5 corpus is bilingual so that
+span corruption already shows the model Spanish before it learns to translate. T5 itself uses a unigram
+vocabulary; BPE with the same special tokens trains about ten times faster, which matters in a one-minute
+budget.
 
 Smaller budgets use a proportional share of each corpus (never less than a few hundred documents).
 """
@@ -33,15 +38,25 @@ TOKENIZERS = {  # family -> (corpus, kind, lowercase)
     "bert": ("english", "wordpiece", True),
     "t5": ("bible", "bpe", False),
 }
+SHARDS = {  # shards (named for the family that pre-trains on them) -> (corpus, tokenizer family)
+    "gpt": ("english", "gpt"),
+    "bert": ("reviews", "bert"),
+    "t5": ("bible", "t5"),
+}
 VAL_FRACTION = 0.05
+MIN_VAL_DOCUMENTS = 8  # expected held-out documents at least: a short budget's reviews corpus has ~60 in all
+
+
+def _reviews(ctx: Context) -> list[str]:
+    reviews = [r["text"] for r in datasets.load("rt-sentiment", "train")]
+    groups = [" ".join(reviews[i:i + REVIEWS_PER_DOCUMENT]) for i in range(0, len(reviews), REVIEWS_PER_DOCUMENT)]
+    return groups[:ctx.scaled(len(groups), floor=60)]
 
 
 def _english(ctx: Context) -> list[str]:
     chapters = [r["text"] for r in datasets.load("corpus")]
-    reviews = [r["text"] for r in datasets.load("rt-sentiment", "train")]
-    groups = [" ".join(reviews[i:i + REVIEWS_PER_DOCUMENT]) for i in range(0, len(reviews), REVIEWS_PER_DOCUMENT)]
     chapters = chapters[:ctx.scaled(len(chapters), floor=60)]
-    groups = groups[:ctx.scaled(len(groups), floor=60)]
+    groups = _reviews(ctx)
     # Interleave, so that any prefix of the corpus (and each shard) mixes both kinds of text.
     mixed = [d for pair in itertools.zip_longest(chapters, groups) for d in pair if d]
     return mixed
@@ -58,7 +73,7 @@ def _bible(ctx: Context) -> list[str]:
     return [" ".join(c[lang]) for c in keep for lang in ("en", "es")]
 
 
-CORPORA = {"english": _english, "bible": _bible}
+CORPORA = {"english": _english, "reviews": _reviews, "bible": _bible}
 
 
 def write_corpus(documents: list[str], path: Path) -> Path:
@@ -89,16 +104,18 @@ def tokenizers(ctx: Context, seconds: float) -> dict[str, Any]:
 
 
 def data(ctx: Context, seconds: float) -> dict[str, Any]:
-    """Stage ``data``: tokenise each corpus into shards with its model family's tokenizer."""
+    """Stage ``data``: tokenise each family's corpus (:data:`SHARDS`) into shards with its tokenizer."""
     tokenizers = ctx.result("tokenizers")
     prepared = {}
-    for family, (corpus, _, _) in TOKENIZERS.items():
+    for family, (corpus, tokenizer) in SHARDS.items():
         source = ctx.path(tokenizers["corpora"][corpus]["path"])
         out = ctx.path("data", family)
-        manifest = prepare([source], ctx.path(tokenizers["tokenizers"][family]["path"]), out,
-                           val_fraction=VAL_FRACTION, overwrite=True, progress=ctx.progress)
+        # The split is by document: a small corpus needs a larger fraction for a batch of held-out sequences.
+        val_fraction = max(VAL_FRACTION, MIN_VAL_DOCUMENTS / tokenizers["corpora"][corpus]["documents"])
+        manifest = prepare([source], ctx.path(tokenizers["tokenizers"][tokenizer]["path"]), out,
+                           val_fraction=val_fraction, overwrite=True, progress=ctx.progress)
         splits = manifest["splits"]
-        prepared[family] = {"path": ctx.relative(out), "train_tokens": splits["train"]["tokens"],
+        prepared[family] = {"path": ctx.relative(out), "corpus": corpus, "train_tokens": splits["train"]["tokens"],
                             "val_tokens": splits.get("val", {}).get("tokens", 0),
                             "train_documents": splits["train"].get("documents")}
         ctx.log(f"{family}: {prepared[family]['train_tokens']:,} training tokens, "

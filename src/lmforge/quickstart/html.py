@@ -136,14 +136,18 @@ def figures(report: dict[str, Any]) -> dict[str, bytes | None]:
     return figs
 
 
+PRETRAINING_TEXT = {"reviews": " on the training reviews' text", "english": " on Austen and the training reviews"}
+
+
 def _gap(stages: dict[str, dict]) -> str:
     """One sentence on what this run's pre-training was worth, from its own numbers."""
     pre, scratch, mlm = stages.get("finetune-bert"), stages.get("finetune-bert-scratch"), stages.get("pretrain-bert")
     if not pre or not scratch or not mlm or pre.get("skipped") or scratch.get("skipped"):
         return ""
     gap = 100 * (pre["test"]["accuracy"] - scratch["test"]["accuracy"])
-    return (f" Here {mlm['steps']:,} steps ({mlm['tokens']:,} tokens) of masked-LM pre-training moved test accuracy "
-            f"by {gap:+.1f} points; longer budgets pre-train longer.")
+    text = PRETRAINING_TEXT.get(mlm.get("corpus"), "")
+    return (f" Here {mlm['steps']:,} steps ({mlm['tokens']:,} tokens) of masked-LM pre-training{text} moved test "
+            f"accuracy by {gap:+.1f} points; longer budgets pre-train longer.")
 
 
 def _majority(runs: dict[str, dict]) -> float | None:
