@@ -334,8 +334,8 @@ class PriceTag:
     def record(self) -> dict[str, Any]:
         """The cumulative values for one metrics line."""
         derived = self.settings.derived(self.device_s, self.energy_j if self.measured else None)
-        return {"total_flops": self.flops, "total_tokens": self.tokens, "wall_s": round(self.wall_s, 3),
-                "device_s": round(self.device_s, 3), "energy_kwh": _sig(derived["energy_kwh"]),
+        return {"total_flops": self.flops, "total_tokens": self.tokens, "wall_s": round(self.wall_s, 6),
+                "device_s": round(self.device_s, 6), "energy_kwh": _sig(derived["energy_kwh"]),
                 "energy_method": self.meter.method if self.measured else
                 f"estimated: device-seconds x {self.settings.power_watts:g} W",
                 "co2e_kg": _sig(derived["co2e_kg"]), "cost_usd": _sig(derived["cost_usd"])}
