@@ -47,11 +47,11 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import torch
 
-from lmforge.objectives.mlm import MaskedLM
+from lmforge.objectives.mlm import MaskedLM, with_mlm_options
 
 
 class ReplacedTokenDetection(MaskedLM):
@@ -65,36 +65,21 @@ class ReplacedTokenDetection(MaskedLM):
             setting); False gives it its own, which keeps a short run from degenerating the shared table
             (see :mod:`lmforge.models.electra`).
         mask_prob, random_prob: as in :class:`MaskedLM`, with ELECTRA's defaults.
-        The other arguments are :class:`MaskedLM`'s (ids, ``mlm_probability``, whole-word and span masking,
-        ``seed``).
+        **mlm_options: any other :class:`MaskedLM` argument (ids, ``mlm_probability``, whole-word, span and
+            static masking, ``seed``); the signature lists them, so ``lmforge pretrain`` fills them by name.
     """
 
     def __init__(
         self,
         *,
-        vocab_size: int,
-        mask_token_id: int,
-        pad_token_id: int,
-        special_token_ids: Iterable[int] = (),
-        mlm_probability: float = 0.15,
         mask_prob: float = 0.85,
         random_prob: float = 0.0,
-        continuation_token_ids: Iterable[int] | None = None,
-        span_masking: bool = False,
-        cls_token_id: int | None = None,
-        sep_token_id: int | None = None,
-        add_cls_sep: bool = False,
         generator_size: float = 0.25,
         rtd_weight: float = 50.0,
         tie_generator_output: bool = True,
-        seed: int = 0,
+        **mlm_options,
     ):
-        # Spelled out rather than **kwargs: the pre-training recipe fills arguments by their names.
-        super().__init__(vocab_size=vocab_size, mask_token_id=mask_token_id, pad_token_id=pad_token_id,
-                         special_token_ids=special_token_ids, mlm_probability=mlm_probability, mask_prob=mask_prob,
-                         random_prob=random_prob, continuation_token_ids=continuation_token_ids,
-                         span_masking=span_masking, cls_token_id=cls_token_id, sep_token_id=sep_token_id,
-                         add_cls_sep=add_cls_sep, seed=seed)
+        super().__init__(mask_prob=mask_prob, random_prob=random_prob, **mlm_options)
         if not 0.0 < generator_size <= 1.0:
             raise ValueError(f"generator_size must be in (0, 1] (a fraction of the discriminator's width), "
                              f"got {generator_size}")
@@ -115,3 +100,6 @@ class ReplacedTokenDetection(MaskedLM):
         """The settings :class:`~lmforge.models.electra.ElectraPretrainer` takes from the recipe."""
         return {"generator_size": self.generator_size, "rtd_weight": self.rtd_weight,
                 "tie_generator_output": self.tie_generator_output}
+
+
+with_mlm_options(ReplacedTokenDetection)

@@ -41,6 +41,7 @@ Example::
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -243,3 +244,15 @@ class MaskedLM(Seeded):
             selected[b, units[covered]] = True
             u[b, units[covered]] = torch.rand(len(lengths), generator=g)[span[covered]]
         return selected, u
+
+
+def with_mlm_options(cls, exclude: Iterable[str] = ()) -> type:
+    """Give ``cls`` (whose ``__init__`` passes ``**mlm_options`` on to a :class:`MaskedLM`) the signature of its own
+    keyword arguments plus every MaskedLM argument it does not set itself (nor ``exclude``), so the pre-training
+    recipe fills and checks them by name, as for MaskedLM, and a new MaskedLM option reaches it unedited."""
+    own = [p for name, p in inspect.signature(cls.__init__).parameters.items()
+           if name != "self" and p.kind is not p.VAR_KEYWORD]
+    taken = {p.name for p in own} | set(exclude)
+    cls.__signature__ = inspect.Signature(
+        own + [p for p in inspect.signature(MaskedLM).parameters.values() if p.name not in taken])
+    return cls

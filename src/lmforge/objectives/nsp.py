@@ -41,7 +41,6 @@ Example::
 
 from __future__ import annotations
 
-import inspect
 import numbers
 from collections.abc import Iterable, Sequence
 
@@ -49,7 +48,7 @@ import torch
 
 from lmforge.config import ConfigError
 from lmforge.objectives.base import Seeded, as_ids, id_set, pad, split_sentences
-from lmforge.objectives.mlm import MaskedLM
+from lmforge.objectives.mlm import MaskedLM, with_mlm_options
 
 IS_NEXT, NOT_NEXT = 0, 1
 PAIR_FORMATS = ("segment-pair", "sentence-pair")
@@ -232,11 +231,4 @@ class MaskedLMAndNSP(NextSentencePrediction):
                          sentence_end_ids=sentence_end_ids, seed=seed)
 
 
-def _joint_signature() -> inspect.Signature:
-    own = [p for name, p in inspect.signature(MaskedLMAndNSP.__init__).parameters.items()
-           if name != "self" and p.kind is not p.VAR_KEYWORD]
-    taken = {p.name for p in own} | {"add_cls_sep"}  # pairs are framed here, never by the MLM
-    return inspect.Signature(own + [p for p in inspect.signature(MaskedLM).parameters.values() if p.name not in taken])
-
-
-MaskedLMAndNSP.__signature__ = _joint_signature()
+with_mlm_options(MaskedLMAndNSP, exclude=("add_cls_sep",))  # pairs are framed here, never by the MLM
