@@ -8,6 +8,44 @@ import tempfile
 import pytest
 import torch
 
+DEVICE_ENV = "LMFORGE_TEST_DEVICE"
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--device", default=None, choices=("cpu", "cuda"),
+        help=f"where device-relevant tests (those taking the `device` fixture, marked `device`) run; "
+             f"default: ${DEVICE_ENV}, else cpu. Select only them with -m device.")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "device: runs on the device chosen by --device (the `device` fixture)")
+    config.addinivalue_line("markers", "cuda_only: meaningful on a GPU only; skipped on the CPU")
+
+
+def _test_device(config) -> str:
+    return config.getoption("--device") or os.environ.get(DEVICE_ENV) or "cpu"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test that takes the `device` fixture is marked `device`, so ``-m device`` selects the suite's
+    device-relevant part; asking for CUDA on a machine without one fails the run at once instead of testing
+    the CPU twice."""
+    device = _test_device(config)
+    if device == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError("--device cuda: torch sees no CUDA device here")
+    for item in items:
+        if "device" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.device)
+        if item.get_closest_marker("cuda_only") and device != "cuda":
+            item.add_marker(pytest.mark.skip(reason="CUDA only: run with --device cuda on a GPU machine"))
+
+
+@pytest.fixture(scope="session")
+def device(request) -> str:
+    """The torch device of device-relevant tests: "cpu" (``make test``) or "cuda" (``pytest --device cuda``)."""
+    return _test_device(request.config)
+
 
 @pytest.fixture(autouse=True)
 def _deterministic():

@@ -75,8 +75,16 @@ class Case:
     flops_per_step: float
 
 
-def gpt_case(batch: int, seq: int, vocab: int) -> Case:
-    cfg = ModelConfig.from_preset("gpt-tiny", vocab_size=vocab, max_seq_len=seq, dropout=0.0, attn_dropout=0.0)
+def _config(preset: str, vocab: int | None, **overrides) -> ModelConfig:
+    """``preset`` without dropout (both sides run the same deterministic work), at ``vocab`` unless None."""
+    if vocab is not None:
+        overrides["vocab_size"] = vocab
+    return ModelConfig.from_preset(preset, dropout=0.0, attn_dropout=0.0, **overrides)
+
+
+def gpt_case(batch: int, seq: int, vocab: int | None, preset: str = "gpt-tiny") -> Case:
+    cfg = _config(preset, vocab, max_seq_len=seq)
+    vocab = cfg.vocab_size
     ours = Transformer(cfg)
     theirs = hf.GPT2LMHeadModel(
         hf.GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=cfg.d_model, n_layer=cfg.n_layers,
@@ -91,8 +99,9 @@ def gpt_case(batch: int, seq: int, vocab: int) -> Case:
     )
 
 
-def bert_case(batch: int, seq: int, vocab: int) -> Case:
-    cfg = ModelConfig.from_preset("bert-tiny", vocab_size=vocab, max_seq_len=seq, dropout=0.0, attn_dropout=0.0)
+def bert_case(batch: int, seq: int, vocab: int | None, preset: str = "bert-tiny") -> Case:
+    cfg = _config(preset, vocab, max_seq_len=seq)
+    vocab = cfg.vocab_size
     ours = Transformer(cfg)
     theirs = hf.BertForMaskedLM(
         hf.BertConfig(vocab_size=vocab, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
@@ -105,8 +114,9 @@ def bert_case(batch: int, seq: int, vocab: int) -> Case:
     return Case("bert", ours, theirs, batch_in, dict(batch_in), batch * seq, ours.flops_per_token(seq) * batch * seq)
 
 
-def t5_case(batch: int, seq: int, vocab: int) -> Case:
-    cfg = ModelConfig.from_preset("t5-tiny", vocab_size=vocab, dropout=0.0)
+def t5_case(batch: int, seq: int, vocab: int | None, preset: str = "t5-tiny") -> Case:
+    cfg = _config(preset, vocab)
+    vocab = cfg.vocab_size
     ours = Transformer(cfg)
     theirs = hf.T5ForConditionalGeneration(
         hf.T5Config(vocab_size=vocab, d_model=cfg.d_model, d_kv=cfg.dim_per_head, d_ff=cfg.d_ff,

@@ -8,11 +8,15 @@ Scenarios:
     resume  in new processes, after ``parity`` in the same OUT: the FSDP run resumed from its step-5 checkpoint,
             and the DDP run's plain checkpoint loaded into FSDP.
     fail    rank 1 raises at its third batch; the job must end promptly with that error shown.
+
+The ranks train on the CPU with gloo, whatever the machine has; ``LMFORGE_WORKER_DEVICE=cuda`` puts them on
+``cuda:LOCAL_RANK`` with NCCL instead (``tests/test_distributed_cuda.py``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -24,6 +28,7 @@ from lmforge.data import PackedDataset
 from lmforge.training import TrainConfig, Trainer
 from lmforge.training import distributed
 
+DEVICE = os.environ.get("LMFORGE_WORKER_DEVICE", "cpu")
 STEPS = 10
 SEQ_LEN = 16
 MODEL = {"n_layers": 2, "d_model": 32, "n_heads": 2, "d_ff": 64, "max_seq_len": 64, "vocab_size": 300,
@@ -90,7 +95,7 @@ def count_allreduces(t: Trainer) -> list[int]:
 
 
 def parity(data: Path, out: Path) -> None:
-    with distributed.session("ddp") as ctx:
+    with distributed.session("ddp", DEVICE) as ctx:
         comm = {}
         for name, settings in (("ddp", {"batch_size": 4}), ("ddp-accum", {"batch_size": 2, "grad_accum": 2})):
             t = trainer(data, out / name, ctx, strategy="ddp", **settings)
@@ -98,7 +103,7 @@ def parity(data: Path, out: Path) -> None:
             t.fit()
             comm[name] = calls[0] / STEPS
 
-        fsdp_ctx = distributed.setup("fsdp")  # the same group, another strategy
+        fsdp_ctx = distributed.setup("fsdp", DEVICE)  # the same group, another strategy
         trainer(data, out / "fsdp", fsdp_ctx, strategy="fsdp", save_every=5).fit()
         if ctx.is_main:
             (out / "comm.json").write_text(json.dumps(comm))
@@ -106,7 +111,7 @@ def parity(data: Path, out: Path) -> None:
 
 def resume(data: Path, out: Path) -> None:
     """New processes continue the runs of ``parity`` (same OUT) from their checkpoints."""
-    with distributed.session("fsdp") as ctx:
+    with distributed.session("fsdp", DEVICE) as ctx:
         # The FSDP run's step-5 checkpoint, resumed to step 10.
         resumed = out / "fsdp-resumed"
         if ctx.is_main:
@@ -127,7 +132,7 @@ def resume(data: Path, out: Path) -> None:
 def fail(data: Path, out: Path) -> None:
     @distributed.recorded  # as `lmforge pretrain` does
     def main() -> None:
-        with distributed.session("ddp") as ctx:
+        with distributed.session("ddp", DEVICE) as ctx:
             trainer(data, out, ctx, objective=RaggedCLM(fail_rank=1), strategy="ddp", max_steps=1000).fit()
 
     main()

@@ -59,6 +59,11 @@ def batch(arch: str, B: int = 2, T: int = 7, seed: int = 1, labels: bool = False
     return out
 
 
+def on(b: dict, device: str) -> dict:
+    """A batch moved to ``device`` (the `device` fixture's)."""
+    return {k: v.to(device) for k, v in b.items()}
+
+
 def rows(b: dict, i: int) -> dict:
     """Row i of a batch, as a batch of one."""
     return {k: v[i:i + 1] for k, v in b.items()}
@@ -69,5 +74,5 @@ def perturb(model, name: str | None = None, scale: float = 0.1, seed: int = 2) -
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.adapter_parameters(name or model.active_adapter).values():
-            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * scale)
+            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype).to(p.device) * scale)
 

@@ -46,3 +46,16 @@ def test_unknown_preset_is_one_line_exit_2():
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "unknown preset 'nope'" in proc.stderr
+
+
+def test_every_command_loads_without_the_optional_extras():
+    """The CLI builds every subcommand's parser at start, so a command module that imports an optional extra at
+    module level (serve's FastAPI/pydantic, Ray, ...) would break every command for a user without it."""
+    blocked = ["pydantic", "fastapi", "uvicorn", "prometheus_client", "ray", "torchao", "codecarbon", "scipy",
+               "sklearn", "seqeval", "sacrebleu", "rouge_score", "transformers", "peft", "sentence_transformers"]
+    code = (f"import sys; sys.modules.update(dict.fromkeys({blocked!r}))\n"
+            "from lmforge.cli.main import main\n"
+            "raise SystemExit(main(['serve', '--model', 'nothing']))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "needs the serve extra" in proc.stderr and "Traceback" not in proc.stderr

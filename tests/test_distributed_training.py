@@ -50,14 +50,14 @@ def weights(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(str(folder / "model.safetensors"))
 
 
-def assert_close_runs(run: list[dict], ref: list[dict], keys=("loss", "grad_norm", "eval_loss")) -> None:
+def assert_close_runs(run: list[dict], ref: list[dict], keys=("loss", "grad_norm", "eval_loss"), tol: float = TOL) -> None:
     assert [r["step"] for r in run] == [r["step"] for r in ref]
     assert [r["targets"] for r in run] == [r["targets"] for r in ref]  # the same global batches
     for a, b in zip(run, ref):
         for key in keys:
             assert (key in a) == (key in b), (a["step"], key)
             if key in a:
-                assert abs(a[key] - b[key]) < TOL, (a["step"], key, a[key], b[key])
+                assert abs(a[key] - b[key]) < tol, (a["step"], key, a[key], b[key])
 
 
 def assert_close_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], tol: float = TOL) -> None:
@@ -90,7 +90,7 @@ def reference(data, tmp_path_factory) -> Path:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        trainer(data, out, distributed.setup("single"), strategy="single", batch_size=8).fit()
+        trainer(data, out, distributed.setup("single", "cpu"), strategy="single", batch_size=8).fit()
     finally:
         torch.set_num_threads(threads)
     return out
@@ -153,7 +153,7 @@ def test_fsdp_checkpoint_loads_on_one_rank_and_continues(launched, reference, da
     (out / "checkpoints" / "latest").write_text("step-00000005\n")
     consolidated = consolidate(out / "checkpoints" / "step-00000005", tmp_path / "step5")
 
-    t = trainer(data, out, distributed.setup("single"), strategy="single", batch_size=8, resume=True)
+    t = trainer(data, out, distributed.setup("single", "cpu"), strategy="single", batch_size=8, resume=True)
     with pytest.warns(UserWarning, match=r"checkpoint of 2 rank\(s\) on 1: .* the data continues at the same "
                                          r"global sample, and the random streams are new"):
         assert t.resume()
@@ -193,7 +193,7 @@ def test_consolidate_refuses_damaged_or_missing_checkpoints(launched, tmp_path, 
 def test_plain_checkpoint_loads_into_fsdp(launched):
     # The DDP run's plain step-10 checkpoint, loaded by FSDP on two ranks and saved again sharded, holds the same
     # weights and Adam moments: compare both, each loaded into one plain process.
-    single = distributed.setup("single")
+    single = distributed.setup("single", "cpu")
 
     def load(folder: Path):
         model = empty_model(read_config(folder / "model"))

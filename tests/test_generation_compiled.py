@@ -44,8 +44,8 @@ def _graphs() -> int:
 
 @pytest.mark.parametrize("prompts", [[[5, 6, 7]], RAGGED], ids=["batch1", "ragged3"])
 @pytest.mark.parametrize("name", PRESETS)
-def test_compiled_greedy_equals_eager(models, name, prompts):
-    model = models[name]
+def test_compiled_greedy_equals_eager(models, name, prompts, device):
+    model = models[name] if device == "cpu" else _model(**PRESETS[name]).to(device)
     eager = generate(model, prompts, max_new_tokens=N, ignore_eos=True)
     compiled = generate(model, prompts, max_new_tokens=N, ignore_eos=True, compile=True)
     assert torch.equal(compiled.sequences, eager.sequences)
@@ -91,6 +91,24 @@ def test_compiled_eos_and_sampling_equal_eager(models):
         assert torch.equal(compiled.sequences, eager.sequences), settings
         assert torch.equal(compiled.lengths, eager.lengths), settings
     assert int(compiled.lengths.min()) >= 1
+
+
+def test_later_calls_of_one_compiled_step_equal_eager(device):
+    """Every generation after the first reuses the compiled step (on CUDA its graph and its cache buffers): other
+    prompts of the same shapes, sampling and beam search (rows reordered in the step's buffers) stay exact."""
+    model = _model(**PRESETS["llama-rope-gqa"]).to(device)
+    g = torch.Generator().manual_seed(5)
+    for settings in (dict(), dict(strategy="sample", top_k=20, seed=3), dict()):
+        prompts = [torch.randint(1, 97, (n,), generator=g).tolist() for n in (5, 2, 3)]
+        eager = generate(model, prompts, max_new_tokens=N, ignore_eos=True, **settings)
+        compiled = generate(model, prompts, max_new_tokens=N, ignore_eos=True, compile=True, **settings)
+        assert torch.equal(compiled.sequences, eager.sequences), settings
+    assert len(cached_steps(model)) == 1
+    beams = dict(max_new_tokens=6, num_beams=3, num_return_sequences=3, ignore_eos=True)
+    for prompt in ([[5, 6, 7]], [[9, 3, 4]]):
+        eager, compiled = generate(model, prompt, **beams), generate(model, prompt, compile=True, **beams)
+        assert torch.equal(compiled.sequences, eager.sequences)
+        assert torch.allclose(compiled.scores, eager.scores, atol=1e-5)
 
 
 def test_compiled_beam_search_equals_eager(models):

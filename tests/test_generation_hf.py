@@ -8,8 +8,8 @@ filter, and greedy with repetition penalty / no-repeat-n-gram. GPT-2 is also che
 
 from __future__ import annotations
 
+import copy
 import importlib
-
 import os
 
 import pytest
@@ -92,8 +92,11 @@ def _eos_for(ours, ids, mask) -> int:
     return int(ours.generate(ids, mask, max_new_tokens=N, ignore_eos=True, num_beams=4).sequences[1, 3])
 
 
-def test_greedy_matches_hf(family):
+def test_greedy_matches_hf(family, device):
     hf, ours, ids, mask = family
+    if device != "cpu":  # the cached CPU models stay where they are for the other tests
+        hf, ours = copy.deepcopy(hf).to(device), copy.deepcopy(ours).to(device)
+        ids, mask = ids.to(device), mask.to(device)
     expected = _hf_generate(hf, ids, mask, do_sample=False, eos_token_id=None)
     got = ours.generate(ids, mask, max_new_tokens=N, ignore_eos=True)
     assert torch.equal(got.sequences, expected)

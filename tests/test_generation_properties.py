@@ -51,8 +51,8 @@ SETTINGS = {
 
 @pytest.mark.parametrize("setting", SETTINGS)
 @pytest.mark.parametrize("name", ALL)
-def test_cached_equals_uncached(name, setting):
-    model = _model(**ALL[name])
+def test_cached_equals_uncached(name, setting, device):
+    model = _model(**ALL[name]).to(device)
     prompts = _prompts()
     cached = generate(model, prompts, max_new_tokens=N, ignore_eos=True, **SETTINGS[setting])
     uncached = generate(model, prompts, max_new_tokens=N, ignore_eos=True, use_cache=False, **SETTINGS[setting])
@@ -63,9 +63,9 @@ def test_cached_equals_uncached(name, setting):
 
 @pytest.mark.parametrize("setting", ["greedy-penalties", "beam"])
 @pytest.mark.parametrize("name", ALL)
-def test_padded_batch_equals_one_by_one(name, setting):
+def test_padded_batch_equals_one_by_one(name, setting, device):
     """Decoders are left-padded (positions count real tokens only); encoder-decoder sources are padded too."""
-    model = _model(**ALL[name])
+    model = _model(**ALL[name]).to(device)
     prompts = _prompts()
     batch = generate(model, prompts, max_new_tokens=N, ignore_eos=True, **SETTINGS[setting])
     alone = [generate(model, [p], max_new_tokens=N, ignore_eos=True, **SETTINGS[setting]) for p in prompts]

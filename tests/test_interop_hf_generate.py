@@ -58,13 +58,15 @@ def _hf_greedy(hf, input_ids, attention_mask=None):
     return hf.generate(input_ids, attention_mask=attention_mask, generation_config=config)
 
 
-def test_gpt2_greedy_matches_generate():
+def test_gpt2_greedy_matches_generate(device):
     torch.manual_seed(0)
     hf = _perturbed(tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=V, n_embd=64, n_layer=2, n_head=4, n_positions=64,
                                                      bos_token_id=None, eos_token_id=None)))
-    prompt = torch.randint(0, V, (2, 6))
+    ours = lmforge.from_hf(hf).to(device)
+    hf = hf.to(device)
+    prompt = torch.randint(0, V, (2, 6)).to(device)
     expected = _hf_greedy(hf, prompt, torch.ones_like(prompt))[:, prompt.shape[1]:]
-    ours = greedy(lmforge.from_hf(hf), prompt)
+    ours = greedy(ours, prompt)
     assert expected.shape == (2, NEW_TOKENS)
     assert len(set(expected.flatten().tolist())) > 3  # a real continuation, not one repeated token
     assert torch.equal(ours, expected)

@@ -16,7 +16,7 @@ COMBOS = list(itertools.product(ARCHS, POSITIONS, NORMS, ACTIVATIONS))
 
 
 @pytest.mark.parametrize("arch,position,norm,activation", COMBOS)
-def test_forward_backward_reaches_every_parameter(arch, position, norm, activation):
+def test_forward_backward_reaches_every_parameter(arch, position, norm, activation, device):
     norm_position = ("pre", "post")[COMBOS.index((arch, position, norm, activation)) % 2]
     cfg = tiny_config(
         arch=arch, position=position, norm=norm, activation=activation, norm_position=norm_position,
@@ -24,14 +24,14 @@ def test_forward_backward_reaches_every_parameter(arch, position, norm, activati
         type_vocab_size=2 if arch == "encoder" else 0, n_kv_heads=2 if arch == "decoder" else None,
         embedding_norm=arch != "decoder",
     )
-    model = Transformer(cfg)
+    model = Transformer(cfg).to(device)
     ids = torch.randint(1, cfg.vocab_size, (2, 7))
     mask = torch.ones(2, 7, dtype=torch.long)
     mask[1, 5:] = 0
-    kwargs = {"attention_mask": mask}
+    kwargs = {"attention_mask": mask.to(device)}
     if arch == "encoder-decoder":
-        kwargs["decoder_input_ids"] = torch.randint(1, cfg.vocab_size, (2, 5))
-    out = model(ids, **kwargs)
+        kwargs["decoder_input_ids"] = torch.randint(1, cfg.vocab_size, (2, 5)).to(device)
+    out = model(ids.to(device), **kwargs)
     assert torch.isfinite(out.logits).all()
     out.logits.float().pow(2).mean().backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]

@@ -173,3 +173,26 @@ def test_moe_causal_mask_does_not_leak(capacity):
     changed[:, 7:] = torch.randint(1, 97, (2, 5))
     a, b = model(ids).logits, model(changed).logits
     torch.testing.assert_close(a[:, :7], b[:, :7], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_padded_vocabulary_projection_equals_the_plain_one(bias, device):
+    """The GPU's padded head (vocab_projection) gives the unpadded logits and gradients; forced on any device."""
+    from lmforge.models.heads import vocab_projection
+
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(5, 7, 16, generator=g).to(device).requires_grad_()
+    w = torch.randn(101, 16, generator=g).to(device).requires_grad_()
+    b = torch.randn(101, generator=g).to(device).requires_grad_() if bias else None
+    target = torch.randn(5, 7, 101, generator=g).to(device)
+    grads = []
+    for multiple in (1, 64):
+        out = vocab_projection(h, w, b, multiple=multiple)
+        assert out.shape == (5, 7, 101)
+        (out * target).sum().backward()
+        grads.append([out.detach().clone()] + [t.grad.clone() for t in (h, w, b) if t is not None])
+        for t in (h, w, b):
+            if t is not None:
+                t.grad = None
+    for plain, padded in zip(*grads):
+        torch.testing.assert_close(padded, plain, atol=1e-5, rtol=1e-5)

@@ -9,15 +9,15 @@ import pytest
 import torch
 
 from lmforge.peft import PeftConfig, apply_peft, load_adapter
-from peft_helpers import ARCHS, CHANGES_OUTPUT, IDENTITY_AT_INIT, METHODS, batch, config, perturb, tiny_model
+from peft_helpers import ARCHS, CHANGES_OUTPUT, IDENTITY_AT_INIT, METHODS, batch, config, on, perturb, tiny_model
 
 MATRIX = [(arch, method) for arch in ARCHS for method in METHODS]
 
 
 @pytest.mark.parametrize("arch,method", [(a, m) for a, m in MATRIX if m in IDENTITY_AT_INIT])
-def test_identity_at_initialisation(arch, method):
-    base = tiny_model(arch)
-    b = batch(arch)
+def test_identity_at_initialisation(arch, method, device):
+    base = tiny_model(arch).to(device)
+    b = on(batch(arch), device)
     expected = base(**b).logits
     model = apply_peft(base, config(method))
     # Wrapping q/k/v switches attention from its fused to its unfused projection: equal up to fp32 rounding.
@@ -25,9 +25,9 @@ def test_identity_at_initialisation(arch, method):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_qlora_starts_as_its_quantised_base(arch):
-    model = apply_peft(tiny_model(arch), config("qlora"))
-    b = batch(arch)
+def test_qlora_starts_as_its_quantised_base(arch, device):
+    model = apply_peft(tiny_model(arch).to(device), config("qlora"))
+    b = on(batch(arch), device)
     with model.disable_adapters():
         expected = model(**b).logits
     assert torch.equal(model(**b).logits, expected)
@@ -54,11 +54,11 @@ def test_virtual_tokens_change_output_but_disabled_is_base_and_base_untouched(ar
 
 
 @pytest.mark.parametrize("arch,method", MATRIX)
-def test_only_adapter_parameters_receive_gradients(arch, method):
-    model = apply_peft(tiny_model(arch), config(method)).train()
+def test_only_adapter_parameters_receive_gradients(arch, method, device):
+    model = apply_peft(tiny_model(arch).to(device), config(method)).train()
     perturb(model)  # B = 0 / W_up = 0 would leave the other factor's gradient at exactly zero
     model.zero_grad()
-    model(**batch(arch, labels=True)).loss.backward()
+    model(**on(batch(arch, labels=True), device)).loss.backward()
     adapter = {id(p) for p in model.adapter_parameters("default").values()}
     assert adapter
     for name, p in model.named_parameters():

@@ -8,7 +8,7 @@ from torch import nn
 
 from lmforge.peft import apply_peft
 from lmforge.peft.qlora import NF4_CODEBOOK, NF4Linear, base_weight_bytes
-from peft_helpers import batch, config, tiny_model
+from peft_helpers import batch, config, on, tiny_model
 
 
 def test_nf4_weights_take_under_a_third_of_fp32():
@@ -21,9 +21,9 @@ def test_nf4_weights_take_under_a_third_of_fp32():
     assert model.base_model.encoder.layers[0].attn.k.weight.quantized_scalers.dtype == torch.int8  # double quant
 
 
-def test_dequantised_weights_are_close_to_the_originals():
+def test_dequantised_weights_are_close_to_the_originals(device):
     torch.manual_seed(0)
-    linear = nn.Linear(256, 128)
+    linear = nn.Linear(256, 128).to(device)
     q = NF4Linear(linear, block_size=64)
     w, deq = linear.weight.detach(), q.dense_weight()
     # Each weight lands on the nearest of 16 levels times its block's absmax; the widest gap between
@@ -32,7 +32,7 @@ def test_dequantised_weights_are_close_to_the_originals():
     absmax = w.reshape(-1, 64).abs().amax(1, keepdim=True)
     assert ((w.reshape(-1, 64) - deq.reshape(-1, 64)).abs() <= 0.16 * absmax).all()
     assert (deq - w).norm() / w.norm() < 0.12
-    x = torch.randn(4, 256)
+    x = torch.randn(4, 256, device=device)
     torch.testing.assert_close(q(x), x @ deq.T + linear.bias)
 
 
@@ -47,10 +47,11 @@ def test_torchao_levels_are_the_nf4_codebook():
     torch.testing.assert_close(NF4Linear(linear).dense_weight(), levels, atol=1e-4, rtol=0)
 
 
-def test_lora_on_the_nf4_base_trains():
-    model = apply_peft(tiny_model("gpt-tiny"), config("qlora", targets=["q", "v", "ffn"]))
+def test_lora_on_the_nf4_base_trains(device):
+    model = apply_peft(tiny_model("gpt-tiny").to(device), config("qlora", targets=["q", "v", "ffn"]))
     nf4 = {n: m.weight.quantized_data.clone() for n, m in model.named_modules() if isinstance(m, NF4Linear)}
-    b = batch("gpt-tiny", B=4, labels=True)
+    assert all(t.device.type == device for t in nf4.values())
+    b = on(batch("gpt-tiny", B=4, labels=True), device)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     model.train()
     losses = []

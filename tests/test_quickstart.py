@@ -259,10 +259,11 @@ def test_report_table_and_html_from_records(tmp_path):
 
 # ------------------------------------------------------------------------------------------- real runs
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> Path:
-    """One real `lmforge quickstart --minutes 1` (the slow part of this file, shared by the tests below)."""
+def finished_run(tmp_path_factory, device) -> Path:
+    """One real `lmforge quickstart --minutes 1` (the slow part of this file, shared by the tests below), on the
+    test device (``pytest --device cuda`` runs it as ``--device cuda``)."""
     out = tmp_path_factory.mktemp("quickstart") / "run"
-    assert main(["quickstart", "--out", str(out), "--minutes", "1", "--device", "cpu", "--no-progress"]) == 0
+    assert main(["quickstart", "--out", str(out), "--minutes", "1", "--device", device, "--no-progress"]) == 0
     return out
 
 
@@ -300,9 +301,9 @@ def test_quickstart_one_minute_report(finished_run):
 
 
 @pytest.mark.slow
-def test_rerun_after_completion_only_rebuilds_the_report(finished_run, capsys):
+def test_rerun_after_completion_only_rebuilds_the_report(finished_run, capsys, device):
     stamps = {p.name: p.stat().st_mtime_ns for p in (finished_run / "stages").glob("*.json")}
-    assert main(["quickstart", "--out", str(finished_run), "--minutes", "1", "--device", "cpu", "--no-progress"]) == 0
+    assert main(["quickstart", "--out", str(finished_run), "--minutes", "1", "--device", device, "--no-progress"]) == 0
     captured = capsys.readouterr()
     assert captured.err.count("done earlier, skipped") == len(STAGES)
     assert {p.name: p.stat().st_mtime_ns for p in (finished_run / "stages").glob("*.json")} == stamps
@@ -310,7 +311,7 @@ def test_rerun_after_completion_only_rebuilds_the_report(finished_run, capsys):
 
 
 @pytest.mark.slow
-def test_ctrl_c_in_a_training_stage_resumes_from_its_checkpoint(finished_run, tmp_path, monkeypatch):
+def test_ctrl_c_in_a_training_stage_resumes_from_its_checkpoint(finished_run, tmp_path, monkeypatch, device):
     """SIGINT during translation fine-tuning: the Trainer checkpoints, nothing is recorded, a re-run resumes."""
     from lmforge.tasks.finetune import FinetuneTrainer
 
@@ -327,7 +328,7 @@ def test_ctrl_c_in_a_training_stage_resumes_from_its_checkpoint(finished_run, tm
         return record
 
     monkeypatch.setattr(FinetuneTrainer, "train_step", interrupted)
-    args = ["quickstart", "--out", str(run), "--minutes", "1", "--device", "cpu", "--no-progress"]
+    args = ["quickstart", "--out", str(run), "--minutes", "1", "--device", device, "--no-progress"]
     assert main(args) == 130
     folder = RunFolder(run)
     assert not folder.done("translation") and folder.plan_file("translation").is_file()

@@ -56,19 +56,20 @@ def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
 
 
 @pytest.mark.parametrize("recipe, workers", [("clm", 0), ("mlm", 0), ("mlm", 1)])
-def test_stop_and_resume_in_process_is_exact(recipe, workers, data_root, tmp_path):
+def test_stop_and_resume_in_process_is_exact(recipe, workers, data_root, tmp_path, device):
     # With a DataLoader worker, creating its iterator draws from torch's generator: it must not shift dropout.
     data = prepared(data_root, TINY[recipe][1])
-    reference = build_pretraining(config(recipe, data, tmp_path / "ref", num_workers=workers)).trainer
+    reference = build_pretraining(config(recipe, data, tmp_path / "ref", num_workers=workers, device=device)).trainer
     reference.fit()
 
-    first = build_pretraining(config(recipe, data, tmp_path / "run", num_workers=workers)).trainer
+    first = build_pretraining(config(recipe, data, tmp_path / "run", num_workers=workers, device=device)).trainer
     result = first.fit(steps=3)
     assert (result.step, result.stopped_by, result.model_dir) == (3, "steps", None)
     # What a crash after step 3 leaves behind: lines for steps that no checkpoint holds, the last one cut short.
     with open(tmp_path / "run" / "metrics.jsonl", "a") as f:
         f.write('{"step": 4, "loss": 99.0}\n{"step": 5, "lo')
-    resumed = build_pretraining(config(recipe, data, tmp_path / "run", resume=True, num_workers=workers)).trainer
+    resumed = build_pretraining(config(recipe, data, tmp_path / "run", resume=True, num_workers=workers,
+                                       device=device)).trainer
     result = resumed.fit()
     assert (result.step, result.stopped_by) == (6, "max_steps")
 
@@ -81,11 +82,11 @@ def test_stop_and_resume_in_process_is_exact(recipe, workers, data_root, tmp_pat
     assert [r["lr"] for r in metrics(tmp_path / "run")] == pytest.approx([3e-4 * sched(s) for s in range(1, 7)])
 
 
-def test_fit_in_stages_equals_one_fit(data_root, tmp_path):
+def test_fit_in_stages_equals_one_fit(data_root, tmp_path, device):
     data = prepared(data_root, "gpt")
-    whole = build_pretraining(config("clm", data, tmp_path / "a", eval_every=0)).trainer
+    whole = build_pretraining(config("clm", data, tmp_path / "a", eval_every=0, device=device)).trainer
     whole.fit()
-    staged = build_pretraining(config("clm", data, tmp_path / "b", eval_every=0)).trainer
+    staged = build_pretraining(config("clm", data, tmp_path / "b", eval_every=0, device=device)).trainer
     for _ in range(3):
         staged.fit(steps=2)
     assert curve(tmp_path / "a") == curve(tmp_path / "b")

@@ -20,11 +20,7 @@ import sys
 
 from lmforge.cli._load_args import add_load_flags
 from lmforge.cli.main import UserError, plain_warnings
-from lmforge.serve.app import create_app
 from lmforge.serve.limits import Limits
-from lmforge.serve.metrics import Metrics
-from lmforge.serve.served import load_served, parse_model_args
-from lmforge.serve.server import serve_forever
 
 API_KEY_ENV = "LMFORGE_API_KEY"
 
@@ -65,6 +61,7 @@ def _require_extra() -> None:
     try:
         import fastapi  # noqa: F401  (optional dependencies: the serve extra)
         import prometheus_client  # noqa: F401
+        import pydantic  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as exc:
         raise UserError(f"lmforge serve needs the serve extra ({exc.name} is missing): "
@@ -82,6 +79,11 @@ def _run(args) -> int:
     if not 0 < args.port < 65536:
         raise UserError(f"--port {args.port}: give a port in 1..65535")
     _require_extra()
+    # Imported here: the serve extra is optional, and every other command must work without it.
+    from lmforge.serve.app import create_app
+    from lmforge.serve.metrics import Metrics
+    from lmforge.serve.served import load_served, parse_model_args
+    from lmforge.serve.server import serve_forever
 
     metrics = Metrics()
     served = {}

@@ -86,6 +86,11 @@ SUPPORTED_POSITIONS = ("learned", "sinusoidal", "rope", "none")
 # the template is tried ("CPP"): autotuning against ATen times each GEMM with its weight hot in cache,
 # where MKL wins, so it picks the slower kernel for the real, streaming case (and compiles twice as long).
 CPU_OPTIONS = {"max_autotune": True, "max_autotune_gemm_backends": "CPP"}
+# On CUDA, replay each decode step as a CUDA graph (inductor's cudagraph trees): one launch per token instead of one
+# per kernel, which is what a small model's latency is made of there. A graph replays on fixed addresses, so each
+# compiled step owns its KV buffers (:meth:`_CompiledStep.adopt`): every generation of that shape decodes in the
+# same memory, which the graph writes in place.
+CUDA_GRAPHS = True
 FREEZE = True  # compile the weights in as constants (see _CompiledStep)
 # SDPA's CPU kernel (flash attention) has a fixed cost per call that dominates for one query row; the
 # plain math, decomposed into ops inductor fuses, costs a fraction of that.
@@ -189,7 +194,9 @@ class _CompiledStep:
     makes it :meth:`stale`."""
 
     def __init__(self, model, device: torch.device):
-        self.backend = _backend(device)
+        self.graphs = CUDA_GRAPHS and device.type == "cuda"
+        self.buffers: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+        self.backend = _backend(device, self.graphs)
         self.fn = torch.compile(_fresh_step(), fullgraph=True, dynamic=False, backend=self.backend)
         self.freeze = FREEZE
         self.versions = [(t, t._version) for t in _weights(model)]
@@ -203,13 +210,32 @@ class _CompiledStep:
             w is not t or t._version != v for w, (t, v) in zip(weights, self.versions)
         )
 
+    def adopt(self, keys: list[torch.Tensor], values: list[torch.Tensor]):
+        """With CUDA graphs, the step's own cache buffers holding ``keys``/``values`` (copied in), else the same
+        lists: a graph's inputs that it writes must sit at the addresses it was recorded with."""
+        if not self.graphs:
+            return keys, values
+        if self.buffers is None:
+            self.buffers = ([torch.empty_like(k) for k in keys], [torch.empty_like(v) for v in values])
+        for mine, theirs in zip(self.buffers[0] + self.buffers[1], keys + values):
+            mine.copy_(theirs)
+        return self.buffers
+
     def __call__(self, *args):
+        # A CUDA graph's output lives in memory its next replay overwrites: hand out a copy (N x V, small).
+        out = self._run(*args)
+        return out.clone() if self.graphs else out
+
+    def _run(self, *args):
         if self.compiled:
             return self.fn(*args)
         # Dynamo reads the freezing switch while tracing (it decides whether weights become graph
         # constants), from the global config; only this first call traces.
         import torch._inductor.config as inductor_config  # here: importing inductor takes a second or more
 
+        if self.graphs:  # args: model, ids, slot, positions, valid, keys, values: the cache is this step's own
+            for t in (*args[5], *args[6]):
+                torch._dynamo.mark_static_address(t)
         folder = compile_cache_dir()
         try:
             with inductor_config.patch(freezing=self.freeze), _cache_in(folder):
@@ -236,9 +262,11 @@ def _compile_failed(exc: Exception) -> RuntimeError:
                         "generate with compile=False instead")
 
 
-def _backend(device: torch.device):
-    """Inductor, with :data:`CPU_OPTIONS` and SDPA's CPU kernel decomposed (:data:`DECOMPOSE_SDPA`) on a CPU."""
+def _backend(device: torch.device, graphs: bool = False):
+    """Inductor, with :data:`CPU_OPTIONS` and SDPA's CPU kernel decomposed (:data:`DECOMPOSE_SDPA`) on a CPU, and
+    CUDA graphs (:data:`CUDA_GRAPHS`) on a GPU."""
     cpu = device.type == "cpu"
+    patches = dict(CPU_OPTIONS) if cpu else {"triton.cudagraphs": graphs}
 
     def backend(gm, example_inputs):
         from torch._decomp import decomposition_table
@@ -249,7 +277,7 @@ def _backend(device: torch.device):
         if cpu and DECOMPOSE_SDPA:
             op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
             table[op] = decomposition_table[op]
-        return compile_fx(gm, example_inputs, config_patches=dict(CPU_OPTIONS) if cpu else None, decompositions=table)
+        return compile_fx(gm, example_inputs, config_patches=patches, decompositions=table)
 
     return backend
 
@@ -310,6 +338,7 @@ class CompiledStepper(Stepper):
         s = self.static
         if self._step is None:
             self._step = compiled_step(self.model, self.batch_size, self.capacity, s.keys[0].dtype, s.keys[0].device)
+            s.keys, s.values = self._step.adopt(s.keys, s.values)
         ids = tokens.reshape(-1, 1).contiguous()  # (N, 1), strides fixed: a column view's would follow L_max
         return self._step(self.model, ids, self._slots[i:i + 1], self._positions,
                           self._valid, s.keys, s.values)

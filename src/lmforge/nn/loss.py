@@ -32,8 +32,12 @@ import functools
 
 import torch
 
-# Rows per chunk: ~256K elements (1 MiB in fp32), so the fp32 temporaries stay in L2 cache.
+# Elements per chunk. On a CPU ~256K (1 MiB in fp32), so the fp32 temporaries stay in L2 cache. On a GPU each
+# chunk costs a handful of kernel launches, and a chunk of a few rows leaves most of the chip idle: a GPT-2
+# vocabulary in L2-sized chunks is thousands of launches per step, which made the loss alone take longer than
+# the rest of the training step. There, chunks only bound the fp32 temporaries (256M elements: 1 GiB).
 _CHUNK_ELEMENTS = 1 << 18
+_CHUNK_ELEMENTS_GPU = 1 << 28
 
 
 def _chunked_loss_and_grad(
@@ -48,7 +52,8 @@ def _chunked_loss_and_grad(
     # The gradient softmax(z) - onehot(y) falls out of the same softmax pass as the loss, so it is written
     # here, once, in the logits' dtype; backward only rescales it. No fp32 (N, V) tensor survives.
     grad = torch.empty_like(logits) if want_grad else None
-    rows = max(8, _CHUNK_ELEMENTS // max(logits.shape[1], 1))
+    elements = _CHUNK_ELEMENTS if logits.device.type == "cpu" else _CHUNK_ELEMENTS_GPU
+    rows = max(8, elements // max(logits.shape[1], 1))
     total = torch.zeros((), dtype=acc, device=logits.device)
     for start in range(0, N, rows):
         end = min(start + rows, N)

@@ -69,10 +69,11 @@ class StaticKVCache:
         return self.keys[layer], self.values[layer]
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Select batch rows (beam search): new buffers of the same shapes, so nothing recompiles."""
-        self.keys = [k.index_select(0, index) for k in self.keys]
-        self.values = [v.index_select(0, index) for v in self.values]
-        self.cross = {i: (k.index_select(0, index), v.index_select(0, index)) for i, (k, v) in self.cross.items()}
+        """Select batch rows (beam search). Buffers keep their shapes, so nothing recompiles, and where the batch
+        size stays they are rewritten in place: a CUDA graph replays on the same addresses."""
+        self.keys = [_rows(k, index) for k in self.keys]
+        self.values = [_rows(v, index) for v in self.values]
+        self.cross = {i: (_rows(k, index), _rows(v, index)) for i, (k, v) in self.cross.items()}
 
     @classmethod
     def from_cache(cls, cache: KVCache, capacity: int, index: torch.Tensor) -> "StaticKVCache":
@@ -86,3 +87,11 @@ class StaticKVCache:
                 buf[:, :, :n] = src[:, :, :n]
                 out.append(buf)
         return cls(keys, values, index, cache.cross)
+
+
+def _rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``t``'s rows ``index``: written into ``t`` itself when their number is unchanged, else a new tensor."""
+    picked = t.index_select(0, index)
+    if picked.shape != t.shape:
+        return picked
+    return t.copy_(picked)
