@@ -286,6 +286,8 @@ def build_pretraining(config: TrainConfig, *, loss=None, init: Callable[[Transfo
     torch.manual_seed(config.seed)  # the same seed, the same initial weights
     if isinstance(model_config, BiLMConfig):
         model = BiLM(model_config)
+        if model_config.char_cnn:  # the character CNN reads each vocabulary entry's string
+            model.set_token_chars([tokenizer.id_to_token(i) for i in range(model_config.vocab_size)])
     elif isinstance(objective, ReplacedTokenDetection):  # ELECTRA: the model is a generator + discriminator pair
         if config.strategy == "fsdp":
             raise ConfigError("objective 'electra' trains a generator + discriminator pair: use strategy ddp, not fsdp")
