@@ -36,8 +36,8 @@ from lmforge.utils.io import removed_on_failure
 # (setting, help). Types, defaults and choices come from TrainConfig, so the two cannot drift apart. A setting
 # on by default is turned off by its --no- flag, and its help says what that flag does.
 OPTIONS = [
-    ("model", "preset name (e.g. gpt-tiny, bert-tiny, elmo-tiny for --objective bilm), config file or model "
-              "folder (a folder's weights are loaded)"),
+    ("model", "preset name (e.g. gpt-tiny, bert-tiny, elmo-tiny or elmo-cnn-tiny for --objective bilm), config "
+              "file or model folder (a folder's weights are loaded)"),
     ("objective", "pre-training objective (mlm+nsp: BERT's MLM plus next sentence prediction, which adds a "
                   "pooler and NSP head to the model; mlm alone is RoBERTa's no-NSP recipe; enc-dec-lm: T5's prefix "
                   "LM for encoder-decoders, the encoder reads a random prefix and the decoder writes the rest; span-corruption "
