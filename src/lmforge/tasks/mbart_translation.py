@@ -120,11 +120,13 @@ def translate(model, tokenizer: Tokenizer, texts: Sequence[str], *, source_id: i
                           target_id=model.config.decoder_start_token_id)
     encoded = tokenizer.encode_batch(list(texts), add_special_tokens=False)["input_ids"]
     model.eval()
+    device = next(model.parameters()).device
     out: list[str] = []
     for start in range(0, len(encoded), batch_size):
         sources = [frame.source(x[: max_length - 2]) for x in encoded[start:start + batch_size]]
         input_ids, real = pad(sources, tokenizer.pad_id)  # (B, S)
-        generated, _ = greedy_generate(model, input_ids, real.long(), max_new_tokens, eos, tokenizer.pad_id)
+        generated, _ = greedy_generate(model, input_ids.to(device), real.long().to(device), max_new_tokens, eos,
+                                       tokenizer.pad_id)
         for row in generated.tolist():
             row = row[: row.index(eos)] if eos in row else row
             # language ids lie past the tokenizer's vocabulary: they are framing, not text
@@ -133,17 +135,19 @@ def translate(model, tokenizer: Tokenizer, texts: Sequence[str], *, source_id: i
 
 
 def evaluate_translation(model: str | Path, rows: Sequence[dict], *, source: str, target: str,
-                         max_new_tokens: int = 64, max_length: int = 64, limit: int | None = None) -> dict[str, Any]:
-    """BLEU and chrF of a fine-tuned translator folder on ``rows`` (the first ``limit`` of them)."""
+                         max_new_tokens: int = 64, max_length: int = 64, limit: int | None = None,
+                         device: str = "cpu", batch_size: int = 32) -> dict[str, Any]:
+    """BLEU and chrF of a fine-tuned translator folder on ``rows`` (the first ``limit`` of them), decoded greedily
+    on ``device``."""
     languages = read_languages(model)
     src_id, tgt_id = _direction(languages, source, target, model)
-    body = checkpoint.load(model)
+    body = checkpoint.load(model, device=device)
     if body.config.decoder_start_token_id != tgt_id:
         raise UserInputError(f"{model}: it decodes from id {body.config.decoder_start_token_id}, not {target!r}'s "
                              f"language id {tgt_id}; fine-tune it for {source} -> {target} first")
     rows = list(rows)[:limit] if limit else list(rows)
     hypotheses = translate(body, Tokenizer.load(model), [r[source] for r in rows], source_id=src_id,
-                           max_new_tokens=max_new_tokens, max_length=max_length)
+                           max_new_tokens=max_new_tokens, max_length=max_length, batch_size=batch_size)
     references = [r[target] for r in rows]
     return {"bleu": metrics.bleu(hypotheses, references), "chrf": metrics.chrf(hypotheses, references),
             "examples": len(rows)}
