@@ -202,3 +202,27 @@ def test_pretrain_refuses_a_data_folder_without_languages(bilingual, tmp_path, c
     assert len(err) == 1 and "one prepared folder per language" in err[0], err
     assert main(pretrain_args(bilingual, tmp_path / "run2", objective_option="languages=[en,fr]")) != 0
     assert "no prepared folder for language(s) fr" in capsys.readouterr().err
+    assert main(pretrain_args(bilingual, tmp_path / "run3", num_workers=2)) != 0
+    assert "draws its batches across languages in this process" in capsys.readouterr().err
+    assert not (tmp_path / "run3").exists() or not any((tmp_path / "run3").iterdir())  # refused before writing
+
+
+def test_an_interrupted_run_resumes_exactly(bilingual, tmp_path):
+    """The mixture's position (its batch count and every language's loader) is in the checkpoints."""
+    from lmforge.training import TrainConfig
+    from lmforge.training.logging import read_metrics
+    from lmforge.training.pretrain import build_pretraining
+
+    def config(out, **changes):
+        return TrainConfig.from_dict({"model": "bart-tiny", "objective": "multilingual-denoising",
+                                      "data": str(bilingual), "out": str(out), "overrides": TINY_BART,
+                                      "max_steps": 6, "batch_size": 4, "seq_len": 64, "save_every": 3,
+                                      "eval_every": 0, "precision": "fp32", "progress": False, "tensorboard": False,
+                                      **changes})
+
+    build_pretraining(config(tmp_path / "whole")).trainer.fit()
+    assert build_pretraining(config(tmp_path / "cut")).trainer.fit(steps=3).stopped_by == "steps"
+    build_pretraining(config(tmp_path / "cut", resume=True)).trainer.fit()
+    whole = [r["loss"] for r in read_metrics(tmp_path / "whole" / "metrics.jsonl")]
+    cut = [r["loss"] for r in read_metrics(tmp_path / "cut" / "metrics.jsonl")]
+    assert len(whole) == 6 and cut[-3:] == pytest.approx(whole[-3:], rel=1e-6)

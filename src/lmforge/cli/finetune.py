@@ -233,7 +233,8 @@ def register(subparsers) -> None:
                         help="batch examples of similar length, drawn from windows of N batches (less padding)")
     recipe.add_argument("--eval-batch-size", type=int, default=None, help="batch size of evaluation")
     recipe.add_argument("--loss", default=None, choices=EMBEDDING_LOSSES,
-                        help="embedding: Sentence-BERT loss (default: mnrl, in-batch negatives)")
+                        help="embedding: Sentence-BERT loss (default: mnrl, in-batch negatives; triplet; cosine; "
+                             "softmax: SBERT's NLI classifier on (u, v, |u - v|) over the label column's classes)")
     _add_peft_flags(parser)
     _add_trainer_flags(parser)
     parser.set_defaults(func=run)

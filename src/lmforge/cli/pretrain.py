@@ -43,9 +43,12 @@ OPTIONS = [
                   "LM for encoder-decoders, the encoder reads a random prefix and the decoder writes the rest; span-corruption "
                   "and denoising also train a decoder (--objective-option layout=decoder or prefix-lm: input and "
                   "target concatenated); mass: MASS, an encoder-decoder decodes a masked half; permuted-lm: XLNet's "
-                  "two-stream permuted LM on an encoder; unilm: UniLM's mixed attention masks on an encoder)"),
+                  "two-stream permuted LM on an encoder; unilm: UniLM's mixed attention masks on an encoder; "
+                  "multilingual-denoising: mBART, BART's noise on several languages with language-id tokens, "
+                  "--data holding one prepared folder per language)"),
     ("tokenizer", "tokenizer folder (default: the copy inside --data)"),
-    ("data", "prepared shards (output of `lmforge data prepare`)"),
+    ("data", "prepared shards (output of `lmforge data prepare`); for multilingual-denoising a folder of them, "
+             "one per language named by its code (DATA/en, DATA/es, ...)"),
     ("out", "run folder: config, tokenizer, checkpoints, logs, final model"),
     ("max_steps", "optimizer steps"),
     ("batch_size", "sequences per micro-batch"),

@@ -243,6 +243,9 @@ def datasets_for(config: TrainConfig, seq_len: int, sentence_end_ids: list[int] 
             evaluation = make("val", False)
         except DataError as exc:
             warnings.warn(f"no evaluation: {exc}", stacklevel=2)
+    if config.num_workers and multilingual(config.objective):
+        raise ConfigError(f"num_workers={config.num_workers}: objective {config.objective!r} draws its batches across "
+                          "languages in this process; use num_workers 0")
     if config.num_workers:
         train = StatefulLoader(train, num_workers=config.num_workers)
     return train, evaluation
