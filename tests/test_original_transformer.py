@@ -225,3 +225,29 @@ def test_a_wrapped_sharded_checkpoint_consolidates(tmp_path):
     model = dc.checkpoint_model(folder)
     for name, tensor in model.state_dict().items():
         torch.testing.assert_close(tensor, wrapper.model.state_dict()[name], rtol=0, atol=0)
+
+
+def test_an_electra_run_averages_and_consolidates_to_its_discriminator(tmp_path):
+    """ELECTRA's checkpoints hold the generator + discriminator pair (config under ``electra``, tensors under
+    ``discriminator.`` and ``generator.``, the token embedding shared): the model folder is the discriminator,
+    as the run's own RUN/model is."""
+    from lmforge.models.electra import ElectraPretrainer
+    from lmforge.training.dist_checkpoint import consolidate
+
+    torch.manual_seed(0)
+    pair = ElectraPretrainer.from_config(tiny_config(arch="encoder", head="mlm"))
+    manager = CheckpointManager(tmp_path / "run" / "checkpoints", keep=5)
+    states = []
+    for step in (1, 2):
+        with torch.no_grad():
+            for p in pair.parameters():
+                p.add_(torch.randn_like(p))
+        manager.save(step, pair, torch.optim.AdamW(pair.parameters()), {})
+        states.append({k: v.clone() for k, v in pair.discriminator.state_dict().items()})
+    newest = model_checkpoint.load(consolidate(tmp_path / "run", tmp_path / "newest"))
+    assert newest.config.head == "rtd"
+    for name, tensor in newest.state_dict().items():
+        torch.testing.assert_close(tensor, states[1][name], rtol=0, atol=0)
+    averaged = model_checkpoint.load(average_checkpoints(tmp_path / "run", last=2, dst=tmp_path / "avg"))
+    for name, tensor in averaged.state_dict().items():
+        torch.testing.assert_close(tensor, (states[0][name] + states[1][name]) / 2, rtol=0, atol=1e-6)

@@ -326,7 +326,7 @@ def write_model_folder(folder: Path, dst: str | Path, tokenizer: str | Path | No
 def stored_prefix(stored: set[str], names: list[str]) -> str:
     """The prefix under which a checkpoint stores a model's tensors ``names``: ``""`` for the model itself, or
     what a training-time wrapper put before them (``model.`` for permuted LM's two-stream wrapper, which adds
-    its own ``query_init``). ``""`` when no prefix holds every name, so that the loader names a missing tensor.
+    its own ``query_init``; ``discriminator.`` for ELECTRA's pair, beside its generator). ``""`` when no prefix holds every name, so that the loader names a missing tensor.
 
     Example:
         >>> stored_prefix({"model.w", "model.b", "query_init"}, ["w", "b"]), stored_prefix({"w", "b"}, ["w", "b"])
@@ -342,10 +342,24 @@ def stored_prefix(stored: set[str], names: list[str]) -> str:
     return ""
 
 
+def saved_config(model_dir: Path) -> ModelConfig:
+    """The config of the model a checkpoint's run saves as ``RUN/model``: the checkpoint's own, or for ELECTRA's
+    generator + discriminator pair (whose config records both, under ``electra``) the discriminator's."""
+    file = model_dir / model_checkpoint.CONFIG_FILE
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = None  # read_config names the problem
+    if isinstance(data, dict) and isinstance(data.get("electra"), dict) and "discriminator" in data["electra"]:
+        return ModelConfig.from_dict(data["electra"]["discriminator"], source=f"{file} (electra.discriminator)")
+    return model_checkpoint.read_config(model_dir)
+
+
 def checkpoint_model(folder: Path) -> nn.Module:
     """The model of a verified checkpoint folder (either layout), its weights loaded; a run that trained the
-    model inside a wrapper (its tensors stored under a prefix, see :func:`stored_prefix`) gives the model."""
-    model = empty_model(model_checkpoint.read_config(folder / MODEL_DIR))
+    model inside a wrapper (its tensors stored under a prefix, see :func:`stored_prefix`) gives the model it
+    saves: permuted LM's encoder, ELECTRA's discriminator."""
+    model = empty_model(saved_config(folder / MODEL_DIR))
     names = list(model.state_dict())
     if is_sharded(folder):
         reader = HuggingFaceStorageReader(str(folder / SHARDS_DIR))
