@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 import embedding_helpers as h
 from lmforge.embeddings import SentenceEncoder
-from lmforge.embeddings.losses import cosine_similarity_loss, multiple_negatives_ranking_loss, triplet_loss
+from lmforge.embeddings.losses import (SoftmaxClassifier, cosine_similarity_loss, multiple_negatives_ranking_loss,
+                                       softmax_loss, triplet_loss)
 from lmforge.embeddings.sbert import (evaluate_retrieval, evaluate_sts, loss_columns, retrieval_metrics,
                                       train_embedding)
 
@@ -42,6 +43,42 @@ def test_cosine_loss_is_mse_of_cosines():
     u, v, y = torch.randn(7, 4), torch.randn(7, 4), torch.rand(7)
     cos = torch.stack([u[i] @ v[i] / (u[i].norm() * v[i].norm()) for i in range(7)])
     assert float(cosine_similarity_loss(u, v, y)) == pytest.approx(float(((cos - y) ** 2).mean()), rel=1e-5)
+
+
+def test_softmax_loss_is_cross_entropy_of_a_classifier_on_u_v_and_their_distance():
+    torch.manual_seed(0)
+    u, v, y = torch.randn(5, 4), torch.randn(5, 4), torch.tensor([0, 2, 1, 1, 0])
+    clf = SoftmaxClassifier(4, 3)
+    W, b = clf.linear.weight, clf.linear.bias  # (3, 12), (3,)
+    want = 0.0
+    for i in range(5):
+        features = torch.tensor([*u[i].tolist(), *v[i].tolist(), *(abs(a - c) for a, c in zip(u[i].tolist(),
+                                                                                               v[i].tolist()))])
+        logits = W @ features + b
+        want -= float(torch.log_softmax(logits, 0)[y[i]]) / 5
+    assert float(softmax_loss(u, v, y, clf)) == pytest.approx(want, rel=1e-5)
+    # |u - v| is symmetric, [u; v] is not: swapping the pair changes the logits
+    assert not torch.allclose(clf(u, v), clf(v, u))
+    with pytest.raises(Exception, match="num_labels >= 2"):
+        SoftmaxClassifier(4, 1)
+
+
+def test_softmax_loss_matches_sentence_transformers():
+    from sentence_transformers.losses import SoftmaxLoss
+
+    class Fixed(torch.nn.Module):  # stands for the SentenceTransformer: the features are the embeddings
+        device = torch.device("cpu")
+
+        def forward(self, features):
+            return {"sentence_embedding": features["embedding"]}
+
+    torch.manual_seed(1)
+    u, v, y = torch.randn(6, 8), torch.randn(6, 8), torch.tensor([0, 1, 2, 2, 1, 0])
+    theirs = SoftmaxLoss(Fixed(), embedding_dimension=8, num_labels=3)
+    ours = SoftmaxClassifier(8, 3)
+    ours.linear.load_state_dict(theirs.classifier.state_dict())
+    want = theirs([{"embedding": u}, {"embedding": v}], y)
+    torch.testing.assert_close(softmax_loss(u, v, y, ours), want)
 
 
 def test_retrieval_metrics_against_hand_ranks_and_ties():
@@ -102,7 +139,7 @@ def _toy_pairs(n: int, seed: int) -> list[dict]:
     return rows
 
 
-@pytest.mark.parametrize("loss", ["mnrl", "triplet", "cosine"])
+@pytest.mark.parametrize("loss", ["mnrl", "triplet", "cosine", "softmax"])
 def test_training_lowers_the_loss_and_saves_a_reloadable_model(tmp_path, loss):
     tok = h.tokenizer(tmp_path, "bert")
     enc = SentenceEncoder(h.model(tok, "bert"), tok)
@@ -110,7 +147,7 @@ def test_training_lowers_the_loss_and_saves_a_reloadable_model(tmp_path, loss):
     if loss == "triplet":
         rows = [{"anchor": p["text1"], "positive": p["text2"], "negative": q["text2"]}
                 for p, q in zip(pairs, pairs[1:] + pairs[:1])]
-    elif loss == "cosine":
+    elif loss in ("cosine", "softmax"):
         rows = pairs + [{"text1": p["text1"], "text2": q["text2"], "label": 0} for p, q in zip(pairs, pairs[1:])]
     else:
         rows = pairs

@@ -39,6 +39,9 @@ def options(name: str, seed: int) -> dict:
         return dict(mask_token_id=MASK, pad_token_id=PAD, seed=seed)
     if name == "enc-dec-lm":
         return dict(eos_token_id=EOS, pad_token_id=PAD, seed=seed)
+    if name == "multilingual-denoising":
+        return dict(mask_token_id=MASK, eos_token_id=EOS, pad_token_id=PAD, vocab_size=1000, languages=["en", "es"],
+                    sentence_end_ids=[5], seed=seed)
     return dict(mask_token_id=MASK, eos_token_id=EOS, pad_token_id=PAD, sentence_end_ids=[5], mask_prob=0.1,
                 delete_prob=0.1, rotate_prob=0.5, seed=seed)
 
@@ -47,6 +50,9 @@ def examples(name: str, step: int) -> list:
     g = torch.Generator().manual_seed(100 + step)
     if name == "nsp":
         return [[torch.randint(10, 900, (5,), generator=g).tolist() for _ in range(4)] for _ in range(6)]
+    if name == "multilingual-denoising":  # (language, ids) pairs, as a LanguageMixture yields them
+        langs = ["en", "es", "en", "es"]
+        return [(lang, torch.randint(5, 900, (n,), generator=g)) for lang, n in zip(langs, (64, 40, 64, 17))]
     return [torch.randint(5, 900, (n,), generator=g) for n in (64, 40, 64, 17)]
 
 

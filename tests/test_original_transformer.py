@@ -79,16 +79,20 @@ def test_label_smoothing_chunks_and_bf16():
         cross_entropy(z, y, label_smoothing=1.5)
 
 
-def test_model_loss_is_smoothed_on_seq2seq_labels():
-    model = Transformer(tiny_config(arch="encoder-decoder", n_decoder_layers=1)).eval()
+def test_model_loss_is_smoothed_on_seq2seq_labels_in_training_only():
+    model = Transformer(tiny_config(arch="encoder-decoder", n_decoder_layers=1))  # dropout 0: train = eval maths
     src, labels = torch.randint(1, 97, (2, 6)), torch.randint(1, 97, (2, 5))
     labels[1, 3:] = -100
     decoder_input_ids = torch.randint(1, 97, (2, 5))
     logits = model(src, decoder_input_ids=decoder_input_ids).logits  # (B, T, V)
     model.label_smoothing = 0.1
-    out = model(src, decoder_input_ids=decoder_input_ids, labels=labels)
+    out = model.train()(src, decoder_input_ids=decoder_input_ids, labels=labels)
     keep = labels != -100
     torch.testing.assert_close(out.loss, F.cross_entropy(logits[keep], labels[keep], label_smoothing=0.1))
+    # evaluation scores the plain cross-entropy: what eval_loss and eval_ppl mean with or without smoothing
+    plain = model.eval()(src, decoder_input_ids=decoder_input_ids, labels=labels)
+    torch.testing.assert_close(plain.loss, F.cross_entropy(logits[keep], labels[keep]))
+    assert abs(float(plain.loss.detach()) - float(out.loss.detach())) > 1e-4
     with pytest.raises(Exception, match="label_smoothing"):
         TrainConfig.from_dict({"label_smoothing": 1.0})
 
@@ -136,3 +140,114 @@ def test_checkpoint_average_cli(tmp_path, capsys):
     assert "--last 4 asks for more checkpoints than the 3 it holds" in err
     with pytest.raises(UserInputError, match="no such run folder"):
         average_checkpoints(tmp_path / "nothing", 1, tmp_path / "x")
+
+
+@pytest.mark.filterwarnings("ignore:train_data has no state_dict")  # a plain list: resume is not under test
+def test_evaluation_reports_the_plain_cross_entropy_under_label_smoothing(tmp_path):
+    from lmforge.objectives import CausalLM
+    from lmforge.training import Trainer
+
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(arch="decoder", head="lm"))
+    model.label_smoothing = 0.1
+    data = [[[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]]]
+    cfg = TrainConfig(max_steps=1, eval_every=0, save_every=0, progress=False, tensorboard=False, precision="fp32")
+    trainer = Trainer(model, CausalLM(pad_token_id=0), data, cfg, out=tmp_path / "run", eval_data=data)
+    record = trainer.evaluate()
+    batch = CausalLM(pad_token_id=0)(data[0])
+    with torch.no_grad():
+        logits = model.eval()(batch["input_ids"]).logits  # (B, T, V)
+    keep = batch["labels"] != -100
+    plain = F.cross_entropy(logits[keep], batch["labels"][keep])
+    assert record["eval_loss"] == pytest.approx(float(plain), rel=1e-5)
+    assert record["eval_ppl"] == pytest.approx(math.exp(float(plain)), rel=1e-5)
+    smoothed = F.cross_entropy(logits[keep], batch["labels"][keep], label_smoothing=0.1)
+    assert abs(record["eval_loss"] - float(smoothed)) > 1e-3  # near-uniform logits: close, but apart
+
+
+def _wrapped_run(root, steps=(1, 2, 3)):
+    """A permuted-LM run: the Trainer checkpoints the two-stream wrapper, whose tensors are ``model.*`` plus
+    its own ``query_init``."""
+    from lmforge.models.two_stream import TwoStreamLM
+
+    torch.manual_seed(0)
+    wrapper = TwoStreamLM(Transformer(tiny_config(arch="encoder", head="mlm", position="learned")))
+    manager = CheckpointManager(root / "checkpoints", keep=5)
+    states = []
+    for step in steps:
+        with torch.no_grad():
+            for p in wrapper.parameters():
+                p.add_(torch.randn_like(p))
+        manager.save(step, wrapper, torch.optim.AdamW(wrapper.parameters()), {})
+        states.append({k: v.clone() for k, v in wrapper.model.state_dict().items()})
+    return states
+
+
+def test_checkpoint_average_and_consolidate_unwrap_a_wrapped_run(tmp_path, capsys):
+    from safetensors import safe_open
+
+    from lmforge.training.dist_checkpoint import consolidate
+
+    states = _wrapped_run(tmp_path / "run")
+    weights = tmp_path / "run" / "checkpoints" / "step-00000003" / "model" / "model.safetensors"
+    with safe_open(str(weights), framework="pt") as f:
+        assert "model.embed_tokens.weight" in f.keys() and "query_init" in f.keys()  # the layout under test
+    averaged = model_checkpoint.load(average_checkpoints(tmp_path / "run", last=2, dst=tmp_path / "avg"))
+    for name, tensor in averaged.state_dict().items():
+        torch.testing.assert_close(tensor, (states[1][name] + states[2][name]) / 2, rtol=0, atol=1e-6)
+    newest = model_checkpoint.load(consolidate(tmp_path / "run", tmp_path / "newest"))
+    for name, tensor in newest.state_dict().items():
+        torch.testing.assert_close(tensor, states[2][name], rtol=0, atol=0)
+    assert main(["checkpoint", "consolidate", str(tmp_path / "run"), str(tmp_path / "cli")]) == 0
+    assert main(["checkpoint", "average", str(tmp_path / "run"), "--last", "3"]) == 0
+    mean = sum(s["embed_tokens.weight"] for s in states) / 3
+    loaded = model_checkpoint.load(tmp_path / "run" / "model-avg3")
+    torch.testing.assert_close(loaded.embed_tokens.weight.detach(), mean, rtol=0, atol=1e-6)
+
+
+def test_a_wrapped_sharded_checkpoint_consolidates(tmp_path):
+    """The sharded (DCP) layout keys a wrapper's tensors ``model.model.*``: consolidation finds them too."""
+    import json
+
+    from lmforge.models.two_stream import TwoStreamLM
+    from lmforge.training import dist_checkpoint as dc
+    from lmforge.training.state import MODEL_DIR, write_manifest
+
+    torch.manual_seed(0)
+    wrapper = TwoStreamLM(Transformer(tiny_config(arch="encoder", head="mlm", position="learned")))
+    folder = tmp_path / "checkpoints" / "step-00000001"
+    with pytest.warns(UserWarning, match="single process"):
+        dc._write_shards(folder / "dcp", wrapper, torch.optim.AdamW(wrapper.parameters()))
+    (folder / MODEL_DIR).mkdir()
+    (folder / MODEL_DIR / "config.json").write_text(json.dumps(wrapper.config.to_dict()))
+    (folder / "trainer_state.json").write_text("{}")
+    write_manifest(folder, 1, layout=dc.LAYOUT)
+    model = dc.checkpoint_model(folder)
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(tensor, wrapper.model.state_dict()[name], rtol=0, atol=0)
+
+
+def test_an_electra_run_averages_and_consolidates_to_its_discriminator(tmp_path):
+    """ELECTRA's checkpoints hold the generator + discriminator pair (config under ``electra``, tensors under
+    ``discriminator.`` and ``generator.``, the token embedding shared): the model folder is the discriminator,
+    as the run's own RUN/model is."""
+    from lmforge.models.electra import ElectraPretrainer
+    from lmforge.training.dist_checkpoint import consolidate
+
+    torch.manual_seed(0)
+    pair = ElectraPretrainer.from_config(tiny_config(arch="encoder", head="mlm"))
+    manager = CheckpointManager(tmp_path / "run" / "checkpoints", keep=5)
+    states = []
+    for step in (1, 2):
+        with torch.no_grad():
+            for p in pair.parameters():
+                p.add_(torch.randn_like(p))
+        manager.save(step, pair, torch.optim.AdamW(pair.parameters()), {})
+        states.append({k: v.clone() for k, v in pair.discriminator.state_dict().items()})
+    newest = model_checkpoint.load(consolidate(tmp_path / "run", tmp_path / "newest"))
+    assert newest.config.head == "rtd"
+    for name, tensor in newest.state_dict().items():
+        torch.testing.assert_close(tensor, states[1][name], rtol=0, atol=0)
+    averaged = model_checkpoint.load(average_checkpoints(tmp_path / "run", last=2, dst=tmp_path / "avg"))
+    for name, tensor in averaged.state_dict().items():
+        torch.testing.assert_close(tensor, (states[0][name] + states[1][name]) / 2, rtol=0, atol=1e-6)

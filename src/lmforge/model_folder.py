@@ -225,8 +225,11 @@ def read_config(path: str | Path) -> ModelConfig:
     return ModelConfig.load(cfg_file)
 
 
-def load_weights(model: torch.nn.Module, weights: str | Path, strict: bool = True) -> None:
-    """Fill ``model`` from a safetensors file, checking names and shapes; errors name the tensor."""
+def load_weights(model: torch.nn.Module, weights: str | Path, strict: bool = True, prefix: str = "") -> None:
+    """Fill ``model`` from a safetensors file, checking names and shapes; errors name the tensor.
+
+    ``prefix``: the model's tensors are stored as ``prefix + name`` (a training-time wrapper saved them, e.g.
+    ``model.``); stored tensors outside the prefix (the wrapper's own) are then left alone."""
     weights = Path(weights)
     if not weights.is_file():
         raise CheckpointError(f"{weights}: missing weights file")
@@ -240,10 +243,11 @@ def load_weights(model: torch.nn.Module, weights: str | Path, strict: bool = Tru
         state = model.state_dict()
         loaded: dict[str, torch.Tensor] = {}
         for name, target in state.items():
-            source = name if name in stored else aliases.get(name)
+            key = prefix + name
+            source = key if key in stored else aliases.get(key)
             if source is None or source not in stored:
                 if strict:
-                    raise CheckpointError(f"{weights}: tensor {name!r} is missing (shape {tuple(target.shape)})")
+                    raise CheckpointError(f"{weights}: tensor {key!r} is missing (shape {tuple(target.shape)})")
                 continue
             try:
                 tensor = f.get_tensor(source)
@@ -260,7 +264,7 @@ def load_weights(model: torch.nn.Module, weights: str | Path, strict: bool = Tru
                                      "or training diverged); non-finite weights are always refused, even with "
                                      "--no-verify: use an earlier checkpoint")
             loaded[name] = tensor
-        unexpected = stored - set(state) - set(aliases.values())
+        unexpected = {k for k in stored if k.startswith(prefix)} - {prefix + n for n in state} - set(aliases.values())
         if strict and unexpected:
             raise CheckpointError(f"{weights}: unexpected tensor(s) {', '.join(sorted(unexpected)[:5])}")
     model.load_state_dict(loaded, strict=False)

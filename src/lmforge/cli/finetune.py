@@ -48,6 +48,7 @@ from lmforge.tasks.settings import (
     finetune_settings,
     parse_label_map,  # noqa: F401  (imported from here by older code)
 )
+from lmforge.tasks.gpt1_transforms import INPUT_TRANSFORMS
 from lmforge.tasks.spec import LOSS_AVERAGES, POOLINGS, TASKS
 from lmforge.training import config as tc
 from lmforge.training.config import TrainConfig
@@ -78,6 +79,9 @@ TASK_FLAGS = {
     "mixing_temperature": ("T", "text2text mixture: mixing temperature (1 = proportional)"),
     "loss_average": ("HOW", "seq2seq/text2text: token (default: over all target tokens of a batch) | example "
                             "(each example's mean counts once: a mixture's one-word labels are not drowned out)"),
+    "input_transform": ("HOW", "decoders: plain (default) | gpt1: GPT-1's [start] A [delim] B [extract] with three "
+                               "new tokens learned in fine-tuning (classify/regress/multilabel/multiple-choice) | "
+                               "gpt1-similarity: the pair in both orders, their [extract] states added"),
 }
 assert tuple(TASK_FLAGS) == TASK_KEYS, "every task-format flag is a setting, and every setting a flag"
 # --task embedding trains with its own recipe (Sentence-BERT), whose defaults differ; the help says so.
@@ -203,7 +207,8 @@ def register(subparsers) -> None:
         kind = {"classifier_dropout": float, "mixing_temperature": float, "max_length": int, "max_target_length": int,
                 "max_answer_length": int, "mixing_cap": int, "null_threshold": float}.get(key, str)
         task.add_argument("--" + key.replace("_", "-"), dest=key, type=kind, default=None, metavar=metavar, help=text,
-                          choices={"pooling": POOLINGS, "loss_average": LOSS_AVERAGES}.get(key))
+                          choices={"pooling": POOLINGS, "loss_average": LOSS_AVERAGES,
+                                   "input_transform": INPUT_TRANSFORMS}.get(key))
     task.add_argument("--label-map", default=None, metavar="MAP",
                       help="text2text: label words, '0=negative,1=positive', a JSON object or a .json/.yaml file")
     task.add_argument("--mixture", default=None, metavar="FILE.yaml",
@@ -228,7 +233,8 @@ def register(subparsers) -> None:
                         help="batch examples of similar length, drawn from windows of N batches (less padding)")
     recipe.add_argument("--eval-batch-size", type=int, default=None, help="batch size of evaluation")
     recipe.add_argument("--loss", default=None, choices=EMBEDDING_LOSSES,
-                        help="embedding: Sentence-BERT loss (default: mnrl, in-batch negatives)")
+                        help="embedding: Sentence-BERT loss (default: mnrl, in-batch negatives; triplet; cosine; "
+                             "softmax: SBERT's NLI classifier on (u, v, |u - v|) over the label column's classes)")
     _add_peft_flags(parser)
     _add_trainer_flags(parser)
     parser.set_defaults(func=run)

@@ -36,16 +36,19 @@ from lmforge.utils.io import removed_on_failure
 # (setting, help). Types, defaults and choices come from TrainConfig, so the two cannot drift apart. A setting
 # on by default is turned off by its --no- flag, and its help says what that flag does.
 OPTIONS = [
-    ("model", "preset name (e.g. gpt-tiny, bert-tiny, elmo-tiny for --objective bilm), config file or model "
-              "folder (a folder's weights are loaded)"),
+    ("model", "preset name (e.g. gpt-tiny, bert-tiny, elmo-tiny or elmo-cnn-tiny for --objective bilm), config "
+              "file or model folder (a folder's weights are loaded)"),
     ("objective", "pre-training objective (mlm+nsp: BERT's MLM plus next sentence prediction, which adds a "
                   "pooler and NSP head to the model; mlm alone is RoBERTa's no-NSP recipe; enc-dec-lm: T5's prefix "
                   "LM for encoder-decoders, the encoder reads a random prefix and the decoder writes the rest; span-corruption "
                   "and denoising also train a decoder (--objective-option layout=decoder or prefix-lm: input and "
                   "target concatenated); mass: MASS, an encoder-decoder decodes a masked half; permuted-lm: XLNet's "
-                  "two-stream permuted LM on an encoder; unilm: UniLM's mixed attention masks on an encoder)"),
+                  "two-stream permuted LM on an encoder; unilm: UniLM's mixed attention masks on an encoder; "
+                  "multilingual-denoising: mBART, BART's noise on several languages with language-id tokens, "
+                  "--data holding one prepared folder per language)"),
     ("tokenizer", "tokenizer folder (default: the copy inside --data)"),
-    ("data", "prepared shards (output of `lmforge data prepare`)"),
+    ("data", "prepared shards (output of `lmforge data prepare`); for multilingual-denoising a folder of them, "
+             "one per language named by its code (DATA/en, DATA/es, ...)"),
     ("out", "run folder: config, tokenizer, checkpoints, logs, final model"),
     ("max_steps", "optimizer steps"),
     ("batch_size", "sequences per micro-batch"),

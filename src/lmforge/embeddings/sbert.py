@@ -9,10 +9,12 @@ pooling. The rows a loss needs:
     mnrl     anchor, positive [, negative]                  bible-triplets (the negative is a hard one)
              or text1, text2 with label >= 1 (positives)    bible-paraphrase
     cosine   text1, text2, label (target cosine, 0/1 here)  bible-paraphrase
+    softmax  text1, text2, label (class index, e.g. NLI's)  bible-paraphrase (2 classes: paraphrase or not)
 
 Training is the :class:`~lmforge.training.Trainer` with a loss: :class:`SentenceTuples` tokenises the S sides
 of B tuples into (S, B, T) ids, and :class:`SiameseLoss` embeds them with the model and applies the loss, a
-mean over the B tuples. So a run has checkpoints, exact resume, bf16 autocast, gradient accumulation and
+mean over the B tuples. The softmax loss also trains a classifier on (u, v, |u - v|): the Trainer then trains
+:class:`PairClassifier` (the encoder and the classifier), and saves its encoder. So a run has checkpoints, exact resume, bf16 autocast, gradient accumulation and
 AdamW without decay on biases, norms and embeddings, as every lmforge run does.
 
 Evaluation on held-out pairs:
@@ -45,7 +47,7 @@ import torch
 
 from lmforge import checkpoint, datasets
 from lmforge.embeddings.encoder import SentenceEncoder, hidden_states
-from lmforge.embeddings.losses import EMBEDDING_LOSSES, loss_function
+from lmforge.embeddings.losses import EMBEDDING_LOSSES, SoftmaxClassifier, loss_function
 from lmforge.embeddings.pooling import pool
 from lmforge.errors import InputFileNotFound, UserInputError
 from lmforge.tasks.data import ExampleBatches
@@ -90,7 +92,16 @@ def loss_columns(rows: Sequence[dict], loss: str) -> list[tuple]:
         # in-batch negatives need positive pairs only; the labelled negatives would be false positives
         return [(r["text1"], r["text2"]) for r in rows if float(r["label"]) >= 1]
     _need(keys, ("text1", "text2", "label"), loss)
+    if loss == "softmax":
+        return [(r["text1"], r["text2"], _class_index(r["label"])) for r in rows]
     return [(r["text1"], r["text2"], float(r["label"])) for r in rows]
+
+
+def _class_index(label) -> int:
+    value = float(label)
+    if value < 0 or value != int(value):
+        raise UserInputError(f"loss 'softmax' needs class indices 0, 1, ... in the label column (got {label!r})")
+    return int(value)
 
 
 def _need(keys: set, columns: tuple[str, ...], loss: str) -> None:
@@ -104,7 +115,8 @@ class SentenceTuples:
     """The Trainer's batch transform for Sentence-BERT: B tuples -> their S sides tokenised together.
 
     Returns ``input_ids`` and ``attention_mask`` (S, B, T), padded to the longest text of any side, and for
-    the cosine loss the target ``scores`` (B,). Stateless: it draws no random numbers.
+    the cosine loss the target ``scores`` (B,), for the softmax loss the target ``classes`` (B,). Stateless: it
+    draws no random numbers.
     """
 
     def __init__(self, tokenizer, loss: str, max_length: int) -> None:
@@ -112,14 +124,34 @@ class SentenceTuples:
 
     def __call__(self, batch: Sequence[tuple]) -> dict[str, torch.Tensor]:
         columns = list(zip(*batch))
-        texts = columns[:2] if self.loss == "cosine" else columns
+        texts = columns[:2] if self.loss in ("cosine", "softmax") else columns
         enc = self.tokenizer.encode_batch([t for side in texts for t in side], padding=True, truncation=True,
                                           max_length=self.max_length)
         shape = (len(texts), len(batch), -1)
         out = {k: torch.tensor(enc[k]).view(shape) for k in ("input_ids", "attention_mask")}  # (S, B, T)
         if self.loss == "cosine":
             out["scores"] = torch.tensor(columns[2], dtype=torch.float32)  # (B,)
+        if self.loss == "softmax":
+            out["classes"] = torch.tensor(columns[2], dtype=torch.long)  # (B,)
         return out
+
+
+class PairClassifier(torch.nn.Module):
+    """What the softmax loss trains: the encoder and SBERT's classifier on (u, v, |u - v|). A finished run
+    saves the encoder (:attr:`saved_model`); the classifier only serves training."""
+
+    def __init__(self, model: torch.nn.Module, num_labels: int) -> None:
+        super().__init__()
+        self.model = model
+        self.classifier = SoftmaxClassifier(model.config.d_model, num_labels)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def saved_model(self) -> torch.nn.Module:
+        return self.model
 
 
 class SiameseLoss:
@@ -132,9 +164,12 @@ class SiameseLoss:
     def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
         S, B, T = batch["input_ids"].shape
         ids, mask = batch["input_ids"].view(S * B, T), batch["attention_mask"].view(S * B, T)
+        encoder = model.model if isinstance(model, PairClassifier) else model
         # The losses compare cosines at a temperature of 1/20: fp32 keeps them apart under bf16 autocast.
-        vectors = pool(hidden_states(model, ids, mask)[-1], mask, self.pooling).float().view(S, B, -1)
+        vectors = pool(hidden_states(encoder, ids, mask)[-1], mask, self.pooling).float().view(S, B, -1)
         extra = (batch["scores"],) if "scores" in batch else ()
+        if "classes" in batch:
+            extra = (batch["classes"], model.classifier)
         return LossOutput(self.loss(*vectors.unbind(0), *extra), B)
 
     def count_targets(self, batch: dict[str, torch.Tensor]) -> int:
@@ -173,7 +208,8 @@ def train_embedding(encoder: SentenceEncoder, train: str | Path | Sequence[dict]
     Args:
         encoder: the model + tokenizer to train (its ``model`` is updated in place).
         train: rows, a data set ``name:split`` or a file (see :func:`read_rows`).
-        loss: one of :data:`~lmforge.embeddings.losses.EMBEDDING_LOSSES` (``mnrl``, ``triplet``, ``cosine``).
+        loss: one of :data:`~lmforge.embeddings.losses.EMBEDDING_LOSSES` (``mnrl``, ``triplet``, ``cosine``,
+            ``softmax``: a classifier on (u, v, |u - v|) over the label's classes, trained with the encoder).
         out: folder to save the trained model (+ tokenizer + ``embedding.json``) into; None = ``RUN/model``
             when ``run`` is given, else don't save.
         pooling: pooling used for training and recorded for inference.
@@ -210,7 +246,10 @@ def train_embedding(encoder: SentenceEncoder, train: str | Path | Sequence[dict]
     started = time.time()
     with contextlib.ExitStack() as stack:
         folder = Path(run) if run is not None else Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        trainer = Trainer(encoder.model, SentenceTuples(encoder.tokenizer, loss, encoder.max_length),
+        trained = encoder.model
+        if loss == "softmax":
+            trained = PairClassifier(encoder.model, max(2, 1 + max(t[2] for t in tuples)))
+        trainer = Trainer(trained, SentenceTuples(encoder.tokenizer, loss, encoder.max_length),
                           _AtLeast(ExampleBatches(tuples, batch_size, seed=seed), rows), config, out=folder,
                           tokenizer=encoder.tokenizer, loss=siamese, model_files=files)
         fitted = trainer.fit()

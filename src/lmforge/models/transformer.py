@@ -14,7 +14,8 @@ Forward contract (tasks, PEFT, generation and the Trainer rely on it)::
     out.hidden_states       [N+1 x (B, T, D)] when output_hidden_states=True
     out.past_key_values     KVCache when use_cache=True
     out.loss                mean cross-entropy over labels != -100, when labels are given
-                            (label-smoothed when ``model.label_smoothing`` = eps > 0, a training setting)
+                            (label-smoothed when ``model.label_smoothing`` = eps > 0 in training mode; in
+                            eval mode always the plain cross-entropy, so evaluation reports it)
                             (with label_weights (B, T): sum of weight * cross-entropy over them instead);
                             head="rtd" (ELECTRA's discriminator): binary cross-entropy, labels 1 = replaced;
                             an MoE model in training mode adds out.aux_loss to it
@@ -376,7 +377,9 @@ class Transformer(nn.Module):
             loss = F.binary_cross_entropy_with_logits(logits.float(), target.float(), weight=weights,
                                                       reduction="mean" if weights is None else "sum")
             return logits, loss, int(target.numel())
-        loss = cross_entropy(logits, target, fused=fused, weight=weights, label_smoothing=self.label_smoothing)
+        # Smoothing is a training target: in eval mode the loss (and a run's eval_loss, eval_ppl) is the plain CE.
+        eps = self.label_smoothing if self.training else 0.0
+        loss = cross_entropy(logits, target, fused=fused, weight=weights, label_smoothing=eps)
         return logits, loss, int(target.numel())
 
     def generate(self, *args, **kwargs):

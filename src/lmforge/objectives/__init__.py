@@ -5,23 +5,24 @@ tokenised examples into model inputs: ``objective(examples) -> dict[str, Tensor]
 with the predictions (the loss is CE(logits[:, t], labels[:, t]), with -100 ignored), padding is on the
 right, and ``state_dict()`` / ``load_state_dict()`` restore the random stream for exact resume.
 
-==================  =============================  ==================  ==========================
-name                class                          architecture        paper
-==================  =============================  ==================  ==========================
-``mlm``             ``MaskedLM``                   encoder             BERT; SpanBERT
-``nsp``             ``NextSentencePrediction``     encoder             BERT (off unless asked)
-``mlm+nsp``         ``MaskedLMAndNSP``             encoder             BERT (MLM + NSP; RoBERTa §4.2)
-``clm``             ``CausalLM``                   decoder             GPT
-``prefix-lm``       ``PrefixLM``                   decoder             T5 §3.2; UniLM
-``span-corruption`` ``SpanCorruption``             enc-dec; decoder    T5 (Table 2: LM, prefix LM rows)
-``denoising``       ``BartDenoising``              enc-dec; decoder    BART
-``enc-dec-lm``      ``EncDecLM``                   encoder-decoder     T5 §3.3.1 (prefix LM baseline)
-``bilm``            ``BiLMObjective``              bilstm              ELMo (forward + backward LM)
-``electra``         ``ReplacedTokenDetection``     encoder             ELECTRA (generator + discriminator)
-``mass``            ``Mass``                       encoder-decoder     MASS (masked fragment, decoded)
-``permuted-lm``     ``PermutedLM``                 encoder             XLNet (two-stream attention)
-``unilm``           ``UniLM``                      encoder             UniLM (per-row attention masks)
-==================  =============================  ==================  ==========================
+==========================  =============================  ==================  ==========================
+name                        class                          architecture        paper
+==========================  =============================  ==================  ==========================
+``mlm``                     ``MaskedLM``                   encoder             BERT; SpanBERT
+``nsp``                     ``NextSentencePrediction``     encoder             BERT (off unless asked)
+``mlm+nsp``                 ``MaskedLMAndNSP``             encoder             BERT (MLM + NSP; RoBERTa §4.2)
+``clm``                     ``CausalLM``                   decoder             GPT
+``prefix-lm``               ``PrefixLM``                   decoder             T5 §3.2; UniLM
+``span-corruption``         ``SpanCorruption``             enc-dec; decoder    T5 (Table 2: LM, prefix LM rows)
+``denoising``               ``BartDenoising``              enc-dec; decoder    BART
+``enc-dec-lm``              ``EncDecLM``                   encoder-decoder     T5 §3.3.1 (prefix LM baseline)
+``bilm``                    ``BiLMObjective``              bilstm              ELMo (forward + backward LM)
+``electra``                 ``ReplacedTokenDetection``     encoder             ELECTRA (generator + discriminator)
+``mass``                    ``Mass``                       encoder-decoder     MASS (masked fragment, decoded)
+``permuted-lm``             ``PermutedLM``                 encoder             XLNet (two-stream attention)
+``unilm``                   ``UniLM``                      encoder             UniLM (per-row attention masks)
+``multilingual-denoising``  ``MultilingualDenoising``      encoder-decoder     mBART (language ids, many languages)
+==========================  =============================  ==================  ==========================
 
 Example::
 
@@ -44,6 +45,7 @@ from lmforge.objectives.enc_dec_lm import EncDecLM
 from lmforge.objectives.electra import ReplacedTokenDetection
 from lmforge.objectives.mass import Mass
 from lmforge.objectives.mlm import MaskedLM
+from lmforge.objectives.multilingual_denoising import MultilingualDenoising
 from lmforge.objectives.nsp import MaskedLMAndNSP, NextSentencePrediction
 from lmforge.objectives.permuted_lm import PermutedLM
 from lmforge.objectives.prefix_lm import PrefixLM
@@ -68,6 +70,7 @@ OBJECTIVES = {
     "mass": Mass,
     "permuted-lm": PermutedLM,
     "unilm": UniLM,
+    "multilingual-denoising": MultilingualDenoising,
 }
 
 # objective -> (architectures it trains, why), so a mismatch can be explained, not just refused.
@@ -97,6 +100,8 @@ FITS = {
                                   "(lmforge.models.two_stream)"),
     "unilm": (("encoder",), "it gives one encoder stack a (B, T, T) bidirectional, left-to-right, right-to-left "
                             "or seq2seq mask per row"),
+    "multilingual-denoising": (("encoder-decoder",), "its encoder reads the noised text and language id, and the "
+                                                     "decoder, started by the language id, writes the original"),
 }
 
 
@@ -144,6 +149,7 @@ __all__ = [
     "Mass",
     "MaskedLM",
     "MaskedLMAndNSP",
+    "MultilingualDenoising",
     "NextSentencePrediction",
     "PermutedLM",
     "PrefixLM",

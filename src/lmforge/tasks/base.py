@@ -8,6 +8,7 @@ Input formats (single text A, optional pair B)::
 
     encoder          the tokenizer's template   [CLS] A [SEP] B [SEP]   segments 0/1 (when the model has them)
     decoder          [bos] A [DELIM] B [EXTRACT]  DELIM = sep, else eos;  EXTRACT = eos (GPT, Radford et al. 2018)
+                     (input_transform gpt1: three tokens of their own, learned: lmforge.tasks.gpt1_transforms)
     encoder-decoder  the tokenizer's template   <s> A </s></s> B </s>   (BART)  |  A </s> B </s>  (T5)
 
 An input longer than ``max_length`` is cut (the longer side of a pair first) and counted; one warning per
@@ -30,6 +31,7 @@ import torch
 from lmforge.config import ModelConfig
 from lmforge.objectives.base import IGNORE_INDEX
 from lmforge.tasks.data import Table, TaskDataError, warn
+from lmforge.tasks.gpt1_transforms import check_transform, transform_ids
 from lmforge.tasks.spec import TaskSpec
 
 # A --max-length beyond the model's context is worth a warning only when someone chose it.
@@ -95,6 +97,8 @@ class Task:
             warn(f"--max-length {spec.max_length} is more than the model reads: inputs are cut to its context of "
                  f"{config.max_seq_len} tokens (max_seq_len); to keep more, use a model with a longer context")
         self.pad_id = config.pad_token_id if config.pad_token_id is not None else tokenizer.pad_id
+        check_transform(spec.input_transform, spec.task, config.arch,
+                        spec.task == "multiple-choice" or self.columns.get("text_pair") is not None)
 
     # ------------------------------------------------------------------ hooks for subclasses
     def label_set(self, table: Table) -> list[str]:
@@ -127,6 +131,8 @@ class Task:
 
     def _specials(self) -> tuple[int | None, int | None, int | None]:
         """(start, delimiter, extract) ids of the decoder format."""
+        if self.spec.input_transform != "plain":
+            return transform_ids(self.tokenizer)
         cfg, roles = self.config, self.tokenizer.special_token_ids()
         eos = cfg.eos_token_id if cfg.eos_token_id is not None else roles.get("eos_token_id")
         bos = cfg.bos_token_id if cfg.bos_token_id is not None else roles.get("bos_token_id")
@@ -175,6 +181,10 @@ class Task:
         return out
 
     def collate_inputs(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        if isinstance(examples[0]["input_ids"][0], list):  # K sequences per example: (B, K, T)
+            B, K = len(examples), len(examples[0]["input_ids"])
+            ids, mask = pad_batch([s for e in examples for s in e["input_ids"]], self.pad_id)  # (B*K, T)
+            return {"input_ids": ids.view(B, K, -1), "attention_mask": mask.view(B, K, -1)}
         ids, mask = pad_batch([e["input_ids"] for e in examples], self.pad_id)
         batch = {"input_ids": ids, "attention_mask": mask}
         if "token_type_ids" in examples[0]:

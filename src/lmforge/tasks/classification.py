@@ -49,6 +49,9 @@ class _SequenceTask(Task):
         texts = [text_of(table, i, cols["text"]) for i in range(n)]
         pairs = [text_of(table, i, cols["text_pair"]) for i in range(n)] if cols.get("text_pair") else None
         ids, types = self.encode_texts(table, texts, pairs)
+        if self.spec.input_transform == "gpt1-similarity":  # GPT-1: no natural order, so both: (A, B) and (B, A)
+            swapped, _ = self.encode_texts(table, pairs, texts)
+            ids = [[x, y] for x, y in zip(ids, swapped)]
         examples = []
         for i in range(n):
             ex = {"row": i, "input_ids": ids[i]}

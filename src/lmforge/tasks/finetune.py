@@ -37,6 +37,7 @@ from lmforge.checkpoint import load_body
 from lmforge.config import ConfigError
 from lmforge.peft.config import PeftConfig
 from lmforge.tasks.data import ExampleBatches, Table
+from lmforge.tasks.gpt1_transforms import add_transform_tokens, grow_token_embeddings
 from lmforge.tasks.mixture import mixture_rates, task_tables
 from lmforge.tasks.model import build_task_model
 from lmforge.tasks.optim import ScaledAdamW, build_finetune_optimizer, layer_groups
@@ -136,6 +137,8 @@ def _finetune(source, spec, train, eval, config, recipe, out, tokenizer, random_
               wrap, log, on_start, lock, loss=None) -> FinetuneResult:
     body, tok = load_body(source, tokenizer, random_init)
     cfg = body.config
+    if spec.input_transform != "plain":  # GPT-1's [start], [delim], [extract]: new tokens, learned from here on
+        add_transform_tokens(tok)
     train_tables, eval_tables = task_tables(spec, train, eval)
     if spec.task in ("classify", "multilabel", "tag") and not spec.labels:
         spec = spec.replace(labels=build_task(spec, tok, cfg).label_set(train_tables[""]))
@@ -155,6 +158,8 @@ def _finetune(source, spec, train, eval, config, recipe, out, tokenizer, random_
         batches = ExampleBatches(train_sets[0], config.batch_size, seed=config.seed, bucket=recipe.bucket)
     config = _fit_steps(config, len(batches), epochs, warmup_ratio)
     task_model = build_task_model(body, spec)
+    if spec.input_transform != "plain":
+        grow_token_embeddings(task_model.body, tok.vocab_size)
     base, report = None, None
     if peft is not None:
         base = peft_base(source, random_init, task_model.body, out, tok)  # before QLoRA quantises it

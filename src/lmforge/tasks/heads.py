@@ -87,6 +87,10 @@ class SequenceHead(nn.Module):
             x = pooled
         else:
             x = pool(h, mask, self.pooling)
+        return self.classify(x)
+
+    def classify(self, x: torch.Tensor) -> torch.Tensor:
+        """A pooled vector (B, D) -> logits (B, C): the layers after the pooling."""
         if self.dense is not None:
             x = torch.tanh(self.dense(self.dropout(x)))
         return self.out(self.dropout(x))

@@ -10,6 +10,9 @@ Multiple choice (BERT's SWAG set-up): ``input_ids`` of shape (B, C, T) hold one 
 choice; they run through the body as B*C sequences, the head gives each pooled pair one score, and the
 scores come back as (B, C) logits for a softmax across the choices.
 
+GPT-1's similarity transformation (``input_transform: gpt1-similarity``): ``input_ids`` of shape (B, 2, T) hold
+a pair in both orders; the two pooled [extract] states are added, then classified (Radford et al. 2018, §3.3).
+
 Generative tasks (seq2seq, text2text) have no head of their own: the body's LM head and loss do the work.
 
 The forward pass follows the Trainer's contract: ``model(**batch)`` returns ``loss`` (a mean) and
@@ -53,7 +56,7 @@ from lmforge.interop.hf import TaskHead, hf_config_for
 from lmforge.models.transformer import Transformer, shift_right
 from lmforge.objectives.base import IGNORE_INDEX
 from lmforge.peft.model import load_adapter
-from lmforge.tasks.heads import SequenceHead, SpanHead, TokenHead
+from lmforge.tasks.heads import SequenceHead, SpanHead, TokenHead, pool
 from lmforge.tasks.spec import TaskSpec
 from lmforge.utils.io import atomic_dir
 from lmforge.errors import UserInputError
@@ -174,7 +177,12 @@ class TaskModel(nn.Module):
             input_ids, attention_mask, token_type_ids = (None if x is None else x.flatten(0, 1)
                                                          for x in (input_ids, attention_mask, token_type_ids))
         h, pooled = self.features(input_ids, attention_mask, token_type_ids)
-        logits = self.head(h, attention_mask, pooled)
+        if choices is not None and self.spec.input_transform == "gpt1-similarity":
+            both = pool(h, attention_mask, self.head.pooling).view(*choices, -1)  # (B, 2, D): h_AB, h_BA
+            logits = self.head.classify(both.sum(1))  # h_AB + h_BA -> the linear output layer
+            choices = None
+        else:
+            logits = self.head(h, attention_mask, pooled)
         if choices is not None:
             logits = logits.view(choices)  # (B*C, 1) -> (B, C): the softmax runs across the choices
         if labels is None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lmforge.config import ConfigBase, ConfigError
+from lmforge.tasks.gpt1_transforms import INPUT_TRANSFORMS
 
 TASKS = ("classify", "regress", "multilabel", "tag", "qa", "multiple-choice", "seq2seq", "text2text",
          "reward")
@@ -68,7 +69,9 @@ class TaskSpec(ConfigBase):
             default, see :data:`DEFAULT_COLUMNS`); ``label_separator`` splits a multi-label string.
         formats: ``task_prefix`` (prepended to the input text: seq2seq, text2text), ``pair_prefix`` (put before
             the second text in text2text inputs, e.g. ``"sentence2: "``), ``label_map`` (text2text: label ->
-            target word, e.g. ``{"0": "negative", "1": "positive"}``).
+            target word, e.g. ``{"0": "negative", "1": "positive"}``), ``input_transform`` (decoders: ``gpt1``
+            writes GPT-1's ``[start] A [delim] B [extract]`` with learned tokens; ``gpt1-similarity`` also runs
+            the pair in both orders and adds the two states; see :mod:`lmforge.tasks.gpt1_transforms`).
         head: ``pooling`` (cls | mean | last | max; None = by family: cls for encoders, last for decoders
             and encoder-decoders, i.e. the extract / eos token), ``head_hidden`` (a tanh dense layer before
             the classifier as in BART/RoBERTa; None = by family), ``classifier_dropout``.
@@ -104,6 +107,7 @@ class TaskSpec(ConfigBase):
     mixing_cap: int | None = None
     mixing_temperature: float = 1.0
     loss_average: str = "token"
+    input_transform: str = "plain"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -139,6 +143,8 @@ class TaskSpec(ConfigBase):
             raise bad("loss_average", f"is not one of {', '.join(LOSS_AVERAGES)}")
         if self.loss_average != "token" and not self.generative:
             raise bad("loss_average", "is only used by the generative tasks (seq2seq, text2text)")
+        if self.input_transform not in INPUT_TRANSFORMS:
+            raise bad("input_transform", f"is not one of {', '.join(INPUT_TRANSFORMS)}")
         if self.pooling is not None and self.pooling not in POOLINGS:
             raise bad("pooling", f"is not one of {', '.join(POOLINGS)}")
         for key in ("max_length", "max_target_length", "max_answer_length"):

@@ -34,7 +34,7 @@ PRECISIONS = ("auto", "bf16", "fp32")
 DEVICES = ("auto", "cpu", "cuda")
 NO_DECAY_KINDS = ("bias", "norm", "embedding")
 PRETRAIN_OBJECTIVES = ("mlm", "clm", "prefix-lm", "span-corruption", "denoising", "enc-dec-lm", "bilm", "electra",
-                       "mlm+nsp", "mass", "permuted-lm", "unilm")
+                       "mlm+nsp", "mass", "permuted-lm", "unilm", "multilingual-denoising")
 STRATEGIES = ("auto", "single", "ddp", "fsdp")
 FSDP_PARAM_DTYPES = ("auto", "bf16", "fp32")
 FSDP_REDUCE_DTYPES = ("fp32", "bf16")

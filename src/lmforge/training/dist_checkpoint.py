@@ -323,17 +323,58 @@ def write_model_folder(folder: Path, dst: str | Path, tokenizer: str | Path | No
     return model_checkpoint.save(model, dst, tokenizer=Tokenizer.load(tokenizer) if tokenizer else None)
 
 
+def stored_prefix(stored: set[str], names: list[str]) -> str:
+    """The prefix under which a checkpoint stores a model's tensors ``names``: ``""`` for the model itself, or
+    what a training-time wrapper put before them (``model.`` for permuted LM's two-stream wrapper, which adds
+    its own ``query_init``; ``discriminator.`` for ELECTRA's pair, beside its generator). ``""`` when no prefix holds every name, so that the loader names a missing tensor.
+
+    Example:
+        >>> stored_prefix({"model.w", "model.b", "query_init"}, ["w", "b"]), stored_prefix({"w", "b"}, ["w", "b"])
+        ('model.', '')
+    """
+    if not names or all(n in stored for n in names):
+        return ""
+    for key in sorted(stored):
+        if key.endswith("." + names[0]):
+            prefix = key[: len(key) - len(names[0])]
+            if all(prefix + n in stored for n in names):
+                return prefix
+    return ""
+
+
+def saved_config(model_dir: Path) -> ModelConfig:
+    """The config of the model a checkpoint's run saves as ``RUN/model``: the checkpoint's own, or for ELECTRA's
+    generator + discriminator pair (whose config records both, under ``electra``) the discriminator's."""
+    file = model_dir / model_checkpoint.CONFIG_FILE
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = None  # read_config names the problem
+    if isinstance(data, dict) and isinstance(data.get("electra"), dict) and "discriminator" in data["electra"]:
+        return ModelConfig.from_dict(data["electra"]["discriminator"], source=f"{file} (electra.discriminator)")
+    return model_checkpoint.read_config(model_dir)
+
+
 def checkpoint_model(folder: Path) -> nn.Module:
-    """The model of a verified checkpoint folder (either layout), its weights loaded."""
-    model = empty_model(model_checkpoint.read_config(folder / MODEL_DIR))
+    """The model of a verified checkpoint folder (either layout), its weights loaded; a run that trained the
+    model inside a wrapper (its tensors stored under a prefix, see :func:`stored_prefix`) gives the model it
+    saves: permuted LM's encoder, ELECTRA's discriminator."""
+    model = empty_model(saved_config(folder / MODEL_DIR))
+    names = list(model.state_dict())
     if is_sharded(folder):
-        state = model.state_dict()
+        reader = HuggingFaceStorageReader(str(folder / SHARDS_DIR))
+        # DCP keys are "model." + the saved module's state-dict key (the optimizer's are "optimizer.")
+        stored = {k.removeprefix("model.") for k in reader.read_metadata().state_dict_metadata if k.startswith("model.")}
+        prefix = stored_prefix(stored, names)
+        state = {prefix + name: tensor for name, tensor in model.state_dict().items()}
         with _quiet_single_process():
-            dcp.load({"model": state}, storage_reader=HuggingFaceStorageReader(str(folder / SHARDS_DIR)),
-                     no_dist=True)
-        model.load_state_dict(state)
+            dcp.load({"model": state}, storage_reader=reader, no_dist=True)
+        model.load_state_dict({name[len(prefix):]: tensor for name, tensor in state.items()})
     else:
-        model_checkpoint.load_weights(model, folder / MODEL_DIR / model_checkpoint.WEIGHTS_FILE)
+        weights = folder / MODEL_DIR / model_checkpoint.WEIGHTS_FILE
+        with safe_open(str(weights), framework="pt") as f:  # stored names, and the tied ones' aliases
+            stored = set(f.keys()) | set(json.loads((f.metadata() or {}).get("aliases", "{}")))
+        model_checkpoint.load_weights(model, weights, prefix=stored_prefix(stored, names))
     return model
 
 

@@ -25,6 +25,13 @@ This is where the pieces meet; the Trainer itself stays ignorant of objectives a
   full-sentences or doc-sentences for ``mlm`` (sentence-aligned segments; full-sentences also packs them
   across documents). Plain ``mlm`` is unchanged.
 
+* **Languages.** ``multilingual-denoising`` (mBART) reads a data folder that holds one prepared folder per
+  language, named by its code (``DATA/en``, ``DATA/es``; every one prepared with the same tokenizer). Batches
+  are drawn across them with the objective's temperature ``alpha``
+  (:class:`~lmforge.data.language_mixture.LanguageMixture`); the languages, in name order unless
+  ``--objective-option languages=[...]`` orders them, get the ids after the tokenizer's vocabulary, so the
+  model's ``vocab_size`` grows by their number, and ``OUT/model/languages.json`` records them.
+
 * **Ranks.** Under torchrun (``strategy`` ddp/fsdp) the process group is joined first, so that the datasets
   take this rank's slice; the training objective's seed is :func:`~lmforge.training.distributed.rank_seed`, so
   ranks mask differently (static masks, keyed by sample, share the run's seed). Only rank 0 writes
@@ -52,6 +59,7 @@ its own):
 from __future__ import annotations
 
 import inspect
+import json
 import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -62,6 +70,7 @@ import torch
 from lmforge import checkpoint as model_checkpoint
 from lmforge.config import ConfigError, ModelConfig, resolve_config
 from lmforge.data import DocumentDataset, PackedDataset, StatefulLoader, read_manifest
+from lmforge.data.language_mixture import LanguageMixture
 from lmforge.data.sources import DataError
 from lmforge.models import Transformer
 from lmforge.checkpoint import bilm_config, is_bilm
@@ -72,6 +81,7 @@ from lmforge.models.two_stream import TwoStreamLM
 from lmforge.objectives import OBJECTIVES, PermutedLM, ReplacedTokenDetection, architectures_for, check_architecture
 from lmforge.objectives.decoder_layout import check_layout_fits, default_layout
 from lmforge.objectives.input_formats import FullSentences, check_format
+from lmforge.objectives.multilingual_denoising import LANGUAGES_FILE, language_token_ids
 from lmforge.tokenization import Tokenizer
 from lmforge.training import distributed
 from lmforge.training.config import TrainConfig
@@ -92,14 +102,44 @@ class PretrainRun:
     trainer: Trainer
 
 
+def multilingual(objective: str | None) -> bool:
+    """True when ``objective`` reads one data folder per language (mBART's multilingual denoising)."""
+    return bool(getattr(OBJECTIVES.get(objective), "multilingual", False))
+
+
+def language_folders(config: TrainConfig) -> dict[str, Path]:
+    """Language code -> prepared data folder, for a multilingual objective: the folders of ``config.data``
+    that hold a manifest, in name order, or in the order of ``objective_options['languages']``."""
+    root = Path(config.data)
+    found = {p.name: p for p in sorted(root.iterdir()) if (p / "manifest.json").is_file()} if root.is_dir() else {}
+    if not found:
+        raise ConfigError(f"data={config.data}: objective {config.objective!r} reads one prepared folder per "
+                          "language (DATA/en, DATA/es, ... each from `lmforge data prepare` with the same tokenizer); "
+                          "none found")
+    wanted = config.objective_options.get("languages")
+    if wanted is None:
+        return found
+    if not isinstance(wanted, list) or not all(isinstance(w, str) for w in wanted):
+        raise ConfigError(f"objective_options: languages={wanted!r} must be a list of language codes")
+    missing = [w for w in wanted if w not in found]
+    if missing:
+        raise ConfigError(f"data={config.data}: no prepared folder for language(s) {', '.join(missing)} "
+                          f"(found {', '.join(found)})")
+    return {w: found[w] for w in wanted}
+
+
 def load_tokenizer(config: TrainConfig) -> Tokenizer:
-    """The run's tokenizer, checked against the one the shards in ``config.data`` were prepared with."""
-    manifest = read_manifest(config.data)
-    path = Path(config.tokenizer) if config.tokenizer else Path(config.data) / manifest["tokenizer"]["path"]
+    """The run's tokenizer, checked against the one the shards in ``config.data`` were prepared with (for a
+    multilingual objective: the shards of every language)."""
+    folders = list(language_folders(config).values()) if multilingual(config.objective) else [Path(config.data)]
+    manifest = read_manifest(folders[0])
+    path = Path(config.tokenizer) if config.tokenizer else folders[0] / manifest["tokenizer"]["path"]
     tokenizer = Tokenizer.load(path)
-    if tokenizer.sha256() != manifest["tokenizer"]["sha256"]:
-        raise ConfigError(f"tokenizer {path} is not the one {config.data} was prepared with; "
-                          f"omit --tokenizer to use {Path(config.data) / manifest['tokenizer']['path']}")
+    for folder in folders:
+        if tokenizer.sha256() != read_manifest(folder)["tokenizer"]["sha256"]:
+            raise ConfigError(f"tokenizer {path} is not the one {folder} was prepared with; "
+                              f"{'prepare every language with one tokenizer, or ' if len(folders) > 1 else ''}"
+                              f"omit --tokenizer to use {folder / manifest['tokenizer']['path']}")
     return tokenizer
 
 
@@ -183,12 +223,18 @@ def datasets_for(config: TrainConfig, seq_len: int, sentence_end_ids: list[int] 
     With ``sentence_end_ids``, document segments are cut at sentence ends."""
     packed = packed_fits(config.objective)
 
-    def make(split: str, shuffle: bool):
+    def make_one(data, split: str, shuffle: bool):
         if packed:
-            return PackedDataset(config.data, seq_len, config.batch_size, split=split, seed=config.seed,
-                                 shuffle=shuffle)
-        return DocumentDataset(config.data, seq_len - framing_tokens(config.objective), config.batch_size,
+            return PackedDataset(data, seq_len, config.batch_size, split=split, seed=config.seed, shuffle=shuffle)
+        return DocumentDataset(data, seq_len - framing_tokens(config.objective), config.batch_size,
                                split=split, seed=config.seed, shuffle=shuffle, sentence_end_ids=sentence_end_ids)
+
+    def make(split: str, shuffle: bool):
+        if not multilingual(config.objective):
+            return make_one(config.data, split, shuffle)
+        default = inspect.signature(OBJECTIVES[config.objective]).parameters["alpha"].default
+        parts = {lang: make_one(folder, split, shuffle) for lang, folder in language_folders(config).items()}
+        return LanguageMixture(parts, alpha=config.objective_options.get("alpha", default), seed=config.seed)
 
     train = make("train", True)
     evaluation = None
@@ -197,6 +243,9 @@ def datasets_for(config: TrainConfig, seq_len: int, sentence_end_ids: list[int] 
             evaluation = make("val", False)
         except DataError as exc:
             warnings.warn(f"no evaluation: {exc}", stacklevel=2)
+    if config.num_workers and multilingual(config.objective):
+        raise ConfigError(f"num_workers={config.num_workers}: objective {config.objective!r} draws its batches across "
+                          "languages in this process; use num_workers 0")
     if config.num_workers:
         train = StatefulLoader(train, num_workers=config.num_workers)
     return train, evaluation
@@ -246,7 +295,19 @@ def build_pretraining(config: TrainConfig, *, loss=None, init: Callable[[Transfo
     # An objective's head (NSP: pooler + nsp_head) is switched on, unless weights or the overrides say otherwise.
     needs = getattr(OBJECTIVES[config.objective], "model_fields", {})
     has_weights = (Path(config.model) / model_checkpoint.WEIGHTS_FILE).is_file()
-    model_config = model_config_for(config.model, tokenizer, {**({} if has_weights else needs), **config.overrides})
+    overrides = {**({} if has_weights else needs), **config.overrides}
+    languages: dict[str, int] = {}
+    if multilingual(config.objective):  # language ids follow the tokenizer's vocabulary: the embedding grows
+        codes = list(language_folders(config))
+        config = config.updated({"objective_options": {**config.objective_options, "languages": codes}})
+        languages = language_token_ids(tokenizer.vocab_size, codes)
+        if not has_weights:
+            overrides = {"vocab_size": tokenizer.vocab_size + len(codes), **overrides}
+    model_config = model_config_for(config.model, tokenizer, overrides)
+    if languages and model_config.vocab_size < max(languages.values()) + 1:
+        raise ConfigError(f"vocab_size={model_config.vocab_size} has no room for the {len(languages)} language ids "
+                          f"after the tokenizer's {tokenizer.vocab_size} tokens; it needs "
+                          f"{tokenizer.vocab_size + len(languages)}")
     check_architecture(config.objective, model_config.arch)
     concatenated = False
     if "layout" in inspect.signature(OBJECTIVES[config.objective]).parameters:  # seq2seq objectives on a decoder
@@ -286,6 +347,8 @@ def build_pretraining(config: TrainConfig, *, loss=None, init: Callable[[Transfo
     torch.manual_seed(config.seed)  # the same seed, the same initial weights
     if isinstance(model_config, BiLMConfig):
         model = BiLM(model_config)
+        if model_config.char_cnn:  # the character CNN reads each vocabulary entry's string
+            model.set_token_chars([tokenizer.id_to_token(i) for i in range(model_config.vocab_size)])
     elif isinstance(objective, ReplacedTokenDetection):  # ELECTRA: the model is a generator + discriminator pair
         if config.strategy == "fsdp":
             raise ConfigError("objective 'electra' trains a generator + discriminator pair: use strategy ddp, not fsdp")
@@ -317,8 +380,9 @@ def build_pretraining(config: TrainConfig, *, loss=None, init: Callable[[Transfo
         for name, text in (run_files or {}).items():
             atomic_write_text(out / name, text)
 
+    model_files = {LANGUAGES_FILE: json.dumps(languages, indent=1) + "\n"} if languages else None
     trainer = Trainer(model, objective, train_data, config, eval_data=eval_data, eval_objective=eval_objective,
-                      tokenizer=tokenizer, dist=ctx, on_start=write_run_files, loss=loss)
+                      tokenizer=tokenizer, dist=ctx, on_start=write_run_files, loss=loss, model_files=model_files)
     if not config.resume:
         trainer.check_fresh()  # refuse early, before the model is trained or anything is written
     return PretrainRun(config, tokenizer, model, trainer)
