@@ -159,16 +159,40 @@ def attention_scaling_detail(data: dict) -> str:
             where = ("not within the lengths run" if c is None
                      else f"n = {c['n']} (interpolated {c['interpolated_n']:.0f})")
             cross.append([full, mode.removesuffix("_s").replace("_", " + "), where])
-    return (table(["layer", "time slope, forward", "time slope, fwd + bwd", "memory slope"], slopes) +
+    by_n: dict[int, dict[str, dict]] = {}
+    for r in data["results"]:
+        by_n.setdefault(r["n"], {})[r["layer"]] = r
+    layers = list(data["slopes"])
+
+    def cell(r: dict | None) -> str:
+        return "-" if r is None else f"{r['forward_s'] * 1e3:,.1f} / {r['forward_backward_s'] * 1e3:,.1f} / " \
+                                     f"{r['peak_mb']:,.0f}"
+
+    measured = table(["n"] + layers, [[n] + [cell(row.get(name)) for name in layers] for n, row in by_n.items()])
+    return ("Each cell: forward ms / forward + backward ms / peak MB of forward + backward.\n\n" + measured +
+            f"\n\n![time and memory against length, log-log]({ATTENTION_PLOT})\n\n" +
+            table(["layer", "time slope, forward", "time slope, fwd + bwd", "memory slope"], slopes) +
             f"\n\nLinformer (k = {data['linformer_k']}) is faster than full attention from:\n\n" +
             table(["full attention", "pass", "from"], cross) +
             f"\n\nLengths {data['lengths'][0]} to {data['lengths'][-1]}, d = {data['d_model']}, median of "
             f"{data['repeats']}." + ("".join(f" {k} stopped: {v}." for k, v in data.get("stopped", {}).items())))
 
 
+def moe_vs_dense_detail(data: dict) -> str:
+    rows = [[r["precision"], _n(r["dense_tok_s"]), _n(r["moe_tok_s"]), f"{r['ratio']:.2f}×",
+             "met" if r["ratio"] >= data["budget"] else "NOT met"] for r in data["results"]]
+    first = data["results"][0]
+    return (table(["precision", "dense gpt-tiny tok/s", "gpt-tiny-moe tok/s", "MoE / dense",
+                   f"budget ≥ {data['budget']:.1f}×"], rows) +
+            f"\n\nBatch {data['batch_size']} × {data['seq_len']}, median of {data['repeats']}. Parameters: dense "
+            f"{first['dense_parameters'] / 1e6:.1f}M, MoE {first['moe_parameters'] / 1e6:.1f}M; training FLOPs per "
+            f"token {first['dense_flops_per_token'] / 1e6:.1f}M and {first['moe_flops_per_token'] / 1e6:.1f}M.")
+
+
 DETAILS = {"train_step": train_step_detail, "generate": generate_detail, "data_pipeline": data_pipeline_detail,
            "peft_memory": peft_memory_detail, "verify_cost": verify_cost_detail,
-           "attention_scaling": attention_scaling_detail}
+           "attention_scaling": attention_scaling_detail, "moe_vs_dense": moe_vs_dense_detail}
+ATTENTION_PLOT = "img/attention_scaling.png"  # beside the page; drawn from the record's rows by main()
 
 # What each benchmark runs and against what: the method, which the figures above do not carry.
 METHODS = {
@@ -206,6 +230,14 @@ METHODS["attention_scaling"] = """\
 Linformer (k = 256), a one-layer LSTM and a kernel-3 1-D convolution; forward and forward + backward time, and the
 peak memory of forward + backward. **Reference**: full attention; the ratio is its time over Linformer's at the
 longest length both ran. Slopes are log-log fits over each layer's three longest lengths."""
+
+METHODS["moe_vs_dense"] = """\
+`benchmarks/moe_vs_dense.py`: training steps (forward, loss with the router losses, backward, fused AdamW) of
+`gpt-tiny-moe` (8 Switch experts, top-1, capacity factor 1.25, in every other layer; ~2.8× the parameters) on
+a random batch, eager, in fp32 and under bf16 autocast. **Reference**: the dense `gpt-tiny`, whose weights are
+what each token multiplies in the MoE model (equal active parameters, equal FLOPs per token but for the 384 × 8
+routers). The ratio is MoE tokens/s over dense: the routing overhead budget is 0.6×. The quality side (validation
+loss at equal training FLOPs) is `moe_vs_dense.py --work DIR`, in [quality.md](quality.md)."""
 
 METHODS["verify_cost"] = """\
 `benchmarks/verify_cost.py`: what integrity checking adds to loading a model folder. A randomly initialised
@@ -339,6 +371,11 @@ def main(argv: list[str] | None = None) -> int:
         record["note"] = args.note
     args.record.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")  # indented, for readers
     args.doc.write_text(page(record, record.get("note")), encoding="utf-8")
+    scaling = _result(record, "attention_scaling")
+    if scaling is not None:  # the page's plot, drawn from the rows in the record
+        from benchmarks.attention_scaling import plot
+
+        plot(scaling["results"], args.doc.parent / ATTENTION_PLOT)
     args.readme.write_text(replace_block(args.readme.read_text(encoding="utf-8"), readme_block(record)),
                            encoding="utf-8")
     print(f"wrote {args.doc} and the performance table of {args.readme}")
