@@ -11,10 +11,10 @@ fig. 1 and table 1) reports a large quality gain per FLOP.
 
 **Speed** (the default; ``lmforge bench`` runs it): training steps (forward, loss with the router losses,
 backward, fused AdamW) of both models on the same random batch of 8 x 128 tokens, in fp32 and under bf16
-autocast, interleaved and rotated after a warm-up, median of ``--repeats``. The MoE/dense tokens/s ratio is the
-routing overhead budget: at least 0.6. What the MoE step pays beyond the dense one: the router, sorting the
-token slots by expert and scattering them back, grouped GEMMs of ~T/E rows per expert instead of one GEMM, and
-AdamW (and, under autocast, the bf16 weight casts) over ~2.8x the parameters.
+autocast, one thread (``--threads``), interleaved and rotated after a warm-up, median of ``--repeats``. The
+MoE/dense tokens/s ratio is the routing overhead budget: at least 0.6. What the MoE step pays beyond the dense
+one: the router, sorting the token slots by expert and scattering them back, grouped GEMMs of ~T/E rows per
+expert instead of one GEMM, and AdamW (and, under autocast, the bf16 weight casts) over ~2.8x the parameters.
 
 **Quality** (``--work DIR``): two runs of ``lmforge pretrain`` (causal LM) on the same shards, tokenizer, batches,
 schedule and seed; equal steps of equal batches are then equal training FLOPs. Reported per run: the validation
@@ -150,6 +150,7 @@ def speed(args) -> dict:
     from lmforge.models import Transformer
 
     device, _ = device_and_dtype()
+    torch.set_num_threads(args.threads)
     tokens = args.batch_size * args.seq_len
     results = []
     print(f"training step (forward, loss, backward, fused AdamW), batch {args.batch_size} x {args.seq_len}, "
@@ -173,7 +174,8 @@ def speed(args) -> dict:
               f"{row['moe_tok_s']:8,.0f} tok/s  ratio {row['ratio']:.2f}x (budget 0.60x)", flush=True)
         del models, steps
     return {"benchmark": "moe_vs_dense", "mode": "speed", "device": device, "batch_size": args.batch_size,
-            "seq_len": args.seq_len, "repeats": args.repeats, "budget": BUDGET, "results": results}
+            "seq_len": args.seq_len, "repeats": args.repeats, "threads": torch.get_num_threads(), "budget": BUDGET,
+            "results": results}
 
 
 def quality(args) -> dict:
@@ -201,11 +203,15 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=None,
                         help="sequences per step (default: 8 for speed, 32 for quality)")
     parser.add_argument("--seq-len", type=int, default=128, help="tokens per sequence (default: 128)")
-    parser.add_argument("--lr", type=float, default=1e-3, help="quality: peak learning rate of both runs (default: 1e-3)")
+    parser.add_argument("--lr", type=float, default=1e-3,
+                        help="quality: peak learning rate of both runs (default: 1e-3)")
     parser.add_argument("--eval-batches", type=int, default=10, help="quality: validation batches per evaluation")
     parser.add_argument("--precisions", default="fp32,bf16",
                         help="speed: comma-separated fp32 and/or bf16 (autocast) (default: fp32,bf16)")
     parser.add_argument("--repeats", type=int, default=5, help="speed: timed steps per model (median; default 5)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="speed: torch threads (default 1: on a shared CPU a second thread spin-waits at every "
+                             "barrier, which slows the many small expert GEMMs most)")
     parser.add_argument("--warmup", type=int, default=1, help="speed: untimed steps per model first (default 1)")
     parser.add_argument("--toy", action="store_true", help="speed: the toy shape (2 layers x 32), for a smoke test")
     parser.add_argument("--quick", action="store_true",
