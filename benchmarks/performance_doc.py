@@ -289,16 +289,24 @@ METHODS["attention_scaling"] = """\
 `benchmarks/attention_scaling.py`: the lecture's complexity table, measured. One layer at d = 256 (4 heads), batch
 1, fp32, one thread, for n = 128 … 8192 doubling: full self-attention through SDPA and through the written-out
 softmax, Linformer (k = 256), a one-layer LSTM and a kernel-3 1-D convolution; forward and forward + backward
-time, and the peak memory of forward + backward. **Reference**: full attention; the ratio is its time over Linformer's at the
-longest length both ran. Slopes are log-log fits over each layer's three longest lengths."""
+time, and the peak memory of forward + backward. **Reference**: full attention; the ratio is its time over
+Linformer's at the longest length both ran. Slopes are log-log fits over each layer's three longest lengths."""
 
 METHODS["moe_vs_dense"] = """\
 `benchmarks/moe_vs_dense.py`: training steps (forward, loss with the router losses, backward, fused AdamW) of
 `gpt-tiny-moe` (8 Switch experts, top-1, capacity factor 1.25, in every other layer; ~2.8× the parameters) on
 a random batch, eager, one thread, in fp32 and under bf16 autocast. **Reference**: the dense `gpt-tiny`, whose
 weights are what each token multiplies in the MoE model (equal active parameters, equal FLOPs per token but for
-the 384 × 8 routers). The ratio is MoE tokens/s over dense: the routing overhead budget is 0.6×. The quality side (validation
-loss at equal training FLOPs) is `moe_vs_dense.py --work DIR`, in [quality.md](quality.md)."""
+the 384 × 8 routers). The ratio is MoE tokens/s over dense: the routing overhead budget is 0.6×. The quality
+side (validation loss at equal training FLOPs) is `moe_vs_dense.py --work DIR`, in [quality.md](quality.md).
+
+Where the MoE step's extra time goes (torch profiler, one thread): hardly the routing (the router, sorting the
+slots by expert, the gathers and the scatter back are a few percent of the step) but the experts. torch's
+grouped GEMM on a CPU multiplies each expert's ~T/E rows as a GEMM of its own; in bf16 those small GEMMs run far
+below the rate that the dense model's one large GEMM per projection gets from the CPU's bf16 matrix units, and
+their speed swings with the load on a shared host. Under autocast every step also casts all 8 experts' weights to
+bf16 and their gradients back, and AdamW updates ~2.8× the parameters: work that grows with the total parameters,
+not the active ones. In fp32 the dense GEMMs get no such boost, and the MoE step keeps pace."""
 
 METHODS["verify_cost"] = """\
 `benchmarks/verify_cost.py`: what integrity checking adds to loading a model folder. A randomly initialised
