@@ -235,7 +235,8 @@ def attention_scaling_detail(data: dict) -> str:
             f"\n\nLinformer (k = {data['linformer_k']}) is faster than full attention from:\n\n" +
             table(["full attention", "pass", "from"], cross) +
             f"\n\nLengths {data['lengths'][0]} to {data['lengths'][-1]}, d = {data['d_model']}, "
-            f"{data.get('threads', '?')} thread(s), median of {data['repeats']}." + ("".join(f" {k} stopped: {v}." for k, v in data.get("stopped", {}).items())))
+            f"{data.get('threads', '?')} thread(s), median of {data['repeats']}." +
+            "".join(f" {k} stopped: {v}." for k, v in data.get("stopped", {}).items()))
 
 
 def moe_vs_dense_detail(data: dict) -> str:

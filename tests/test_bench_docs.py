@@ -73,7 +73,8 @@ def test_a_later_run_of_some_benchmarks_is_added_with_its_own_date_and_command(t
     merged = json.loads(record_file.read_text(encoding="utf-8"))
     assert merged["date"] == RECORD["date"] and merged.get("note") == RECORD.get("note")  # the record's own run
     run = merged["benchmarks"][name]["run"]
-    assert (run["date"], run["note"], run["machine"]["cpu"]) == ("2030-01-02T03:04:05+00:00", "Busy machine.", "Later CPU")
+    assert (run["date"], run["note"], run["machine"]["cpu"]) == ("2030-01-02T03:04:05+00:00", "Busy machine.",
+                                                                 "Later CPU")
     page = doc.read_text(encoding="utf-8")
     assert f"except {name}, measured by a later run (`lmforge bench --json --only {name}` on 2030-01-02" in page
     assert "Measured by a later run" in page and "Later CPU" in page and "Busy machine." in page
