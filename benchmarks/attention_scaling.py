@@ -6,13 +6,13 @@
     LSTM (one layer)               O(n d^2), serial    O(n d)
     1-D convolution (kernel 3)     O(n d^2 k)          O(n d)
 
-One layer of each at width d = 256 (4 heads), batch 1, fp32, for n = 128, 256, ..., 8192: full attention both
-through SDPA (fused kernels) and through the written-out softmax (``Attention._probs``, the path bf16 training on
-a CPU takes), lmforge's Linformer attention (:mod:`lmforge.nn.linformer`), ``nn.LSTM`` and ``nn.Conv1d``. For
-each: the forward time (no gradients), the forward + backward time, and the peak memory of the forward +
-backward above what was allocated before it (CUDA: ``max_memory_allocated``; CPU: peak RSS, with glibc's mmap
-threshold pinned as in ``peft_memory.py`` so that freed tensors leave the RSS). The layers are timed in turns
-at each length (``common.time_steps``), so a busy host slows them alike.
+One layer of each at width d = 256 (4 heads), batch 1, fp32, one thread (``--threads``), for n = 128, 256, ...,
+8192: full attention both through SDPA (fused kernels) and through the written-out softmax (``Attention._probs``,
+the path bf16 training on a CPU takes), lmforge's Linformer attention (:mod:`lmforge.nn.linformer`), ``nn.LSTM``
+and ``nn.Conv1d``. For each: the forward time (no gradients), the forward + backward time, and the peak memory
+of the forward + backward above what was allocated before it (CUDA: ``max_memory_allocated``; CPU: peak RSS,
+with glibc's mmap threshold pinned as in ``peft_memory.py`` so that freed tensors leave the RSS). The layers are
+timed in turns at each length (``common.time_steps``), so a busy host slows them alike.
 
 A layer stops at the length where it ran out of memory, or before one whose predicted peak (the last growth
 factor applied again) passes ``--memory-gb``.
@@ -23,7 +23,7 @@ faster than full attention at every longer one (and a log-log interpolation betw
 plot (``--plot``, needs matplotlib); then one JSON line.
 
 Usage:
-    python benchmarks/attention_scaling.py             # n = 128 .. 8192, 5 repeats
+    python benchmarks/attention_scaling.py             # n = 128 .. 8192, 3 repeats, 1 thread
     python benchmarks/attention_scaling.py --quick     # n = 128 .. 1024, 2 repeats
 """
 
@@ -189,7 +189,10 @@ def main() -> None:
     parser.add_argument("--d-model", type=int, default=256, help="layer width d (default 256)")
     parser.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
     parser.add_argument("--linformer-k", type=int, default=256, help="Linformer's projected length k (default 256)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per layer and length (median reported)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per layer and length (median reported)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default 1: on a shared CPU a second thread spin-waits at every "
+                             "barrier, and the LSTM's thousands of small steps slow down many times)")
     parser.add_argument("--memory-gb", type=float, default=None,
                         help="stop a layer before a length whose predicted peak passes this (default: 3/4 of the "
                              "device's memory)")
@@ -205,6 +208,7 @@ def main() -> None:
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     if args.memory_gb is None:
         total = torch.cuda.get_device_properties(0).total_memory if device == "cuda" else \
@@ -222,8 +226,8 @@ def main() -> None:
     alive = list(LAYERS)
     stopped: dict[str, str] = {}
     last_peak: dict[str, list[float]] = {name: [] for name in LAYERS}
-    print(f"one layer, d={args.d_model}, {args.heads} heads, Linformer k={args.linformer_k}, batch 1, fp32, {device}; "
-          f"median of {args.repeats}")
+    print(f"one layer, d={args.d_model}, {args.heads} heads, Linformer k={args.linformer_k}, batch 1, fp32, {device}, "
+          f"{torch.get_num_threads()} threads; median of {args.repeats}")
     for n in lengths:
         x = torch.randn(1, n, args.d_model, device=device)
         measured: dict[str, dict[str, float]] = {}
@@ -300,7 +304,8 @@ def main() -> None:
     print(f"plot: {plotted}" if plotted else "plot: skipped (matplotlib is not installed)")
     print(json.dumps({"benchmark": "attention_scaling", "device": device, "d_model": args.d_model,
                       "heads": args.heads, "linformer_k": args.linformer_k, "lengths": lengths,
-                      "repeats": args.repeats, "results": rows, "slopes": slopes, "crossover": crossovers,
+                      "repeats": args.repeats, "threads": torch.get_num_threads(), "results": rows,
+                      "slopes": slopes, "crossover": crossovers,
                       "at_longest": at_longest, "stopped": stopped, "plot": plotted,
                       "machine": machine_info(peak=False)}))
 

@@ -10,6 +10,14 @@ Usage::
     python -m benchmarks.performance_doc docs/bench.json --note "what else ran on the machine"
 
 (``make bench-docs`` does both.)
+
+A later run of some of the benchmarks can be added to the record without re-measuring the others::
+
+    lmforge bench --json --only attention_scaling > new.json
+    python -m benchmarks.performance_doc docs/bench.json --add new.json --note "what else ran"
+
+Each added benchmark replaces its entry and keeps its own run (command, date, duration, machine, ``--note``) in
+the entry's ``run``; the page and the README's provenance line name that run beside the record's own.
 """
 
 from __future__ import annotations
@@ -69,9 +77,61 @@ def provenance(record: dict) -> str:
     """One sentence: which run, when, on what."""
     m = record["machine"]
     mode = "`--quick` sizes, " if record.get("quick") else ""
+    later = "".join(f"; {', '.join(names)}: `{run['command']}` on {run['date'][:10]}"
+                    for run, names in added_runs(record))
     return (f"Measured by `{record['command']}` on {record['date'][:10]} ({mode}{record['seconds'] / 60:.0f} min) on "
-            f"{m['cpu']}, {m.get('cores', m.get('cpu_count'))} cores, {m.get('torch_threads', '?')} torch threads; "
-            f"details in [docs/performance.md](docs/performance.md).")
+            f"{m['cpu']}, {m.get('cores', m.get('cpu_count'))} cores, {m.get('torch_threads', '?')} torch threads"
+            f"{later}; details in [docs/performance.md](docs/performance.md).")
+
+
+# ------------------------------------------------------------------------------------------- added runs
+def add_run(record: dict, added: dict, note: str | None = None) -> dict:
+    """``record`` with the benchmarks of the later record ``added`` in place of its own entries, each keeping its
+    run (command, date, seconds, quick, machine and ``note``) in ``run``.
+
+    >>> old = {"benchmarks": {"a": {"result": 1}, "b": {"result": 2}}}
+    >>> new = {"command": "lmforge bench --json --only b", "date": "D", "seconds": 5, "machine": {},
+    ...        "benchmarks": {"b": {"result": 3}}}
+    >>> merged = add_run(old, new)
+    >>> merged["benchmarks"]["a"], merged["benchmarks"]["b"]["result"], merged["benchmarks"]["b"]["run"]["date"]
+    ({'result': 1}, 3, 'D')
+    """
+    run = {key: added[key] for key in ("command", "date", "seconds", "quick", "machine") if key in added}
+    if note:
+        run["note"] = note
+    benchmarks = dict(record["benchmarks"])
+    for name, entry in added["benchmarks"].items():
+        benchmarks[name] = {**entry, "run": entry.get("run", run)}
+    return {**record, "benchmarks": benchmarks}
+
+
+def added_runs(record: dict) -> list[tuple[dict, list[str]]]:
+    """The runs added after the record's own (by :func:`add_run`), each with the names of its benchmarks."""
+    runs: list[tuple[dict, list[str]]] = []
+    for name, entry in record["benchmarks"].items():
+        run = entry.get("run")
+        if run is None:
+            continue
+        for known, names in runs:
+            if known == run:
+                names.append(name)
+                break
+        else:
+            runs.append((run, [name]))
+    return runs
+
+
+def run_line(run: dict) -> str:
+    """Where an added run's figures come from: command, date, duration, machine, its note."""
+    m = run.get("machine", {})
+    peak = (f"; bf16 matmul peak {m['bf16_matmul_gflops_start']:.0f} GFLOP/s at the start, "
+            f"{m['bf16_matmul_gflops_end']:.0f} at the end" if "bf16_matmul_gflops_end" in m else "")
+    load = (f"; 1-minute load average {m['load_average_start']} at the start, {m['load_average_end']} at the end"
+            if "load_average_end" in m else "")
+    return (f"Measured by a later run, `{run['command']}` on {run['date']} ({run['seconds'] / 60:.1f} minutes"
+            f"{', `--quick` sizes' if run.get('quick') else ''}) on {m.get('cpu', '?')}, "
+            f"{m.get('cores', m.get('cpu_count', '?'))} cores, {m.get('torch_threads', '?')} torch threads, torch "
+            f"{m.get('torch', '?')}{peak}{load}." + (f" {run['note']}" if run.get("note") else ""))
 
 
 # ------------------------------------------------------------------------------------------- per benchmark
@@ -159,16 +219,42 @@ def attention_scaling_detail(data: dict) -> str:
             where = ("not within the lengths run" if c is None
                      else f"n = {c['n']} (interpolated {c['interpolated_n']:.0f})")
             cross.append([full, mode.removesuffix("_s").replace("_", " + "), where])
-    return (table(["layer", "time slope, forward", "time slope, fwd + bwd", "memory slope"], slopes) +
+    by_n: dict[int, dict[str, dict]] = {}
+    for r in data["results"]:
+        by_n.setdefault(r["n"], {})[r["layer"]] = r
+    layers = list(data["slopes"])
+
+    def cell(r: dict | None) -> str:
+        return "-" if r is None else f"{r['forward_s'] * 1e3:,.1f} / {r['forward_backward_s'] * 1e3:,.1f} / " \
+                                     f"{r['peak_mb']:,.0f}"
+
+    measured = table(["n"] + layers, [[n] + [cell(row.get(name)) for name in layers] for n, row in by_n.items()])
+    return ("Each cell: forward ms / forward + backward ms / peak MB of forward + backward.\n\n" + measured +
+            f"\n\n![time and memory against length, log-log]({ATTENTION_PLOT})\n\n" +
+            table(["layer", "time slope, forward", "time slope, fwd + bwd", "memory slope"], slopes) +
             f"\n\nLinformer (k = {data['linformer_k']}) is faster than full attention from:\n\n" +
             table(["full attention", "pass", "from"], cross) +
-            f"\n\nLengths {data['lengths'][0]} to {data['lengths'][-1]}, d = {data['d_model']}, median of "
-            f"{data['repeats']}." + ("".join(f" {k} stopped: {v}." for k, v in data.get("stopped", {}).items())))
+            f"\n\nLengths {data['lengths'][0]} to {data['lengths'][-1]}, d = {data['d_model']}, "
+            f"{data.get('threads', '?')} thread(s), median of {data['repeats']}." +
+            "".join(f" {k} stopped: {v}." for k, v in data.get("stopped", {}).items()))
+
+
+def moe_vs_dense_detail(data: dict) -> str:
+    rows = [[r["precision"], _n(r["dense_tok_s"]), _n(r["moe_tok_s"]), f"{r['ratio']:.2f}×",
+             "met" if r["ratio"] >= data["budget"] else "NOT met"] for r in data["results"]]
+    first = data["results"][0]
+    return (table(["precision", "dense gpt-tiny tok/s", "gpt-tiny-moe tok/s", "MoE / dense",
+                   f"budget ≥ {data['budget']:.1f}×"], rows) +
+            f"\n\nBatch {data['batch_size']} × {data['seq_len']}, {data['threads']} thread(s), median of "
+            f"{data['repeats']}. Parameters: dense "
+            f"{first['dense_parameters'] / 1e6:.1f}M, MoE {first['moe_parameters'] / 1e6:.1f}M; training FLOPs per "
+            f"token {first['dense_flops_per_token'] / 1e6:.1f}M and {first['moe_flops_per_token'] / 1e6:.1f}M.")
 
 
 DETAILS = {"train_step": train_step_detail, "generate": generate_detail, "data_pipeline": data_pipeline_detail,
            "peft_memory": peft_memory_detail, "verify_cost": verify_cost_detail,
-           "attention_scaling": attention_scaling_detail}
+           "attention_scaling": attention_scaling_detail, "moe_vs_dense": moe_vs_dense_detail}
+ATTENTION_PLOT = "img/attention_scaling.png"  # beside the page; drawn from the record's rows by main()
 
 # What each benchmark runs and against what: the method, which the figures above do not carry.
 METHODS = {
@@ -202,10 +288,26 @@ QLoRA is compared by the bytes of its NF4 base weights (double-quantised scales 
 
 METHODS["attention_scaling"] = """\
 `benchmarks/attention_scaling.py`: the lecture's complexity table, measured. One layer at d = 256 (4 heads), batch
-1, fp32, for n = 128 … 8192 doubling: full self-attention through SDPA and through the written-out softmax,
-Linformer (k = 256), a one-layer LSTM and a kernel-3 1-D convolution; forward and forward + backward time, and the
-peak memory of forward + backward. **Reference**: full attention; the ratio is its time over Linformer's at the
-longest length both ran. Slopes are log-log fits over each layer's three longest lengths."""
+1, fp32, one thread, for n = 128 … 8192 doubling: full self-attention through SDPA and through the written-out
+softmax, Linformer (k = 256), a one-layer LSTM and a kernel-3 1-D convolution; forward and forward + backward
+time, and the peak memory of forward + backward. **Reference**: full attention; the ratio is its time over
+Linformer's at the longest length both ran. Slopes are log-log fits over each layer's three longest lengths."""
+
+METHODS["moe_vs_dense"] = """\
+`benchmarks/moe_vs_dense.py`: training steps (forward, loss with the router losses, backward, fused AdamW) of
+`gpt-tiny-moe` (8 Switch experts, top-1, capacity factor 1.25, in every other layer; ~2.8× the parameters) on
+a random batch, eager, one thread, in fp32 and under bf16 autocast. **Reference**: the dense `gpt-tiny`, whose
+weights are what each token multiplies in the MoE model (equal active parameters, equal FLOPs per token but for
+the 384 × 8 routers). The ratio is MoE tokens/s over dense: the routing overhead budget is 0.6×. The quality
+side (validation loss at equal training FLOPs) is `moe_vs_dense.py --work DIR`, in [quality.md](quality.md).
+
+Where the MoE step's extra time goes (torch profiler, one thread): hardly the routing (the router, sorting the
+slots by expert, the gathers and the scatter back are a few percent of the step) but the experts. torch's
+grouped GEMM on a CPU multiplies each expert's ~T/E rows as a GEMM of its own; in bf16 those small GEMMs run far
+below the rate that the dense model's one large GEMM per projection gets from the CPU's bf16 matrix units, and
+their speed swings with the load on a shared host. Under autocast every step also casts all 8 experts' weights to
+bf16 and their gradients back, and AdamW updates ~2.8× the parameters: work that grows with the total parameters,
+not the active ones. In fp32 the dense GEMMs get no such boost, and the MoE step keeps pace."""
 
 METHODS["verify_cost"] = """\
 `benchmarks/verify_cost.py`: what integrity checking adds to loading a model folder. A randomly initialised
@@ -279,8 +381,11 @@ def page(record: dict, note: str | None = None) -> str:
         "<!-- Generated by benchmarks/performance_doc.py from docs/bench.json: edit those, not this page. -->",
         f"Every figure on this page comes from one run of `{record['command']}` on {record['date']} "
         f"({record['seconds'] / 60:.1f} minutes{', `--quick` sizes' if record.get('quick') else ''}); the machine "
-        f"is described [at the end](#machine). The README's table is the summary below, generated from the same "
-        f"record ([bench.json](bench.json)).",
+        f"is described [at the end](#machine)" +
+        "".join(f", except {', '.join(names)}, measured by a later run (`{run['command']}` on {run['date']}, "
+                f"described in {'its section' if len(names) == 1 else 'their sections'})"
+                for run, names in added_runs(record)) +
+        ". The README's table is the summary below, generated from the same record ([bench.json](bench.json)).",
         "## Reproduce",
         f"```bash\n{record['command']} > docs/bench.json   # or: make bench-docs\n{RENDER}\n```",
         "## Summary",
@@ -300,6 +405,8 @@ def page(record: dict, note: str | None = None) -> str:
         elif name in DETAILS:
             parts.append(DETAILS[name](data))
         parts.append(f"Took {entry['seconds']:.0f} s.")
+        if "run" in entry:
+            parts.append(run_line(entry["run"]))
     parts += [WHY, "## Machine", machine_section(record, note),
               "Quality benchmarks (accuracy, BLEU, loss curves: minutes to hours of training each) are not part of "
               "`lmforge bench`; their scripts and latest results are in [quality.md](quality.md)."]
@@ -323,22 +430,38 @@ def replace_block(text: str, block: str) -> str:
     return text[:start] + block + text[end + len(END):]
 
 
+def read_record(path: Path) -> dict:
+    """A ``lmforge bench --json`` record from a file (the output with something before it: the last line)."""
+    text = path.read_text(encoding="utf-8")
+    try:
+        return json.loads(text)
+    except ValueError:
+        return json.loads(text.strip().splitlines()[-1])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("record", type=Path, help="the output of `lmforge bench --json` (e.g. docs/bench.json)")
-    parser.add_argument("--note", default=None, help="a sentence on the machine's state (what else was running)")
+    parser.add_argument("--note", default=None, help="a sentence on the machine's state (what else was running); "
+                                                      "with --add, of the added run")
+    parser.add_argument("--add", type=Path, default=None, metavar="RECORD",
+                        help="a later `lmforge bench --json` record of some benchmarks: its entries replace the "
+                             "record's own, each keeping its run's date, command and machine")
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "performance.md")
     parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
     args = parser.parse_args(argv)
-    text = args.record.read_text(encoding="utf-8")
-    try:
-        record = json.loads(text)
-    except ValueError:  # lmforge bench's output with something before it: the record is the last line
-        record = json.loads(text.strip().splitlines()[-1])
-    if args.note:
+    record = read_record(args.record)
+    if args.add is not None:
+        record = add_run(record, read_record(args.add), args.note)
+    elif args.note:
         record["note"] = args.note
     args.record.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")  # indented, for readers
     args.doc.write_text(page(record, record.get("note")), encoding="utf-8")
+    scaling = _result(record, "attention_scaling")
+    if scaling is not None:  # the page's plot, drawn from the rows in the record
+        from benchmarks.attention_scaling import plot
+
+        plot(scaling["results"], args.doc.parent / ATTENTION_PLOT)
     args.readme.write_text(replace_block(args.readme.read_text(encoding="utf-8"), readme_block(record)),
                            encoding="utf-8")
     print(f"wrote {args.doc} and the performance table of {args.readme}")

@@ -131,20 +131,20 @@ def t5_case(batch: int, seq: int, vocab: int | None, preset: str = "t5-tiny") ->
 
 
 # ---------------------------------------------------------------------------- timing
-def make_step(model: torch.nn.Module, batch: dict, device: str, compile_mode: str | None):
-    """``compile_mode``: None for eager, else a torch.compile mode."""
+def make_step(model: torch.nn.Module, batch: dict, device: str, compile_mode: str | None, bf16: bool = True):
+    """``compile_mode``: None for eager, else a torch.compile mode; ``bf16``: under bf16 autocast, else fp32."""
     model.to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     run = torch.compile(model, mode=compile_mode) if compile_mode else model
     batch = {k: v.to(device) for k, v in batch.items()}
 
     def step() -> float:
-        with torch.autocast(device, dtype=torch.bfloat16):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
             loss = run(**batch).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return float(loss)
+        return float(loss.detach())
 
     return step
 

@@ -32,6 +32,8 @@ RESULTS = {
                     "repeats": 5, "load_verified_s": 1.2, "load_unverified_s": 1.0, "verify_only_s": 0.3, "ratio": 1.2},
     "attention_scaling": {"benchmark": "attention_scaling", "linformer_k": 256, "at_longest": {
         "full-sdpa": {"n": 8192, "linformer_s": 0.05, "full_s": 0.2}}},
+    "moe_vs_dense": {"benchmark": "moe_vs_dense", "mode": "speed", "results": [
+        {"precision": "fp32", "dense_tok_s": 1000.0, "moe_tok_s": 800.0, "ratio": 0.8}]},
 }
 
 
@@ -70,6 +72,8 @@ def test_rows_for_each_benchmark_format():
     assert [(r.ratio, r.better) for r in rows["peft_memory"]] == [(0.56, "lower"), (0.125, "lower")]
     assert [(r.case, r.ratio) for r in rows["attention_scaling"]] == [
         ("Linformer k=256 vs full attention (sdpa), fwd+bwd, n=8192", pytest.approx(4.0))]
+    assert [(r.case, r.lmforge, r.reference, r.ratio) for r in rows["moe_vs_dense"]] == [
+        ("8 experts top-1 vs dense, equal active weights, train step fp32", "800 tok/s", "dense 1,000 tok/s", 0.8)]
     generic = bench.rows_for("new_bench", {"speed_ratio": 2.0, "other": 5, "a_over_b": 0.5})
     assert [(r.case, r.ratio) for r in generic] == [("speed_ratio", 2.0), ("a_over_b", 0.5)]
     with pytest.raises(ValueError, match="train_step: unexpected result format"):

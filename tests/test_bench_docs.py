@@ -32,6 +32,9 @@ def test_the_record_names_its_run_and_machine():
                 "bf16_matmul_gflops_end"):
         assert machine.get(key) is not None, key
     assert all(not entry.get("error") for entry in RECORD["benchmarks"].values())
+    for run, names in performance_doc.added_runs(RECORD):  # a later run of some benchmarks names its own
+        assert run["command"].startswith("lmforge bench") and "--json" in run["command"], names
+        assert run["date"] and run["seconds"] > 0 and run["machine"].get("cpu"), names
 
 
 def test_every_summary_row_appears_in_the_readme_once():
@@ -53,6 +56,29 @@ def test_rendering_replaces_only_the_marked_block(tmp_path):
     assert text.startswith("# title\n\n") and text.endswith("\n\nmore\n") and "old table" not in text
     assert "Nothing else ran." in doc.read_text(encoding="utf-8")
     assert json.loads(record_file.read_text(encoding="utf-8"))["note"] == "Nothing else ran."
+
+
+def test_a_later_run_of_some_benchmarks_is_added_with_its_own_date_and_command(tmp_path):
+    record_file, added_file = tmp_path / "bench.json", tmp_path / "new.json"
+    doc, readme = tmp_path / "performance.md", tmp_path / "README.md"
+    record_file.write_text(json.dumps(RECORD), encoding="utf-8")
+    name = next(iter(RECORD["benchmarks"]))
+    later = {"command": f"lmforge bench --json --only {name}", "date": "2030-01-02T03:04:05+00:00", "seconds": 60.0,
+             "machine": {"cpu": "Later CPU", "cores": 2, "torch_threads": 2},
+             "benchmarks": {name: RECORD["benchmarks"][name]}}
+    added_file.write_text("a line the benchmark printed\n" + json.dumps(later) + "\n", encoding="utf-8")
+    readme.write_text(f"{performance_doc.START}\n{performance_doc.END}\n", encoding="utf-8")
+    assert performance_doc.main([str(record_file), "--add", str(added_file), "--doc", str(doc), "--readme",
+                                 str(readme), "--note", "Busy machine."]) == 0
+    merged = json.loads(record_file.read_text(encoding="utf-8"))
+    assert merged["date"] == RECORD["date"] and merged.get("note") == RECORD.get("note")  # the record's own run
+    run = merged["benchmarks"][name]["run"]
+    assert (run["date"], run["note"], run["machine"]["cpu"]) == ("2030-01-02T03:04:05+00:00", "Busy machine.",
+                                                                 "Later CPU")
+    page = doc.read_text(encoding="utf-8")
+    assert f"except {name}, measured by a later run (`lmforge bench --json --only {name}` on 2030-01-02" in page
+    assert "Measured by a later run" in page and "Later CPU" in page and "Busy machine." in page
+    assert f"; {name}: `lmforge bench --json --only {name}` on 2030-01-02;" in readme.read_text(encoding="utf-8")
 
 
 def test_docstring_examples_of_the_shared_modules():

@@ -148,15 +148,17 @@ def test_equal_experts_with_one_expert_per_token_equal_the_dense_ffn(activation,
     assert int((moe.last_load > 0).sum()) > 1  # the tokens really went to several experts
 
 
-def test_gradients_reach_every_expert_that_received_tokens():
-    moe = _moe(n_experts=6, top_k=1, capacity_factor=2.0)
+@pytest.mark.parametrize("bias", [False, True])
+def test_gradients_reach_every_expert_that_received_tokens(bias):
+    moe = _moe(n_experts=6, top_k=1, capacity_factor=2.0, bias=bias)
     x = torch.randn(1, 5, 16, requires_grad=True)
     moe(x).pow(2).sum().backward()
     received = moe.last_load > 0
     assert 0 < int(received.sum()) < 6  # some experts got tokens, some none
+    names = ("up", "gate", "down") + (("up_bias", "gate_bias", "down_bias") if bias else ())
     for e in range(6):
-        for w in (moe.experts.up, moe.experts.gate, moe.experts.down):
-            assert bool(w.grad[e].abs().sum() > 0) == bool(received[e]), e
+        for name in names:
+            assert bool(getattr(moe.experts, name).grad[e].abs().sum() > 0) == bool(received[e]), (name, e)
     assert moe.router.weight.grad.abs().sum() > 0 and x.grad.abs().sum() > 0
 
 

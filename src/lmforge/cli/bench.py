@@ -7,6 +7,7 @@ table of lmforge against its reference, each ratio measured side by side in the 
     data_pipeline.py  data prepare MB/s; packed loader tokens/s              raw tokenizers encode_batch; a target
     peft_memory.py    peak training memory of LoRA; QLoRA's NF4 base bytes   full fine-tuning; fp32 weights
     attention_scaling.py  one layer's time vs length: Linformer (k=256)         full attention (SDPA; matmul)
+    moe_vs_dense.py   training tokens/s of gpt-tiny-moe (8 experts, top-1)  dense gpt-tiny (equal active weights)
 
 Each script runs in its own process (so one's memory and threads do not disturb the next), prints its own
 lines (shown on stderr as they come) and ends with one JSON line, which this command reads. The quality
@@ -43,7 +44,8 @@ import lmforge
 from lmforge.cli.main import UserError
 from lmforge.utils.machine import machine_info
 
-BENCHMARKS = ("train_step", "generate", "data_pipeline", "peft_memory", "verify_cost", "attention_scaling")
+BENCHMARKS = ("train_step", "generate", "data_pipeline", "peft_memory", "verify_cost", "attention_scaling",
+              "moe_vs_dense")
 QUICK_FLAGS = {name: ["--quick"] for name in BENCHMARKS}  # every speed benchmark has its own --quick
 STEADY_TOLERANCE = 0.15  # the matmul peak may move this much between start and end (as train_step.py allows)
 
@@ -128,6 +130,13 @@ def _attention_scaling(data: dict) -> list[Row]:
             for full, r in data.get("at_longest", {}).items()]
 
 
+def _moe_vs_dense(data: dict) -> list[Row]:
+    # The MoE model against the dense one of equal active weights: the routing overhead, per precision.
+    return [Row("moe_vs_dense", f"8 experts top-1 vs dense, equal active weights, train step {r['precision']}",
+                f"{r['moe_tok_s']:,.0f} tok/s", f"dense {r['dense_tok_s']:,.0f} tok/s", r["ratio"], "higher")
+            for r in data.get("results", [])]
+
+
 def _generic(name: str, data: dict) -> list[Row]:
     """A benchmark without an adapter: every top-level number named like a ratio."""
     return [Row(name, key, "-", "-", float(value), "higher") for key, value in data.items()
@@ -136,7 +145,7 @@ def _generic(name: str, data: dict) -> list[Row]:
 
 ADAPTERS: dict[str, Callable[[dict], list[Row]]] = {
     "train_step": _train_step, "generate": _generate, "data_pipeline": _data_pipeline, "peft_memory": _peft_memory,
-    "verify_cost": _verify_cost, "attention_scaling": _attention_scaling,
+    "verify_cost": _verify_cost, "attention_scaling": _attention_scaling, "moe_vs_dense": _moe_vs_dense,
 }
 
 

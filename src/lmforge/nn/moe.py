@@ -179,12 +179,15 @@ class Experts(nn.Module):
             def linear(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # (N, in), (E, out, in) -> (N, out)
                 return F.grouped_mm(h, w.to(dtype).transpose(1, 2), offs=offsets)
 
-        rows = None if self.up_bias is None else torch.repeat_interleave(
-            torch.arange(self.n_experts, device=x.device), counts, output_size=x.shape[0])  # (N,) expert of each row
+        # Biases as a one-hot product: out + onehot @ b is one addmm whose backward (onehot^T @ grad) is a GEMM,
+        # where b[rows] would scatter-add N rows into E in its backward.
+        onehot = None if self.up_bias is None else F.one_hot(torch.repeat_interleave(
+            torch.arange(self.n_experts, device=x.device), counts, output_size=x.shape[0]),
+            self.n_experts).to(dtype)  # (N, E) expert of each row
 
         def project(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
             out = linear(h, w)
-            return out if b is None else out + b.to(out.dtype)[rows]
+            return out if b is None else torch.addmm(out, onehot, b.to(out.dtype))
 
         h = self.act(project(x, self.up if self.gate is None else self.gate,
                              self.up_bias if self.gate is None else self.gate_bias))  # (N, d_ff)
