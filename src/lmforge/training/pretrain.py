@@ -318,7 +318,7 @@ def build_pretraining(config: TrainConfig, *, loss=None, init: Callable[[Transfo
             atomic_write_text(out / name, text)
 
     trainer = Trainer(model, objective, train_data, config, eval_data=eval_data, eval_objective=eval_objective,
-                      tokenizer=tokenizer, dist=ctx, on_start=write_run_files, loss=loss)
+                      tokenizer=tokenizer, dist=ctx, on_start=write_run_files, loss=loss, job="pretrain")
     if not config.resume:
         trainer.check_fresh()  # refuse early, before the model is trained or anything is written
     return PretrainRun(config, tokenizer, model, trainer)
