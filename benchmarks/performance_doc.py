@@ -166,9 +166,35 @@ def attention_scaling_detail(data: dict) -> str:
             f"{data['repeats']}." + ("".join(f" {k} stopped: {v}." for k, v in data.get("stopped", {}).items())))
 
 
+def training_jobs_detail(data: dict) -> str:
+    def cell(spread: dict, digits: int = 1) -> str:
+        return f"{_n(spread['median'], digits)} ({_n(spread['min'], digits)}–{_n(spread['max'], digits)})"
+
+    rows = []
+    for job in data["jobs"]:
+        for tool in ("lmforge", "reference"):
+            r = job[tool]
+            rows.append([job["job"], tool, cell(r["loop_s"]), cell(r["wall_s"]), cell(r["cpu_s"]), cell(r["rss_mb"], 0),
+                         f"{job['metric_name']} {r['metric_mean']:.3f} ± {r['metric_std']:.3f}",
+                         f"{r['disturbed']} of {r['runs']}"])
+    ratios = [[job["job"], f"{job['loop_speedup']:.2f}×", f"{job['wall_speedup']:.2f}×", f"{job['cpu_speedup']:.2f}×",
+               f"{job['rss_ratio']:.2f}×", "yes" if job["metric_within_noise"] else "no"] for job in data["jobs"]]
+    sizes = "; ".join(f"{job['job']}: {s['steps']} steps × {s['batch']}, max length {s['length']}, lr {s['lr']:g}, "
+                      f"warmup {s['warmup']}" for job in data["jobs"] for s in [job["settings"]])
+    return (table(["job", "tool", "loop s", "wall s", "CPU s", "peak RSS MB", "metric (mean ± std over seeds)",
+                   "disturbed runs"], rows) +
+            "\n\nMedian (min–max) over the runs of each tool; disturbed runs (CPU share below "
+            f"{data['min_share']:.0%}) are left out of the medians when two quiet ones remain.\n\n" +
+            table(["job", "loop speedup", "wall speedup", "CPU speedup", "peak RSS lmforge / reference",
+                   "metric within the reference's seed noise"], ratios) +
+            f"\n\n{sizes}; {data['threads']} torch thread(s), {data['repeats']} runs of each tool (seeds 1..{data['repeats']}), "
+            f"metric on {data['eval_limit']} held-out rows; load average {data['load_start'][0]:.1f} at the start, "
+            f"{data['load_end'][0]:.1f} at the end.")
+
+
 DETAILS = {"train_step": train_step_detail, "generate": generate_detail, "data_pipeline": data_pipeline_detail,
            "peft_memory": peft_memory_detail, "verify_cost": verify_cost_detail,
-           "attention_scaling": attention_scaling_detail}
+           "attention_scaling": attention_scaling_detail, "training_jobs": training_jobs_detail}
 
 # What each benchmark runs and against what: the method, which the figures above do not carry.
 METHODS = {
@@ -213,6 +239,17 @@ METHODS["verify_cost"] = """\
 against `manifest.json`) is timed against `lmforge.load(path, verify=False)` (`--no-verify`), interleaved and
 rotated after a warm-up, so both read from the page cache. Both include what every load does: reading the
 tensors and checking their shapes and that they are finite. **Reference**: the unchecked load."""
+
+METHODS["training_jobs"] = """\
+`benchmarks/training_jobs.py`: whole training jobs, each in a fresh process, as a user runs them: lmforge's
+command line (`lmforge finetune`) against `transformers.Trainer` (full fine-tuning of all-MiniLM-L6-v2 on
+rt-sentiment), `Trainer` + `peft` (LoRA r=8 on q, v) and sentence-transformers' `SentenceTransformerTrainer` with
+`MultipleNegativesRankingLoss` (the bundled bible triplets), with the same steps, batch, length, learning rate,
+schedule, weight decay, clipping, bf16 autocast, seed and threads; the differences that remain are listed in the
+script's docstring. Wall time runs from the process's start to its saved model; the loop is each tool's own
+training-loop time; CPU seconds are the process's user + system time, which a busy neighbour moves less than wall
+time. The tools take turns (A B, B A, ...), one seed per turn. What the job profile found, with before/after
+numbers, is in [training-jobs.md](training-jobs.md)."""
 
 COMMON_METHOD = """\
 Every benchmark measures lmforge and its reference **side by side in one process**, on the same inputs and
@@ -294,6 +331,10 @@ def page(record: dict, note: str | None = None) -> str:
         parts.append(f"## {name}")
         if name in METHODS:
             parts.append(METHODS[name])
+        if entry.get("run"):  # merged in from a run of its own (--merge)
+            run = entry["run"]
+            parts.append(f"Measured in a run of its own: `{run['command']}` on {run['date']}" +
+                         (f". {run['note']}" if run.get("note") else "."))
         data = _result(record, name)
         if data is None:
             parts.append(f"This benchmark failed in this run: {entry.get('error', 'no result')}.")
@@ -323,19 +364,44 @@ def replace_block(text: str, block: str) -> str:
     return text[:start] + block + text[end + len(END):]
 
 
+def _read_record(text: str) -> dict:
+    try:
+        return json.loads(text)
+    except ValueError:  # lmforge bench's output with something before it: the record is the last line
+        return json.loads(text.strip().splitlines()[-1])
+
+
+def merged(record: dict, other: dict, note: str | None = None) -> dict:
+    """``record`` with the benchmarks of ``other`` added (replacing those of the same name); each keeps, under
+    ``run``, the command, date, machine and ``note`` of the run that measured it.
+
+    >>> base = {"command": "lmforge bench --json", "benchmarks": {"a": {"seconds": 1}}}
+    >>> other = {"command": "lmforge bench --json --only b", "date": "2026-01-01", "machine": {}, "seconds": 2,
+    ...          "benchmarks": {"b": {"seconds": 2}}}
+    >>> sorted(merged(base, other, "quiet")["benchmarks"]), merged(base, other)["benchmarks"]["b"]["run"]["command"]
+    (['a', 'b'], 'lmforge bench --json --only b')
+    """
+    run = {k: other.get(k) for k in ("command", "date", "seconds", "machine")}
+    if note:
+        run["note"] = note
+    benchmarks = {**record["benchmarks"], **{name: {**entry, "run": run} for name, entry in other["benchmarks"].items()}}
+    return {**record, "benchmarks": benchmarks}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("record", type=Path, help="the output of `lmforge bench --json` (e.g. docs/bench.json)")
     parser.add_argument("--note", default=None, help="a sentence on the machine's state (what else was running)")
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "performance.md")
     parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    parser.add_argument("--merge", type=Path, default=None, metavar="RECORD",
+                        help="first add the benchmarks of another `lmforge bench --json` record (e.g. one run with "
+                             "--only), each keeping its own command, date and machine")
     args = parser.parse_args(argv)
-    text = args.record.read_text(encoding="utf-8")
-    try:
-        record = json.loads(text)
-    except ValueError:  # lmforge bench's output with something before it: the record is the last line
-        record = json.loads(text.strip().splitlines()[-1])
-    if args.note:
+    record = _read_record(args.record.read_text(encoding="utf-8"))
+    if args.merge:
+        record = merged(record, _read_record(args.merge.read_text(encoding="utf-8")), args.note)
+    elif args.note:
         record["note"] = args.note
     args.record.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")  # indented, for readers
     args.doc.write_text(page(record, record.get("note")), encoding="utf-8")

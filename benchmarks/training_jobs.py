@@ -164,12 +164,12 @@ def lmforge_worker(job: str, size: dict, seed: int, threads: int, out: Path, t0:
         from lmforge.embeddings import SentenceEncoder
 
         enc = SentenceEncoder.load(out / "model")
-        queries, corpus, gold = retrieval_pairs(EVAL_LIMIT)
+        queries, corpus, gold = retrieval_pairs(size["eval_limit"])
         mark["metric"] = mean_reciprocal_rank(enc.encode(queries), enc.encode(corpus), gold)
     else:
         from lmforge.tasks.inference import evaluate
 
-        mark["metric"] = evaluate(out / "model", "rt-sentiment:test", limit=EVAL_LIMIT)["accuracy"]
+        mark["metric"] = evaluate(out / "model", "rt-sentiment:test", limit=size["eval_limit"])["accuracy"]
     return mark
 
 
@@ -204,7 +204,7 @@ def hf_worker(job: str, size: dict, seed: int, threads: int, out: Path, t0: floa
     trainer.save_model(str(out / "model"))
     mark = _mark(t0)
     mark["loop_s"] = result.metrics["train_runtime"]
-    test = _rows("rt-sentiment", "test")[:EVAL_LIMIT]
+    test = _rows("rt-sentiment", "test")[:size["eval_limit"]]
     model.eval()
     correct = 0
     with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
@@ -238,7 +238,7 @@ def _sentence_transformers(size: dict, seed: int, out: Path, t0: float) -> dict:
     model.save(str(out / "model"))
     mark = _mark(t0)
     mark["loop_s"] = result.metrics["train_runtime"]
-    queries, corpus, gold = retrieval_pairs(EVAL_LIMIT)
+    queries, corpus, gold = retrieval_pairs(size["eval_limit"])
     embed = lambda texts: model.encode(texts, batch_size=32, normalize_embeddings=True)  # noqa: E731
     mark["metric"] = mean_reciprocal_rank(embed(queries), embed(corpus), gold)
     return mark
@@ -323,6 +323,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each tool per job (seeds 1..N), alternating")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of every run")
     parser.add_argument("--quick", action="store_true", help="a third of the steps, two repeats")
+    parser.add_argument("--steps", type=int, default=None, help="steps of every job (default: its own, above)")
+    parser.add_argument("--eval-limit", type=int, default=EVAL_LIMIT, help="held-out rows each metric is measured on")
     parser.add_argument("--min-share", type=float, default=0.8,
                         help="a run with less CPU than this share of its wall time x threads counts as disturbed")
     parser.add_argument("--against-src", default=None, metavar="DIR",
@@ -351,6 +353,9 @@ def main(argv=None) -> int:
         size = dict(SIZES[job])
         if args.quick:
             size.update(steps=max(size["steps"] // 3, 4), warmup=max(size["warmup"] // 3, 1))
+        if args.steps:
+            size.update(steps=args.steps, warmup=min(size["warmup"], args.steps - 1))
+        size["eval_limit"] = args.eval_limit
         runs = []
         for i in range(repeats):
             order = ("lmforge", "reference") if i % 2 == 0 else ("reference", "lmforge")
@@ -364,7 +369,7 @@ def main(argv=None) -> int:
         summaries.append(summary)
         all_runs += runs
     print(json.dumps({"benchmark": "training_jobs", "against_src": args.against_src, "threads": args.threads, "repeats": repeats, "quick": args.quick,
-                      "min_share": args.min_share, "eval_limit": EVAL_LIMIT, "jobs": summaries, "runs": all_runs,
+                      "min_share": args.min_share, "eval_limit": args.eval_limit, "jobs": summaries, "runs": all_runs,
                       "seconds": round(time.time() - began, 1), "load_start": load_start,
                       "load_end": os.getloadavg()}))
     return 0

@@ -24,6 +24,7 @@ SMOKE = {
     "peft_memory": ["--preset", "bert-tiny", "--batch", "1", "--seq", "8", "--steps", "1"],
     "verify_cost": ["--repeats", "1"],
     "attention_scaling": ["--max-len", "256", "--d-model", "32", "--linformer-k", "64", "--repeats", "1"],
+    "training_jobs": ["--jobs", "lora", "--repeats", "1", "--steps", "2", "--eval-limit", "8"],
 }
 
 

@@ -120,7 +120,9 @@ def set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser. Given the ``verb`` about to run, only its module is imported when that module
+    registers it (each verb module imports what it runs: all of them together take seconds to import)."""
     parser = argparse.ArgumentParser(
         prog="lmforge",
         description="Transformer language models: build, pre-train, fine-tune, prompt, embed.",
@@ -129,19 +131,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"lmforge {lmforge.__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     package = importlib.import_module("lmforge.cli")
-    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
-        if info.name == "main" or info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"lmforge.cli.{info.name}")
+    names = [info.name for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name)
+             if info.name != "main" and not info.name.startswith("_")]
+    own = verb.replace("-", "_") if verb else None
+    for name in [own] if own in names else names:
+        module = importlib.import_module(f"lmforge.cli.{name}")
         if hasattr(module, "register"):
             module.register(subparsers)
+    if own in names and verb not in subparsers.choices:  # the module of that name registers other verbs
+        return build_parser()
     for sub in set(subparsers.choices.values()):
         _add_threads(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    words = sys.argv[1:] if argv is None else argv
+    parser = build_parser(words[0] if words and not words[0].startswith("-") else None)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
