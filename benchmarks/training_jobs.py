@@ -322,7 +322,7 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", default=",".join(JOBS), help=f"comma-separated subset of {','.join(JOBS)}")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each tool per job (seeds 1..N), alternating")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of every run")
-    parser.add_argument("--quick", action="store_true", help="a third of the steps, two repeats")
+    parser.add_argument("--quick", action="store_true", help="a third of the steps")
     parser.add_argument("--steps", type=int, default=None, help="steps of every job (default: its own, above)")
     parser.add_argument("--eval-limit", type=int, default=EVAL_LIMIT, help="held-out rows each metric is measured on")
     parser.add_argument("--min-share", type=float, default=0.8,
@@ -344,7 +344,7 @@ def main(argv=None) -> int:
     unknown = set(jobs) - set(JOBS)
     if unknown:
         parser.error(f"--jobs: unknown {', '.join(sorted(unknown))} (choose from {', '.join(JOBS)})")
-    repeats = 2 if args.quick and args.repeats == 3 else args.repeats
+    repeats = args.repeats
     folder = Path(args.work or tempfile.mkdtemp(prefix="training_jobs_"))
     folder.mkdir(parents=True, exist_ok=True)
     began, load_start = time.time(), os.getloadavg()
