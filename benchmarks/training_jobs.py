@@ -25,8 +25,10 @@ write only the final model (lmforge: ``--final-checkpoint none``; HF: ``save_str
 
 Each run reports:
     wall     seconds from the parent starting the process to the final model written (imports included)
-    loop     the training loop's seconds as the tool reports them (lmforge: the run's ``loop_s``; HF: the
-             ``train_runtime`` of ``Trainer.train``)
+    loop     the training loop's seconds as the tool reports them (lmforge: the price tag's ``wall_s`` in
+             metrics.jsonl; HF: the ``train_runtime`` of ``Trainer.train``)
+    loop cpu the CPU seconds of the process during the loop (lmforge: around ``Trainer.fit``; HF: between the
+             ``on_train_begin`` and ``on_train_end`` callbacks)
     cpu      user + system CPU seconds of the process up to the same point: on a shared host, where other
              processes take turns on the cores, CPU time moves less than wall time
     rss      peak resident memory (VmHWM) at the same point
@@ -134,6 +136,18 @@ def _mark(t0: float) -> dict:
 def lmforge_worker(job: str, size: dict, seed: int, threads: int, out: Path, t0: float) -> dict:
     from lmforge.cli.main import main
     from lmforge.training.logging import read_metrics
+    from lmforge.training.trainer import Trainer
+
+    fit, loop_cpu = Trainer.fit, []
+
+    def timed_fit(self, *args, **kwargs):
+        began = time.process_time()
+        try:
+            return fit(self, *args, **kwargs)
+        finally:
+            loop_cpu.append(time.process_time() - began)
+
+    Trainer.fit = timed_fit
 
     common = ["--out", str(out), "--max-steps", str(size["steps"]), "--batch-size", str(size["batch"]),
               "--lr", str(size["lr"]), "--max-length", str(size["length"]), "--seed", str(seed),
@@ -160,6 +174,7 @@ def lmforge_worker(job: str, size: dict, seed: int, threads: int, out: Path, t0:
         raise SystemExit(f"lmforge finetune exited with {code}")
     mark = _mark(t0)
     mark["loop_s"] = read_metrics(out / "metrics.jsonl")[-1]["wall_s"]  # the price tag's loop seconds
+    mark["loop_cpu_s"] = sum(loop_cpu)
     if job == "embedding":
         from lmforge.embeddings import SentenceEncoder
 
@@ -198,12 +213,13 @@ def hf_worker(job: str, size: dict, seed: int, threads: int, out: Path, t0: floa
         learning_rate=size["lr"], warmup_steps=size["warmup"], lr_scheduler_type="linear", weight_decay=0.01,
         max_grad_norm=1.0, bf16=True, use_cpu=True, seed=seed, save_strategy="no", report_to=[],
         logging_steps=10, disable_tqdm=True, dataloader_num_workers=0)
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=data,
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[_loop_cpu()],
                                    data_collator=transformers.DataCollatorWithPadding(tok))
     result = trainer.train()
     trainer.save_model(str(out / "model"))
     mark = _mark(t0)
     mark["loop_s"] = result.metrics["train_runtime"]
+    mark["loop_cpu_s"] = _loop_cpu.seconds
     test = _rows("rt-sentiment", "test")[:size["eval_limit"]]
     model.eval()
     correct = 0
@@ -216,6 +232,20 @@ def hf_worker(job: str, size: dict, seed: int, threads: int, out: Path, t0: floa
             correct += int((pred == torch.tensor([int(r["label"]) for r in chunk])).sum())
     mark["metric"] = correct / len(test)
     return mark
+
+
+def _loop_cpu():
+    """A TrainerCallback that keeps the process's CPU seconds between train begin and end in ``_loop_cpu.seconds``."""
+    import transformers
+
+    class LoopCPU(transformers.TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.began = time.process_time()
+
+        def on_train_end(self, args, state, control, **kwargs):
+            _loop_cpu.seconds = time.process_time() - self.began
+
+    return LoopCPU()
 
 
 def _sentence_transformers(size: dict, seed: int, out: Path, t0: float) -> dict:
@@ -232,12 +262,13 @@ def _sentence_transformers(size: dict, seed: int, out: Path, t0: float) -> dict:
         learning_rate=size["lr"], warmup_steps=size["warmup"], lr_scheduler_type="linear", weight_decay=0.01,
         max_grad_norm=1.0, bf16=True, use_cpu=True, seed=seed, save_strategy="no", report_to=[],
         logging_steps=10, disable_tqdm=True, dataloader_num_workers=0)
-    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=data,
+    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=data, callbacks=[_loop_cpu()],
                                          loss=losses.MultipleNegativesRankingLoss(model))
     result = trainer.train()
     model.save(str(out / "model"))
     mark = _mark(t0)
     mark["loop_s"] = result.metrics["train_runtime"]
+    mark["loop_cpu_s"] = _loop_cpu.seconds
     queries, corpus, gold = retrieval_pairs(size["eval_limit"])
     embed = lambda texts: model.encode(texts, batch_size=32, normalize_embeddings=True)  # noqa: E731
     mark["metric"] = mean_reciprocal_rank(embed(queries), embed(corpus), gold)
@@ -288,12 +319,13 @@ def summarise(job: str, runs: list[dict], min_share: float) -> dict:
         quiet = [r for r in mine if r["cpu_share"] >= min_share]
         used = quiet if len(quiet) >= 2 else mine
         metrics = [r["metric"] for r in mine]
-        summary[tool] = {key: spread([r[key] for r in used]) for key in ("wall_s", "loop_s", "cpu_s", "rss_mb")}
+        summary[tool] = {key: spread([r[key] for r in used])
+                         for key in ("wall_s", "loop_s", "loop_cpu_s", "cpu_s", "rss_mb")}
         summary[tool].update(metric_mean=statistics.mean(metrics),
                              metric_std=statistics.stdev(metrics) if len(metrics) > 1 else 0.0,
                              disturbed=len(mine) - len(quiet), runs=len(mine))
     lm, ref = summary["lmforge"], summary["reference"]
-    for key in ("wall_s", "loop_s", "cpu_s"):  # speedups: reference / lmforge
+    for key in ("wall_s", "loop_s", "loop_cpu_s", "cpu_s"):  # speedups: reference / lmforge
         summary[f"{key[:-2]}_speedup"] = ref[key]["median"] / lm[key]["median"]
     summary["rss_ratio"] = lm["rss_mb"]["median"] / ref["rss_mb"]["median"]
     low, high = lm["metric_mean"] - lm["metric_std"], lm["metric_mean"] + lm["metric_std"]
@@ -305,13 +337,14 @@ def summarise(job: str, runs: list[dict], min_share: float) -> dict:
 
 def run_line(r: dict) -> str:
     return (f"{r['job']:<10}{r['tool']:<10} seed {r['seed']}  wall {r['wall_s']:6.1f} s  loop {r['loop_s']:6.1f} s  "
-            f"cpu {r['cpu_s']:6.1f} s  rss {r['rss_mb']:5.0f} MB  {METRIC[r['job']]} {r['metric']:.4f}  "
+            f"loop cpu {r['loop_cpu_s']:6.1f} s  cpu {r['cpu_s']:6.1f} s  rss {r['rss_mb']:5.0f} MB  {METRIC[r['job']]} {r['metric']:.4f}  "
             f"(cpu share {r['cpu_share']:.2f}, load {r['load_before']} -> {r['load_after']})")
 
 
 def job_line(s: dict) -> str:
     lm, ref = s["lmforge"], s["reference"]
-    return (f"{s['job']:<10}loop {s['loop_speedup']:.2f}x  wall {s['wall_speedup']:.2f}x  cpu {s['cpu_speedup']:.2f}x  "
+    return (f"{s['job']:<10}loop {s['loop_speedup']:.2f}x  loop cpu {s['loop_cpu_speedup']:.2f}x  wall "
+            f"{s['wall_speedup']:.2f}x  cpu {s['cpu_speedup']:.2f}x  "
             f"rss {s['rss_ratio']:.2f}x  {s['metric_name']} {lm['metric_mean']:.3f} ± {lm['metric_std']:.3f} vs "
             f"{ref['metric_mean']:.3f} ± {ref['metric_std']:.3f}  (disturbed runs: {lm['disturbed']} + "
             f"{ref['disturbed']})")

@@ -142,6 +142,8 @@ def _training_jobs(data: dict) -> list[Row]:
         name = ("lmforge " + data["against_src"] if data.get("against_src")
                 else JOB_REFERENCES.get(job["job"], "reference"))
         for key, what, ratio, better, unit in (("loop_s", "training loop", job["loop_speedup"], "higher", "s"),
+                                               ("loop_cpu_s", "training loop, CPU seconds", job["loop_cpu_speedup"],
+                                                "higher", "s"),
                                                ("wall_s", "wall, process start to saved model", job["wall_speedup"],
                                                 "higher", "s"),
                                                ("rss_mb", "peak RSS", job["rss_ratio"], "lower", "MB")):
