@@ -27,8 +27,9 @@ Each run reports:
     wall     seconds from the parent starting the process to the final model written (imports included)
     loop     the training loop's seconds as the tool reports them (lmforge: the price tag's ``wall_s`` in
              metrics.jsonl; HF: the ``train_runtime`` of ``Trainer.train``)
-    loop cpu the CPU seconds of the process during the loop (lmforge: around ``Trainer.fit``; HF: between the
-             ``on_train_begin`` and ``on_train_end`` callbacks)
+    loop cpu the CPU seconds of the process during the loop (lmforge: from the start of the first
+             ``Trainer.train_step`` to the end of the last; HF: between the ``on_train_begin`` and
+             ``on_train_end`` callbacks); the final model's write is outside it on both sides
     cpu      user + system CPU seconds of the process up to the same point: on a shared host, where other
              processes take turns on the cores, CPU time moves less than wall time
     rss      peak resident memory (VmHWM) at the same point
@@ -138,16 +139,16 @@ def lmforge_worker(job: str, size: dict, seed: int, threads: int, out: Path, t0:
     from lmforge.training.logging import read_metrics
     from lmforge.training.trainer import Trainer
 
-    fit, loop_cpu = Trainer.fit, []
+    step, marks = Trainer.train_step, []
 
-    def timed_fit(self, *args, **kwargs):
-        began = time.process_time()
+    def timed_step(self):
+        marks.append(time.process_time())
         try:
-            return fit(self, *args, **kwargs)
+            return step(self)
         finally:
-            loop_cpu.append(time.process_time() - began)
+            marks.append(time.process_time())
 
-    Trainer.fit = timed_fit
+    Trainer.train_step = timed_step
 
     common = ["--out", str(out), "--max-steps", str(size["steps"]), "--batch-size", str(size["batch"]),
               "--lr", str(size["lr"]), "--max-length", str(size["length"]), "--seed", str(seed),
@@ -174,7 +175,7 @@ def lmforge_worker(job: str, size: dict, seed: int, threads: int, out: Path, t0:
         raise SystemExit(f"lmforge finetune exited with {code}")
     mark = _mark(t0)
     mark["loop_s"] = read_metrics(out / "metrics.jsonl")[-1]["wall_s"]  # the price tag's loop seconds
-    mark["loop_cpu_s"] = sum(loop_cpu)
+    mark["loop_cpu_s"] = marks[-1] - marks[0]
     if job == "embedding":
         from lmforge.embeddings import SentenceEncoder
 
