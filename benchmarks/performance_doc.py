@@ -174,8 +174,8 @@ def training_jobs_detail(data: dict) -> str:
     for job in data["jobs"]:
         for tool in ("lmforge", "reference"):
             r = job[tool]
-            rows.append([job["job"], tool, cell(r["loop_s"]), cell(r["loop_cpu_s"]), cell(r["wall_s"]), cell(r["cpu_s"]),
-                         cell(r["rss_mb"], 0),
+            rows.append([job["job"], tool, cell(r["loop_s"]), cell(r["loop_cpu_s"]), cell(r["wall_s"]),
+                         cell(r["cpu_s"]), cell(r["rss_mb"], 0),
                          f"{job['metric_name']} {r['metric_mean']:.3f} ± {r['metric_std']:.3f}",
                          f"{r['disturbed']} of {r['runs']}"])
     ratios = [[job["job"], f"{job['loop_speedup']:.2f}×", f"{job['loop_cpu_speedup']:.2f}×",
@@ -183,13 +183,15 @@ def training_jobs_detail(data: dict) -> str:
                f"{job['rss_ratio']:.2f}×", "yes" if job["metric_within_noise"] else "no"] for job in data["jobs"]]
     sizes = "; ".join(f"{job['job']}: {s['steps']} steps × {s['batch']}, max length {s['length']}, lr {s['lr']:g}, "
                       f"warmup {s['warmup']}" for job in data["jobs"] for s in [job["settings"]])
-    return (table(["job", "tool", "loop s", "loop CPU s", "wall s", "CPU s", "peak RSS MB", "metric (mean ± std over seeds)",
-                   "disturbed runs"], rows) +
+    header = ["job", "tool", "loop s", "loop CPU s", "wall s", "CPU s", "peak RSS MB",
+              "metric (mean ± std over seeds)", "disturbed runs"]
+    return (table(header, rows) +
             "\n\nMedian (min–max) over the runs of each tool; disturbed runs (CPU share below "
             f"{data['min_share']:.0%}) are left out of the medians when two quiet ones remain.\n\n" +
-            table(["job", "loop speedup", "loop CPU speedup", "wall speedup", "CPU speedup", "peak RSS lmforge / reference",
-                   "metric within the reference's seed noise"], ratios) +
-            f"\n\n{sizes}; {data['threads']} torch thread(s), {data['repeats']} runs of each tool (seeds 1..{data['repeats']}), "
+            table(["job", "loop speedup", "loop CPU speedup", "wall speedup", "CPU speedup",
+                   "peak RSS lmforge / reference", "metric within the reference's seed noise"], ratios) +
+            f"\n\n{sizes}; {data['threads']} torch thread(s), {data['repeats']} runs of each tool "
+            f"(seeds 1..{data['repeats']}), "
             f"metric on {data['eval_limit']} held-out rows; load average {data['load_start'][0]:.1f} at the start, "
             f"{data['load_end'][0]:.1f} at the end.")
 
@@ -386,7 +388,8 @@ def merged(record: dict, other: dict, note: str | None = None) -> dict:
     run = {k: other.get(k) for k in ("command", "date", "seconds", "machine")}
     if note:
         run["note"] = note
-    benchmarks = {**record["benchmarks"], **{name: {**entry, "run": run} for name, entry in other["benchmarks"].items()}}
+    added = {name: {**entry, "run": run} for name, entry in other["benchmarks"].items()}
+    benchmarks = {**record["benchmarks"], **added}
     return {**record, "benchmarks": benchmarks}
 
 

@@ -43,9 +43,9 @@ a quiet run from a busy one) and left out of the medians when enough quiet runs 
 Prints one line per run, one per job, then one JSON line (``lmforge bench`` reads it)::
 
     $ python benchmarks/training_jobs.py --quick
-    finetune  lmforge  seed 1  wall 31.2 s  loop 18.0 s  cpu 30.8 s  rss 1102 MB  accuracy 0.7103
+    finetune  lmforge    seed 1  wall   73.8 s  loop   46.0 s  loop cpu    7.5 s  cpu   12.5 s  rss  1073 MB  ...
     ...
-    finetune  loop 1.21x  wall 1.15x  cpu 1.18x  rss 0.97x  accuracy 0.715 ± 0.010 vs 0.709 ± 0.012
+    finetune  loop 1.10x  loop cpu 1.13x  wall 1.30x  cpu 1.29x  rss 0.80x  accuracy ... ± ... vs ... ± ...
     {"benchmark": "training_jobs", ...}
 """
 
