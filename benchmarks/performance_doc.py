@@ -69,9 +69,11 @@ def provenance(record: dict) -> str:
     """One sentence: which run, when, on what."""
     m = record["machine"]
     mode = "`--quick` sizes, " if record.get("quick") else ""
+    merged = "".join(f" The {name} rows: `{entry['run']['command']}` on {entry['run']['date'][:10]}."
+                     for name, entry in record["benchmarks"].items() if entry.get("run"))
     return (f"Measured by `{record['command']}` on {record['date'][:10]} ({mode}{record['seconds'] / 60:.0f} min) on "
             f"{m['cpu']}, {m.get('cores', m.get('cpu_count'))} cores, {m.get('torch_threads', '?')} torch threads; "
-            f"details in [docs/performance.md](docs/performance.md).")
+            f"details in [docs/performance.md](docs/performance.md).{merged}")
 
 
 # ------------------------------------------------------------------------------------------- per benchmark
