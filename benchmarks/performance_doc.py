@@ -251,9 +251,40 @@ def moe_vs_dense_detail(data: dict) -> str:
             f"token {first['dense_flops_per_token'] / 1e6:.1f}M and {first['moe_flops_per_token'] / 1e6:.1f}M.")
 
 
+def training_jobs_detail(data: dict) -> str:
+    def cell(spread: dict, digits: int = 1) -> str:
+        return f"{_n(spread['median'], digits)} ({_n(spread['min'], digits)}–{_n(spread['max'], digits)})"
+
+    rows = []
+    for job in data["jobs"]:
+        for tool in ("lmforge", "reference"):
+            r = job[tool]
+            rows.append([job["job"], tool, cell(r["loop_s"]), cell(r["loop_cpu_s"]), cell(r["wall_s"]),
+                         cell(r["cpu_s"]), cell(r["rss_mb"], 0),
+                         f"{job['metric_name']} {r['metric_mean']:.3f} ± {r['metric_std']:.3f}",
+                         f"{r['disturbed']} of {r['runs']}"])
+    ratios = [[job["job"], f"{job['loop_speedup']:.2f}×", f"{job['loop_cpu_speedup']:.2f}×",
+               f"{job['wall_speedup']:.2f}×", f"{job['cpu_speedup']:.2f}×",
+               f"{job['rss_ratio']:.2f}×", "yes" if job["metric_within_noise"] else "no"] for job in data["jobs"]]
+    sizes = "; ".join(f"{job['job']}: {s['steps']} steps × {s['batch']}, max length {s['length']}, lr {s['lr']:g}, "
+                      f"warmup {s['warmup']}" for job in data["jobs"] for s in [job["settings"]])
+    header = ["job", "tool", "loop s", "loop CPU s", "wall s", "CPU s", "peak RSS MB",
+              "metric (mean ± std over seeds)", "disturbed runs"]
+    return (table(header, rows) +
+            "\n\nMedian (min–max) over the runs of each tool; disturbed runs (CPU share below "
+            f"{data['min_share']:.0%}) are left out of the medians when two quiet ones remain.\n\n" +
+            table(["job", "loop speedup", "loop CPU speedup", "wall speedup", "CPU speedup",
+                   "peak RSS lmforge / reference", "metric within the reference's seed noise"], ratios) +
+            f"\n\n{sizes}; {data['threads']} torch thread(s), {data['repeats']} runs of each tool "
+            f"(seeds 1..{data['repeats']}), "
+            f"metric on {data['eval_limit']} held-out rows; load average {data['load_start'][0]:.1f} at the start, "
+            f"{data['load_end'][0]:.1f} at the end.")
+
+
 DETAILS = {"train_step": train_step_detail, "generate": generate_detail, "data_pipeline": data_pipeline_detail,
            "peft_memory": peft_memory_detail, "verify_cost": verify_cost_detail,
-           "attention_scaling": attention_scaling_detail, "moe_vs_dense": moe_vs_dense_detail}
+           "attention_scaling": attention_scaling_detail, "moe_vs_dense": moe_vs_dense_detail,
+           "training_jobs": training_jobs_detail}
 ATTENTION_PLOT = "img/attention_scaling.png"  # beside the page; drawn from the record's rows by main()
 
 # What each benchmark runs and against what: the method, which the figures above do not carry.
@@ -315,6 +346,17 @@ METHODS["verify_cost"] = """\
 against `manifest.json`) is timed against `lmforge.load(path, verify=False)` (`--no-verify`), interleaved and
 rotated after a warm-up, so both read from the page cache. Both include what every load does: reading the
 tensors and checking their shapes and that they are finite. **Reference**: the unchecked load."""
+
+METHODS["training_jobs"] = """\
+`benchmarks/training_jobs.py`: whole training jobs, each in a fresh process, as a user runs them: lmforge's
+command line (`lmforge finetune`) against `transformers.Trainer` (full fine-tuning of all-MiniLM-L6-v2 on
+rt-sentiment), `Trainer` + `peft` (LoRA r=8 on q, v) and sentence-transformers' `SentenceTransformerTrainer` with
+`MultipleNegativesRankingLoss` (the bundled bible triplets), with the same steps, batch, length, learning rate,
+schedule, weight decay, clipping, bf16 autocast, seed and threads; the differences that remain are listed in the
+script's docstring. Wall time runs from the process's start to its saved model; the loop is each tool's own
+training-loop time; CPU seconds are the process's user + system time, which a busy neighbour moves less than wall
+time. The tools take turns (A B, B A, ...), one seed per turn. What the job profile found, with before/after
+numbers, is in [training-jobs.md](training-jobs.md)."""
 
 COMMON_METHOD = """\
 Every benchmark measures lmforge and its reference **side by side in one process**, on the same inputs and

@@ -34,6 +34,10 @@ RESULTS = {
         "full-sdpa": {"n": 8192, "linformer_s": 0.05, "full_s": 0.2}}},
     "moe_vs_dense": {"benchmark": "moe_vs_dense", "mode": "speed", "results": [
         {"precision": "fp32", "dense_tok_s": 1000.0, "moe_tok_s": 800.0, "ratio": 0.8}]},
+    "training_jobs": {"benchmark": "training_jobs", "jobs": [
+        {"job": "finetune", "loop_speedup": 1.5, "loop_cpu_speedup": 1.4, "wall_speedup": 1.25, "rss_ratio": 0.9,
+         "lmforge": {"loop_s": {"median": 10.0}, "loop_cpu_s": {"median": 5.0}, "wall_s": {"median": 20.0}, "rss_mb": {"median": 900.0}},
+         "reference": {"loop_s": {"median": 15.0}, "loop_cpu_s": {"median": 7.0}, "wall_s": {"median": 25.0}, "rss_mb": {"median": 1000.0}}}]},
 }
 
 
@@ -74,6 +78,11 @@ def test_rows_for_each_benchmark_format():
         ("Linformer k=256 vs full attention (sdpa), fwd+bwd, n=8192", pytest.approx(4.0))]
     assert [(r.case, r.lmforge, r.reference, r.ratio) for r in rows["moe_vs_dense"]] == [
         ("8 experts top-1 vs dense, equal active weights, train step fp32", "800 tok/s", "dense 1,000 tok/s", 0.8)]
+    assert [(r.case, r.reference, r.ratio, r.better) for r in rows["training_jobs"]] == [
+        ("finetune: training loop", "HF Trainer 15.0 s", 1.5, "higher"),
+        ("finetune: training loop, CPU seconds", "HF Trainer 7.0 s", 1.4, "higher"),
+        ("finetune: wall, process start to saved model", "HF Trainer 25.0 s", 1.25, "higher"),
+        ("finetune: peak RSS", "HF Trainer 1,000.0 MB", 0.9, "lower")]
     generic = bench.rows_for("new_bench", {"speed_ratio": 2.0, "other": 5, "a_over_b": 0.5})
     assert [(r.case, r.ratio) for r in generic] == [("speed_ratio", 2.0), ("a_over_b", 0.5)]
     with pytest.raises(ValueError, match="train_step: unexpected result format"):

@@ -153,5 +153,5 @@ def run_align(config: TrainConfig, align: AlignConfig, *, log: Callable[[str], N
         log(f"{align.method} on {align.policy} ({trainable / 1e6:.2f}M trainable parameters"
             f"{f', LoRA r={align.lora_r}' if align.lora_r else ''}) | out {out}")
     trainer = Trainer(model, objective, data, config, out=out, tokenizer=tok, loss=loss, model_files=files,
-                      dist=ctx, on_start=write_settings)
+                      dist=ctx, on_start=write_settings, job="align")
     return trainer.fit()

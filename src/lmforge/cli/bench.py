@@ -8,6 +8,8 @@ table of lmforge against its reference, each ratio measured side by side in the 
     peft_memory.py    peak training memory of LoRA; QLoRA's NF4 base bytes   full fine-tuning; fp32 weights
     attention_scaling.py  one layer's time vs length: Linformer (k=256)         full attention (SDPA; matmul)
     moe_vs_dense.py   training tokens/s of gpt-tiny-moe (8 experts, top-1)  dense gpt-tiny (equal active weights)
+    training_jobs.py  whole jobs, process start to saved model: loop, wall,  HF Trainer, Trainer + peft,
+                      peak RSS, final metric (fine-tune, LoRA, embeddings)   sentence-transformers
 
 Each script runs in its own process (so one's memory and threads do not disturb the next), prints its own
 lines (shown on stderr as they come) and ends with one JSON line, which this command reads. The quality
@@ -45,7 +47,7 @@ from lmforge.cli.main import UserError
 from lmforge.utils.machine import machine_info
 
 BENCHMARKS = ("train_step", "generate", "data_pipeline", "peft_memory", "verify_cost", "attention_scaling",
-              "moe_vs_dense")
+              "moe_vs_dense", "training_jobs")
 QUICK_FLAGS = {name: ["--quick"] for name in BENCHMARKS}  # every speed benchmark has its own --quick
 STEADY_TOLERANCE = 0.15  # the matmul peak may move this much between start and end (as train_step.py allows)
 
@@ -137,6 +139,27 @@ def _moe_vs_dense(data: dict) -> list[Row]:
             for r in data.get("results", [])]
 
 
+JOB_REFERENCES = {"finetune": "HF Trainer", "lora": "Trainer + peft", "embedding": "sentence-transformers"}
+
+
+def _training_jobs(data: dict) -> list[Row]:
+    # Medians over the repeats; the ratios are speedups (reference / lmforge) and lmforge's share of the peak RSS.
+    rows = []
+    for job in data.get("jobs", []):
+        lm, ref = job["lmforge"], job["reference"]
+        name = ("lmforge " + data["against_src"] if data.get("against_src")
+                else JOB_REFERENCES.get(job["job"], "reference"))
+        for key, what, ratio, better, unit in (("loop_s", "training loop", job["loop_speedup"], "higher", "s"),
+                                               ("loop_cpu_s", "training loop, CPU seconds", job["loop_cpu_speedup"],
+                                                "higher", "s"),
+                                               ("wall_s", "wall, process start to saved model", job["wall_speedup"],
+                                                "higher", "s"),
+                                               ("rss_mb", "peak RSS", job["rss_ratio"], "lower", "MB")):
+            rows.append(Row("training_jobs", f"{job['job']}: {what}", f"{lm[key]['median']:,.1f} {unit}",
+                            f"{name} {ref[key]['median']:,.1f} {unit}", ratio, better))
+    return rows
+
+
 def _generic(name: str, data: dict) -> list[Row]:
     """A benchmark without an adapter: every top-level number named like a ratio."""
     return [Row(name, key, "-", "-", float(value), "higher") for key, value in data.items()
@@ -146,6 +169,7 @@ def _generic(name: str, data: dict) -> list[Row]:
 ADAPTERS: dict[str, Callable[[dict], list[Row]]] = {
     "train_step": _train_step, "generate": _generate, "data_pipeline": _data_pipeline, "peft_memory": _peft_memory,
     "verify_cost": _verify_cost, "attention_scaling": _attention_scaling, "moe_vs_dense": _moe_vs_dense,
+    "training_jobs": _training_jobs,
 }
 
 

@@ -140,6 +140,8 @@ def _run(given, args) -> int:
         b = result.best
         print(f"best: {b['metric']} {b['value']:.4f} at step {b['step']} -> {result.out / 'best'}")
     print(f"done: step {result.step}, final model saved to {result.model_dir}")
+    if result.train is not None:
+        print(result.train.summary())
     if result.merged:
         print(f"merged: {result.merged_from} with its adapter folded in -> {result.merged}")
     return 0

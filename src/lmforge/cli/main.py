@@ -8,6 +8,9 @@ Each verb declares its flags one ``add_argument`` call at a time, so parser decl
 to verb (a duplicate-code scan pairs them by shape); they are data, not repeated logic, and stay beside the verb
 they describe.
 
+Every command takes ``--threads N``: torch's intra-op threads for the command (``torch.set_num_threads``),
+added here to each verb that does not define a ``--threads`` of its own.
+
 Errors: a :class:`lmforge.errors.LmforgeError` (bad input: a flag, a file, a field) is printed as one line,
 ``lmforge VERB: error: ...``, with exit code 2 (3 when the machine refused: a full disk, a locked run folder).
 Any other exception is a bug and keeps its traceback.
@@ -93,7 +96,33 @@ def require_path(path: str | Path, flag: str, folder: bool = False) -> Path:
     return path
 
 
-def build_parser() -> argparse.ArgumentParser:
+THREADS_HELP = "torch intra-op threads for this command (torch.set_num_threads; default: torch's own, one per core)"
+
+
+def _add_threads(parser: argparse.ArgumentParser) -> None:
+    """``--threads`` on every leaf command (a verb's sub-verbs get it, not the verb that only dispatches)."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for action in subs:
+        for sub in set(action.choices.values()):
+            _add_threads(sub)
+    if not subs and "--threads" not in parser._option_string_actions:
+        parser.add_argument("--threads", type=int, default=None, metavar="N", help=THREADS_HELP)
+
+
+def set_threads(threads: int | None) -> None:
+    """Apply ``--threads``: at least 1, else a one-line error."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise UserInputError(f"--threads {threads}: must be >= 1")
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser. Given the ``verb`` about to run, only its module is imported when that module
+    registers it (each verb module imports what it runs: all of them together take seconds to import)."""
     parser = argparse.ArgumentParser(
         prog="lmforge",
         description="Transformer language models: build, pre-train, fine-tune, prompt, embed.",
@@ -102,22 +131,29 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"lmforge {lmforge.__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     package = importlib.import_module("lmforge.cli")
-    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
-        if info.name == "main" or info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"lmforge.cli.{info.name}")
+    names = [info.name for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name)
+             if info.name != "main" and not info.name.startswith("_")]
+    own = verb.replace("-", "_") if verb else None
+    for name in [own] if own in names else names:
+        module = importlib.import_module(f"lmforge.cli.{name}")
         if hasattr(module, "register"):
             module.register(subparsers)
+    if own in names and verb not in subparsers.choices:  # the module of that name registers other verbs
+        return build_parser()
+    for sub in set(subparsers.choices.values()):
+        _add_threads(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    words = sys.argv[1:] if argv is None else argv
+    parser = build_parser(words[0] if words and not words[0].startswith("-") else None)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 0 if args.command is None else 2
     try:
+        set_threads(getattr(args, "threads", None))
         with load_checks_of(args):
             return int(args.func(args) or 0)
     except LmforgeError as exc:

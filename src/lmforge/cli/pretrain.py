@@ -68,6 +68,10 @@ OPTIONS = [
     ("eval_batches", "batches per evaluation"),
     ("save_every", "write a checkpoint every N steps (and always at the end)"),
     ("keep_checkpoints", "how many of the newest checkpoints to keep"),
+    ("final_checkpoint", "what a finished run keeps: full (weights and optimizer state, so --resume --max-steps "
+                         "extends it exactly), weights (no optimizer state: an extension restarts the optimizer) "
+                         "or none (only the model folder; the checkpoints are removed); the summary says what "
+                         "each saves"),
     ("precision", "bf16 autocast or fp32; auto = bf16 where the hardware has it"),
     ("compile", "torch.compile the model"),
     ("activation_checkpointing", "recompute activations in backward to save memory"),
@@ -89,7 +93,7 @@ OPTIONS = [
 ]
 CHOICES = {"objective": "PRETRAIN_OBJECTIVES", "schedule": "SCHEDULES", "precision": "PRECISIONS",
            "device": "DEVICES", "strategy": "STRATEGIES", "fsdp_param_dtype": "FSDP_PARAM_DTYPES",
-           "fsdp_reduce_dtype": "FSDP_REDUCE_DTYPES"}
+           "fsdp_reduce_dtype": "FSDP_REDUCE_DTYPES", "final_checkpoint": "FINAL_CHECKPOINTS"}
 
 
 def _settings(args):
@@ -145,6 +149,7 @@ def _run(args) -> int:
     if ctx.is_main:
         print(f"done: step {result.step}, loss {loss:.4f}, model saved to {result.model_dir}"
               if isinstance(loss, float) else f"done: step {result.step}, model saved to {result.model_dir}")
+        print(result.summary())
         tag = result.metrics
         if "total_flops" in tag:
             print(f"price tag: {tag['total_flops']:.3g} FLOPs, {tag['total_tokens']:,} tokens, "

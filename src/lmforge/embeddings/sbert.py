@@ -251,13 +251,13 @@ def train_embedding(encoder: SentenceEncoder, train: str | Path | Sequence[dict]
             trained = PairClassifier(encoder.model, max(2, 1 + max(t[2] for t in tuples)))
         trainer = Trainer(trained, SentenceTuples(encoder.tokenizer, loss, encoder.max_length),
                           _AtLeast(ExampleBatches(tuples, batch_size, seed=seed), rows), config, out=folder,
-                          tokenizer=encoder.tokenizer, loss=siamese, model_files=files)
+                          tokenizer=encoder.tokenizer, loss=siamese, model_files=files, job="embedding")
         fitted = trainer.fit()
         losses = [r["loss"] for r in read_metrics(folder / METRICS_FILE)]
     encoder.eval()
     last_epoch = losses[-((fitted.step - 1) % per_epoch + 1):] if losses else []
     result: dict[str, Any] = {"steps": fitted.step, "loss": float(np.mean(last_epoch)) if last_epoch else None,
-                              "seconds": round(time.time() - started, 2)}
+                              "seconds": round(time.time() - started, 2), "summary": fitted.summary()}
     if fitted.model_dir is None:  # stopped by a signal, with a checkpoint to resume from
         return {**result, "stopped_by": fitted.stopped_by}
     if eval_pairs is not None:
@@ -404,4 +404,6 @@ def run_embedding_finetune(args) -> int:
     shown = {k: after[k] for k in ("spearman", "recall@1", "recall@10", "mrr") if after.get(k) is not None}
     print(f"done: {after['steps']} steps, loss {after['loss']:.4f}; " +
           ", ".join(f"{k} {v:.4f}" for k, v in shown.items()) + f"; model -> {after['model_dir']}")
+    if after.get("summary"):
+        print(after["summary"])
     return 0

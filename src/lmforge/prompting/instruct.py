@@ -278,7 +278,7 @@ def finetune_instruct(model, tokenizer, train: Sequence | str | Path, config, *,
     # The template goes into OUT/model with the weights: one atomic folder, written while the run holds its lock.
     files = {CHAT_TEMPLATE_FILE: json.dumps(asdict(template), indent=2) + "\n"}
     trainer = Trainer(model, collator, batches, config, out=out, eval_data=eval_batches, tokenizer=tokenizer,
-                      model_files=files)
+                      model_files=files, job="instruct")
     return trainer.fit()
 
 

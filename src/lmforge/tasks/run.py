@@ -30,7 +30,7 @@ from lmforge.tasks.recipe import Recipe
 from lmforge.tasks.settings import SETTINGS_FILE, save_settings
 from lmforge.tasks.spec import TaskSpec
 from lmforge.training.config import TrainConfig
-from lmforge.training.trainer import check_fresh_run
+from lmforge.training.trainer import TrainResult, check_fresh_run
 
 MERGED_DIR = "merged"  # merge: a plain task folder with the PEFT adapter folded in
 
@@ -47,6 +47,7 @@ class FinetuneRun:
     stopped_by: str | None = None
     merged: Path | None = None
     merged_from: Path | None = None
+    train: TrainResult | None = None  # the Trainer's own result: loop time, tokens, checkpoint sizes
 
 
 def _log_stderr(message: str) -> None:
@@ -63,7 +64,7 @@ def run_finetune(settings: dict[str, Any], *, pack: bool = False,
             raise UserInputError("--peft is not supported with --task instruct (it has its own recipe)")
         result = finetune_instruct_from_settings(settings, pack=pack)
         # An instruct run keeps no finetune.yaml to resume from, so it reports no stopping signal either.
-        return FinetuneRun(Path(settings["out"]), result.step, Path(result.model_dir))
+        return FinetuneRun(Path(settings["out"]), result.step, Path(result.model_dir), train=result)
     recipe_settings = dict(settings["recipe"])
     epochs, warmup_ratio = recipe_settings.pop("epochs", None), recipe_settings.pop("warmup_ratio", None)
     spec = TaskSpec.from_dict(settings["task"], source="command line")
@@ -81,7 +82,7 @@ def run_finetune(settings: dict[str, Any], *, pack: bool = False,
                       on_start=lambda: save_settings(settings))
     train = result.train
     run = FinetuneRun(out, train.step, Path(train.model_dir) if train.model_dir else None, best=result.best,
-                      stopped_by=train.stopped_by)
+                      stopped_by=train.stopped_by, train=train)
     if settings["merge"] and train.stopped_by not in ("SIGINT", "SIGTERM"):
         run.merged_from = out / "best" if result.best else Path(train.model_dir)
         run.merged = Path(merge_task_folder(run.merged_from, out / MERGED_DIR))

@@ -54,7 +54,8 @@ class FinetuneTrainer(Trainer):
                  out: str | Path, eval_examples: list | None = None, tokenizer=None,
                  peft_base: str | Path | None = None, on_start=None, lock=None, loss=None) -> None:
         super().__init__(model, task.collate, train_data, config, out=out, eval_data=None,
-                         eval_objective=task.collate, tokenizer=tokenizer, on_start=on_start, lock=lock, loss=loss)
+                         eval_objective=task.collate, tokenizer=tokenizer, on_start=on_start, lock=lock, loss=loss,
+                         job="finetune")
         self.task, self.recipe = task, recipe
         self.eval_examples = eval_examples
         self.metric = recipe.metric or task.default_metric

@@ -38,6 +38,7 @@ PRETRAIN_OBJECTIVES = ("mlm", "clm", "prefix-lm", "span-corruption", "denoising"
 STRATEGIES = ("auto", "single", "ddp", "fsdp")
 FSDP_PARAM_DTYPES = ("auto", "bf16", "fp32")
 FSDP_REDUCE_DTYPES = ("fp32", "bf16")
+FINAL_CHECKPOINTS = ("full", "weights", "none")
 
 
 @dataclass
@@ -63,8 +64,10 @@ class TrainConfig(ConfigBase):
             parameters; auto follows ``precision``), ``fsdp_reduce_dtype`` (dtype of the gradient
             reduce-scatter), ``fsdp_cpu_offload`` (keep the sharded parameters, gradients and optimizer state
             in host memory). ``batch_size`` is per rank: the global batch is batch_size x grad_accum x ranks.
-        bookkeeping: ``eval_every``/``eval_batches``, ``save_every``/``keep_checkpoints``, ``seed``, ``resume``,
-            ``progress`` (tqdm bar), ``tensorboard``.
+        bookkeeping: ``eval_every``/``eval_batches``, ``save_every``/``keep_checkpoints``, ``final_checkpoint``
+            (what a finished run keeps: ``full`` checkpoint, so that ``--resume --max-steps`` extends it exactly;
+            ``weights`` without the optimizer state, so that an extension restarts the optimizer; ``none``, only
+            the model folder), ``seed``, ``resume``, ``progress`` (tqdm bar), ``tensorboard``.
         price tag (see :mod:`lmforge.training.price_tag`; None = its documented default): ``region`` or
             ``grid_intensity`` (g CO2e/kWh), ``power_watts`` (estimated draw of one device when no counter
             measures it), ``price_per_hour`` (US dollars per device-hour).
@@ -114,6 +117,7 @@ class TrainConfig(ConfigBase):
     eval_batches: int = 20
     save_every: int = 500
     keep_checkpoints: int = 3
+    final_checkpoint: str = "full"
     seed: int = 0
     resume: bool = False
     progress: bool = True
@@ -181,7 +185,7 @@ class TrainConfig(ConfigBase):
                                   f"choose from {', '.join(NO_DECAY_KINDS)}")
         for key, allowed in (("schedule", SCHEDULES), ("precision", PRECISIONS), ("device", DEVICES),
                              ("strategy", STRATEGIES), ("fsdp_param_dtype", FSDP_PARAM_DTYPES),
-                             ("fsdp_reduce_dtype", FSDP_REDUCE_DTYPES)):
+                             ("fsdp_reduce_dtype", FSDP_REDUCE_DTYPES), ("final_checkpoint", FINAL_CHECKPOINTS)):
             if getattr(self, key) not in allowed:
                 raise bad(key, f"is not one of {', '.join(allowed)}")
         if self.objective is not None and self.objective not in PRETRAIN_OBJECTIVES:

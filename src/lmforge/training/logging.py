@@ -2,6 +2,8 @@
 
     OUT/metrics.jsonl     one JSON object per optimizer step: step, loss (token mean), lr, grad_norm (before
                           clipping), tokens (input ids of the step), targets (labelled tokens), tokens_per_s,
+                          wall_s (the training loop's seconds so far, over resumes: the price tag's), total_s
+                          (seconds since this process started: imports, data and model loading included),
                           plus eval_loss / eval_ppl / eval_accuracy on evaluation steps
     OUT/tensorboard/      the same scalars as TensorBoard events (train/*, eval/*)
     OUT/loss.png          training loss per step and evaluation loss, redrawn at every evaluation,
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 import warnings
@@ -39,6 +42,44 @@ from lmforge.utils.io import atomic_write_bytes, atomic_write_text, make_folder
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 PLOT_FILE = "loss.png"
+
+
+_IMPORTED = time.time()
+
+
+def process_seconds() -> float:
+    """Seconds since this process started (Linux: from /proc; elsewhere: since this module was imported).
+
+    >>> 0 < process_seconds() < 1e6
+    True
+    """
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: start time after boot
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+        return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return time.time() - _IMPORTED
+
+
+def summary_line(loop_s: float, tokens: int, sizes: dict[str, int] | None = None, kept: str = "full") -> str:
+    """The end-of-run summary of a job: its loop, total time and throughput, and what its final checkpoint
+    holds against what ``final_checkpoint`` weights / none would save.
+
+    >>> line = summary_line(10.0, 5000, {"weights": 90 * 2**20, "optimizer": 180 * 2**20}, "full")
+    >>> line.startswith("loop 10.0 s, total "), line.split("; ")[1:]
+    (True, ['final checkpoint full: 270 MB (weights 90 MB, optimizer state 180 MB)', 'final_checkpoint weights saves 180 MB, none saves 270 MB'])
+    """
+    text = f"loop {loop_s:.1f} s, total {process_seconds():.1f} s, {tokens / max(loop_s, 1e-9):,.0f} tokens/s"
+    if sizes:
+        mb = {k: v / 2**20 for k, v in sizes.items()}
+        held = {"full": mb["weights"] + mb["optimizer"], "weights": mb["weights"], "none": 0.0}
+        saves = ", ".join(f"{k} saves {held[kept] - held[k]:,.0f} MB" for k in ("full", "weights", "none")
+                          if k != kept and held[kept] > held[k])
+        text += (f"; final checkpoint {kept}: {held[kept]:,.0f} MB (weights {mb['weights']:,.0f} MB, optimizer "
+                 f"state {mb['optimizer']:,.0f} MB)" + (f"; final_checkpoint {saves}" if saves else ""))
+    return text
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -96,10 +137,11 @@ class RunLogger:
         max_steps: total steps, for the progress bar's ETA.
         progress: show a tqdm bar (steps, loss, lr, tokens/s, ETA) on stderr.
         tensorboard: also write TensorBoard events (skipped with a warning if tensorboard is not installed).
+        job: what the progress bar calls the run (``pretrain``, ``finetune`` ...).
     """
 
     def __init__(self, out: str | Path, start_step: int, max_steps: int, progress: bool = True,
-                 tensorboard: bool = True) -> None:
+                 tensorboard: bool = True, job: str = "train") -> None:
         self.out = Path(out)
         make_folder(self.out)
         self.metrics_path = self.out / METRICS_FILE
@@ -113,7 +155,7 @@ class RunLogger:
         self._tokens = 0
         from tqdm.auto import tqdm
 
-        self.bar = tqdm(total=max_steps, initial=start_step, desc="pretrain", unit="step", dynamic_ncols=True,
+        self.bar = tqdm(total=max_steps, initial=start_step, desc=job, unit="step", dynamic_ncols=True,
                         disable=not progress, file=sys.stderr)
 
     def _tensorboard(self, start_step: int):
@@ -130,7 +172,8 @@ class RunLogger:
         """Write one step's record (needs ``step``; ``tokens`` is used for the tokens/s rate)."""
         self._tokens += record.get("tokens", 0)
         elapsed = time.perf_counter() - self._start
-        record = {**record, "tokens_per_s": round(self._tokens / elapsed, 1) if elapsed > 0 else None}
+        record = {**record, "tokens_per_s": round(self._tokens / elapsed, 1) if elapsed > 0 else None,
+                  "total_s": round(process_seconds(), 3)}
         with environment_errors(self.metrics_path, "append to"):
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()

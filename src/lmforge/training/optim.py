@@ -105,6 +105,11 @@ def build_optimizer(
     params = [p for g in groups for p in g["params"]]
     if not params:
         raise ValueError("the model has no trainable parameters")
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, **fused_or_foreach(params, fused))
+
+
+def fused_or_foreach(params: list[torch.Tensor], fused: bool | None = None) -> dict[str, bool]:
+    """AdamW's keyword for ``params``: ``{"fused": True}`` where torch has the fused kernel for their device and
+    dtype (or ``fused=True`` asks for it), else ``{"foreach": True}``."""
     use_fused = _fused_available(params) if fused is None else fused
-    kwargs = {"fused": True} if use_fused else {"foreach": True}
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, **kwargs)
+    return {"fused": True} if use_fused else {"foreach": True}

@@ -382,7 +382,8 @@ def build_pretraining(config: TrainConfig, *, loss=None, init: Callable[[Transfo
 
     model_files = {LANGUAGES_FILE: json.dumps(languages, indent=1) + "\n"} if languages else None
     trainer = Trainer(model, objective, train_data, config, eval_data=eval_data, eval_objective=eval_objective,
-                      tokenizer=tokenizer, dist=ctx, on_start=write_run_files, loss=loss, model_files=model_files)
+                      tokenizer=tokenizer, dist=ctx, on_start=write_run_files, loss=loss, model_files=model_files,
+                      job="pretrain")
     if not config.resume:
         trainer.check_fresh()  # refuse early, before the model is trained or anything is written
     return PretrainRun(config, tokenizer, model, trainer)

@@ -4,7 +4,8 @@ Layout of a run folder's checkpoints::
 
     OUT/checkpoints/step-00000500/
         model/config.json, model/model.safetensors   the weights (lmforge.checkpoint format)
-        optimizer.safetensors                         AdamW moments and step counters, flattened
+        optimizer.safetensors                         AdamW moments and step counters, flattened (absent from
+                                                      a finished run's ``final_checkpoint: weights``)
         trainer_state.json                            step, counters, RNG states, objective and loader
                                                       positions, optimizer hyper-parameters
         manifest.json                                 sha256 of every file above (written last)
@@ -184,25 +185,31 @@ def load_optimizer(optimizer: torch.optim.Optimizer, path: Path, meta: dict[str,
 
 
 # ---------------------------------------------------------------------------------- files
-def write_manifest(folder: Path, step: int | None, layout: str = "full") -> None:
+def write_manifest(folder: Path, step: int | None, layout: str = "full", weights_only: bool = False) -> None:
     """Checksum every file of a (temporary) checkpoint folder into ``manifest.json``; the last file written."""
     files = {p.relative_to(folder).as_posix(): sha256_file(p) for p in sorted(folder.rglob("*")) if p.is_file()}
     manifest = {"format": FORMAT, "version": 1, "step": step, "files": files}
     if layout != "full":
         manifest["layout"] = layout
+    if weights_only:
+        manifest["weights_only"] = True
     (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
 
 
-def write_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+def write_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                      state: dict[str, Any]) -> Path:
-    """Write one checkpoint folder atomically (see the module docstring); ``state`` must be JSON-able."""
-    tensors, optimizer_meta = optimizer_tensors(optimizer)
+    """Write one checkpoint folder atomically (see the module docstring); ``state`` must be JSON-able.
+
+    ``optimizer=None`` writes a weights-only checkpoint: its state says ``"optimizer": null``, and resuming from
+    it restarts the optimizer (:func:`load_checkpoint` warns)."""
+    tensors, optimizer_meta = optimizer_tensors(optimizer) if optimizer is not None else ({}, None)
     payload = json.dumps({"format": FORMAT, "version": 1, **state, "optimizer": optimizer_meta}, indent=1)
     with atomic_dir(folder) as tmp:
         model_checkpoint.save(model, tmp / MODEL_DIR, manifest=False)  # the checkpoint's manifest covers it
-        save_file(tensors, str(tmp / OPTIMIZER_FILE), metadata={"format": "pt"})
+        if optimizer is not None:
+            save_file(tensors, str(tmp / OPTIMIZER_FILE), metadata={"format": "pt"})
         (tmp / STATE_FILE).write_text(payload + "\n", encoding="utf-8")
-        write_manifest(tmp, state.get("step"))
+        write_manifest(tmp, state.get("step"), weights_only=optimizer is None)
     return folder
 
 
@@ -219,7 +226,8 @@ def verify_checkpoint(folder: Path) -> dict[str, Any]:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CorruptCheckpoint(f"{manifest_path}: missing or unreadable ({exc})") from exc
     sharded = manifest.get("layout") == "sharded"
-    for name in REQUIRED_SHARDED if sharded else REQUIRED:
+    required = REQUIRED_SHARDED if sharded else REQUIRED
+    for name in required if not manifest.get("weights_only") else [n for n in required if n != OPTIMIZER_FILE]:
         if name not in files:
             raise CorruptCheckpoint(f"{folder}: the manifest does not list {name}")
     if sharded and not any(name.startswith(f"{SHARDS_DIR}/") for name in files):
@@ -241,7 +249,10 @@ def load_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.optim
     """Fill ``model`` (and ``optimizer``) from a checkpoint folder; return its state with tensors decoded."""
     state = verify_checkpoint(folder) if state is None else state
     model_checkpoint.load_weights(model, folder / MODEL_DIR / model_checkpoint.WEIGHTS_FILE)
-    if optimizer is not None:
+    if optimizer is not None and state.get("optimizer") is None:
+        warnings.warn(f"{folder} holds no optimizer state (the run finished with final_checkpoint: weights): the "
+                      "weights continue from it, the optimizer restarts with empty AdamW moments", stacklevel=3)
+    elif optimizer is not None:
         try:
             load_optimizer(optimizer, folder / OPTIMIZER_FILE, state["optimizer"])
         except SafetensorError as exc:
@@ -288,9 +299,10 @@ class CheckpointManager:
             return None
         return name if STEP_DIR.match(name) else None
 
-    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
              state: dict[str, Any]) -> Path:
-        """Write checkpoint ``step``, point ``latest`` at it, then delete all but the newest ``keep``."""
+        """Write checkpoint ``step`` (without ``optimizer``: weights only), point ``latest`` at it, then delete all
+        but the newest ``keep``."""
         self.clean_temporaries()
         return self.publish(write_checkpoint(self.path(step), model, optimizer, state))
 

@@ -42,6 +42,12 @@ so its losses and weights match bit for bit (fp32, same device and thread count)
 iterator draws from torch's global generator, so data loading runs inside ``fork_rng``: it cannot shift the
 dropout stream depending on when an iterator happens to be created.
 
+What a finished run keeps (``final_checkpoint``). ``full``: the last checkpoint with the optimizer state, so
+``resume`` with a larger ``max_steps`` continues exactly as an unbroken run would. ``weights``: the last
+checkpoint without the optimizer state (on a CPU fine-tune the AdamW moments are two thirds of it); resuming
+from it restarts the optimizer, with a warning. ``none``: no checkpoint is written at the end and the earlier
+ones are removed, leaving the model folder. A run stopped before ``max_steps`` always keeps a full checkpoint.
+
 Signals. SIGINT and SIGTERM finish the current step, save a checkpoint and return; a second SIGINT aborts
 at once.
 
@@ -72,6 +78,7 @@ import contextlib
 import copy
 import json
 import math
+import shutil
 import signal
 import sys
 import threading
@@ -94,7 +101,7 @@ from lmforge.training import dist_checkpoint, distributed
 from lmforge.training.activation_checkpointing import enable_activation_checkpointing
 from lmforge.training.config import TrainConfig
 from lmforge.training.distributed import DistContext
-from lmforge.training.logging import METRICS_FILE, RunLogger
+from lmforge.training.logging import METRICS_FILE, RunLogger, summary_line
 from lmforge.training.optim import build_optimizer
 from lmforge.training.precision import autocast, resolve_precision
 from lmforge.training.price_tag import PRICE_TAG_FILE, PriceSettings, PriceTag, counted_flops, open_meter
@@ -171,6 +178,11 @@ class TrainResult:
         checkpoint: the checkpoint folder written last (None if nothing was saved).
         model_dir: the final model folder (``OUT/model``), written once ``max_steps`` is reached.
         metrics: the last step's record (loss, lr, grad_norm, eval_* ...).
+        loop_s: seconds of this call's training loop (steps, evaluations, logs, checkpoints).
+        tokens: input tokens of this call's steps (tokens / loop_s is the job's throughput).
+        sizes: bytes of the last checkpoint's ``weights`` and ``optimizer`` state (what ``final_checkpoint``
+            weights / none save).
+        kept: what the finished run kept (``full``, ``weights``, ``none``); None when it stopped early.
     """
 
     step: int
@@ -178,6 +190,14 @@ class TrainResult:
     checkpoint: Path | None = None
     model_dir: Path | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
+    loop_s: float = 0.0
+    tokens: int = 0
+    sizes: dict[str, int] = field(default_factory=dict)
+    kept: str | None = None
+
+    def summary(self) -> str:
+        """One line: loop time, total time, tokens/s and what the final checkpoint holds (and could save)."""
+        return summary_line(self.loop_s, self.tokens, self.sizes if self.kept else None, self.kept or "full")
 
 
 def _check_slice(data, ctx: DistContext, name: str) -> None:
@@ -222,13 +242,14 @@ class Trainer:
             from the process group.
         lock: the run folder's :class:`~lmforge.utils.lock.RunFolderLock`, held already by a caller that wrote
             files of its own into ``out`` before the Trainer was built; the first ``fit()`` releases it at its end.
+        job: the name the progress bar shows (``pretrain``, ``finetune``, ``embedding`` ...).
     """
 
     def __init__(self, model: torch.nn.Module, objective, train_data: Iterable, config: TrainConfig, *,
                  out: str | Path | None = None, eval_data: Iterable | None = None, eval_objective=None,
                  tokenizer=None, loss=None, model_files: dict[str, str] | None = None,
                  dist: DistContext | None = None, on_start: Callable[[], None] | None = None,
-                 lock: RunFolderLock | None = None) -> None:
+                 lock: RunFolderLock | None = None, job: str = "train") -> None:
         if out is None and config.out is None:
             raise ValueError("the Trainer needs a run folder: pass out=... or set config.out")
         self.config = config.validate()
@@ -248,6 +269,10 @@ class Trainer:
         self.model_files = model_files
         if loss is not None and self.dist.strategy == "fsdp":
             raise ConfigError("a Trainer with a loss runs on one process or with DDP, not with FSDP")
+        if config.final_checkpoint == "weights" and self.dist.strategy == "fsdp":
+            raise ConfigError("final_checkpoint=weights: FSDP checkpoints are sharded with their optimizer state; "
+                              "use full or none")
+        self.job = job
         self.autocast_dtype = resolve_precision(config.precision, self.device)
         if config.activation_checkpointing:
             enable_activation_checkpointing(model)
@@ -513,8 +538,9 @@ class Trainer:
         may narrow it, e.g. to the trainable tensors of a PEFT run (lmforge.tasks.peft.TrainableState)."""
         return self.model
 
-    def save_checkpoint(self) -> Path:
-        """Write ``OUT/checkpoints/step-NNNNNNNN`` (atomically), update ``latest``, rotate old ones.
+    def save_checkpoint(self, weights_only: bool = False) -> Path:
+        """Write ``OUT/checkpoints/step-NNNNNNNN`` (atomically), update ``latest``, rotate old ones;
+        ``weights_only`` leaves the optimizer state out (a finished run's ``final_checkpoint: weights``).
 
         With several ranks every rank must call it: rank 0 stores every rank's :meth:`rank_state`, and FSDP
         writes one DCP shard per rank.
@@ -530,7 +556,8 @@ class Trainer:
                                                   self.dist)
         else:
             if self.dist.is_main:  # DDP replicas are identical: rank 0's model and optimizer stand for all
-                self.checkpoints.save(self.step, self.checkpoint_module(), self.optimizer, state)
+                self.checkpoints.save(self.step, self.checkpoint_module(), None if weights_only else self.optimizer,
+                                      state)
             self.dist.barrier()
             folder = self.checkpoints.path(self.step)
         self._last_saved = (self.step, folder)
@@ -696,10 +723,11 @@ class Trainer:
         record: dict[str, Any] = {}
         self.model.train()
         # Only rank 0 logs: its records already hold the numbers reduced over all ranks.
-        logger = RunLogger(self.out, self.step, cfg.max_steps, cfg.progress, cfg.tensorboard) if self.dist.is_main \
-            else None
+        logger = RunLogger(self.out, self.step, cfg.max_steps, cfg.progress, cfg.tensorboard, job=self.job) \
+            if self.dist.is_main else None
         self.dist.barrier()  # every rank's clock starts together: no rank is charged for waiting on another's setup
         self.price_tag.start()
+        began, tokens_before = time.perf_counter(), self.tokens_seen
         try:
             with self._catch_signals():
                 while self.step < target:
@@ -719,16 +747,39 @@ class Trainer:
                         self.save_checkpoint()
                         if logger is not None:
                             logger.plot()
-                if self._last_saved is None or self._last_saved[0] != self.step:
-                    self.save_checkpoint()
+                finished = self.step >= cfg.max_steps
+                keep = cfg.final_checkpoint if finished else "full"
+                if keep != "none" and (self._last_saved is None or self._last_saved[0] != self.step
+                                       or keep == "weights"):
+                    self.save_checkpoint(weights_only=keep == "weights")
         finally:
             if logger is not None:
                 logger.close()
+        loop_s = time.perf_counter() - began
         if self.dist.is_main:  # the run's totals so far, beside its metrics
             atomic_write_text(self.out / PRICE_TAG_FILE, json.dumps(self.price_tag.summary(), indent=1) + "\n")
-        model_dir = self.save_model() if self.step >= cfg.max_steps else None
+        model_dir = self.save_model() if finished else None
+        sizes = self._checkpoint_sizes()
+        if finished and cfg.final_checkpoint == "none":
+            self._remove_checkpoints()
         return TrainResult(self.step, stopped_by, self._last_saved[1] if self._last_saved else None, model_dir,
-                           record)
+                           record, loop_s=loop_s, tokens=self.tokens_seen - tokens_before, sizes=sizes,
+                           kept=cfg.final_checkpoint if finished else None)
+
+    def _checkpoint_sizes(self) -> dict[str, int]:
+        """Bytes of a checkpoint's weights and of the optimizer state: what ``final_checkpoint`` can save."""
+        weights = sum(t.numel() * t.element_size() for t in self.checkpoint_module().state_dict().values()
+                      if isinstance(t, torch.Tensor))
+        moments = sum(t.numel() * t.element_size() for state in self.optimizer.state.values()
+                      for t in state.values() if isinstance(t, torch.Tensor))
+        return {"weights": int(weights), "optimizer": int(moments)}
+
+    def _remove_checkpoints(self) -> None:
+        """``final_checkpoint: none``: the finished run keeps its model folder, not its checkpoints."""
+        self.dist.barrier()
+        if self.dist.is_main:
+            shutil.rmtree(self.checkpoints.root, ignore_errors=True)
+        self._last_saved = None
 
     def _check_divergence(self, record: dict[str, Any]) -> None:
         """Count the steps in a row whose update was skipped for a non-finite loss or gradient norm; raise
