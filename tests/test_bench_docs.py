@@ -14,11 +14,12 @@ if str(ROOT) not in sys.path:  # the benchmarks package lives in the checkout ro
 
 from benchmarks import common, performance_doc  # noqa: E402
 RECORD = json.loads((ROOT / "docs" / "bench.json").read_text(encoding="utf-8"))
+GPU = json.loads((ROOT / "docs" / "bench-gpu.json").read_text(encoding="utf-8"))
 
 
 def test_the_committed_page_and_readme_table_are_what_the_committed_record_renders_to():
     assert (ROOT / "docs" / "performance.md").read_text(encoding="utf-8") == performance_doc.page(
-        RECORD, RECORD.get("note"))
+        RECORD, RECORD.get("note"), GPU)
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert performance_doc.readme_block(RECORD) in readme
     assert readme.count(performance_doc.START) == 1 and readme.count(performance_doc.END) == 1
@@ -111,3 +112,12 @@ def test_bench_json_record_has_the_date_the_command_and_the_machine_before_and_a
     assert (machine["load_average_start"], machine["load_average_end"]) == (0.5, 1.5)
     assert machine["steady"] is False and "bf16_matmul_gflops" not in machine
     assert record["benchmarks"]["generate"]["rows"][0]["ratio"] == 1.2
+
+
+def test_the_gpu_records_name_their_commands_and_the_gpu_section_shows_them():
+    page = performance_doc.page(RECORD, RECORD.get("note"), GPU)
+    assert f"## GPU: {GPU['device']}" in page
+    for run in GPU["runs"].values():
+        assert run["command"].startswith("python benchmarks/gpu.py") and run["date"].startswith("20")
+        assert f"`{run['command']}`" in page
+    assert "## GPU" not in performance_doc.page(RECORD, RECORD.get("note"))  # no records: no section

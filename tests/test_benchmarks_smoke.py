@@ -78,3 +78,17 @@ def test_quality_benchmark_runs_two_steps(name, tmp_path):
     for key in path:
         result = result[key]
     assert result["examples"] == 8 and 0.0 <= result["accuracy"] <= 1.0
+
+
+def test_gpu_tables_script_runs_its_quick_path_on_the_cpu():
+    """benchmarks/gpu.py is for a GPU; ``--quick --device cpu`` runs each table's code at toy sizes (training steps
+    against HF, the memory table) so the script is checked where no GPU is, and its rows make table rows."""
+    out = _run(str(ROOT / "benchmarks" / "gpu.py"), "--quick", "--device", "cpu", "--no-compile",
+               "--sections", "encoders,memory")
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    result = bench.last_json(out.stdout)
+    assert result["benchmark"] == "gpu" and not result["errors"]
+    assert {r["table"] for r in result["rows"]} >= {"train bert-base MLM", "train t5-base span", "memory llama-tiny"}
+    rows = bench.rows_for("gpu", result)
+    assert {r.case for r in rows} >= {"train bert-base MLM: lmforge eager", "train t5-base span: lmforge eager"}
+    assert all(r.ratio is not None and r.ratio > 0 for r in rows if "memory" not in r.case)

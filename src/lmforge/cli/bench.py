@@ -48,7 +48,9 @@ from lmforge.utils.machine import machine_info
 
 BENCHMARKS = ("train_step", "generate", "data_pipeline", "peft_memory", "verify_cost", "attention_scaling",
               "moe_vs_dense", "training_jobs")
-QUICK_FLAGS = {name: ["--quick"] for name in BENCHMARKS}  # every speed benchmark has its own --quick
+# On a GPU (``--device cuda``) one script measures every table, in one process (see benchmarks/gpu.py).
+GPU_BENCHMARKS = ("gpu",)
+QUICK_FLAGS = {name: ["--quick"] for name in BENCHMARKS + GPU_BENCHMARKS}  # every speed benchmark has its own --quick
 STEADY_TOLERANCE = 0.15  # the matmul peak may move this much between start and end (as train_step.py allows)
 
 
@@ -160,6 +162,37 @@ def _training_jobs(data: dict) -> list[Row]:
     return rows
 
 
+# benchmarks/gpu.py: lmforge's implementation -> the references it is measured against, per table.
+GPU_PAIRS = {"lmforge eager": ("HF eager", "HF generate"),
+             "lmforge compiled": ("HF compiled", "nanoGPT compiled", "HF static+compile")}
+
+
+def _gpu(data: dict) -> list[Row]:
+    # Speed rows: lmforge's time against each reference's in the same table (and batch); memory rows: LoRA's and
+    # QLoRA's peak against full fine-tuning's.
+    rows: list[Row] = []
+    tables: dict[tuple, dict[str, dict]] = {}
+    for r in data.get("rows", []):
+        tables.setdefault((r["table"], r.get("batch")), {})[r["impl"]] = r
+    for (name, batch), impls in tables.items():
+        where = f"{name}, batch {batch}" if batch else name
+        if name.startswith("memory"):
+            full = impls.get("full")
+            for method in ("lora", "qlora"):
+                if full and full["peak_gib"] > 0 and method in impls:  # (no GPU memory counter on a CPU)
+                    r = impls[method]
+                    rows.append(Row("gpu", f"{where}: {method} peak", f"{r['peak_gib']:.2f} GiB",
+                                    f"full {full['peak_gib']:.2f} GiB", r["peak_gib"] / full["peak_gib"], "lower"))
+            continue
+        for ours, references in GPU_PAIRS.items():
+            for ref in references:
+                if ours in impls and ref in impls:
+                    a, b = impls[ours], impls[ref]
+                    rows.append(Row("gpu", f"{where}: {ours}", f"{a['tok_s']:,.0f} tok/s",
+                                    f"{ref} {b['tok_s']:,.0f} tok/s", a["tok_s"] / b["tok_s"], "higher"))
+    return rows
+
+
 def _generic(name: str, data: dict) -> list[Row]:
     """A benchmark without an adapter: every top-level number named like a ratio."""
     return [Row(name, key, "-", "-", float(value), "higher") for key, value in data.items()
@@ -169,7 +202,7 @@ def _generic(name: str, data: dict) -> list[Row]:
 ADAPTERS: dict[str, Callable[[dict], list[Row]]] = {
     "train_step": _train_step, "generate": _generate, "data_pipeline": _data_pipeline, "peft_memory": _peft_memory,
     "verify_cost": _verify_cost, "attention_scaling": _attention_scaling, "moe_vs_dense": _moe_vs_dense,
-    "training_jobs": _training_jobs,
+    "training_jobs": _training_jobs, "gpu": _gpu,
 }
 
 
@@ -237,7 +270,9 @@ def run_script(script: Path, args: list[str], echo: bool, timeout: float | None)
 
 def run(args) -> int:
     folder = find_dir(args.dir)
-    names = [n.strip().removesuffix(".py") for n in args.only.split(",")] if args.only else list(BENCHMARKS)
+    device, nanogpt = getattr(args, "device", "cpu"), getattr(args, "nanogpt", None)
+    default = GPU_BENCHMARKS if device == "cuda" else BENCHMARKS
+    names = [n.strip().removesuffix(".py") for n in args.only.split(",")] if args.only else list(default)
     unknown = [n for n in names if not (folder / f"{n}.py").is_file()]
     if unknown:
         raise UserError(f"--only: no benchmark {', '.join(unknown)} in {folder} "
@@ -249,6 +284,8 @@ def run(args) -> int:
     probe_start = probe_machine(folder, args.timeout) if args.json else None  # the record describes the machine
     for name in names:
         flags = QUICK_FLAGS.get(name, []) if args.quick else []
+        if name in GPU_BENCHMARKS:
+            flags = flags + ["--device", device] + (["--nanogpt", nanogpt] if nanogpt else [])
         print(f"lmforge bench: {name}.py {' '.join(flags)}".rstrip(), file=sys.stderr, flush=True)
         code, output, seconds = run_script(folder / f"{name}.py", flags, echo=not args.quiet, timeout=args.timeout)
         data = last_json(output)
@@ -282,6 +319,8 @@ def run(args) -> int:
 def command_line(args) -> str:
     """The command that reproduces this run, as a user would type it."""
     words = ["lmforge", "bench"] + (["--quick"] if args.quick else []) + (["--json"] if args.json else [])
+    words += ["--device cuda"] if getattr(args, "device", "cpu") == "cuda" else []
+    words += [f"--nanogpt {args.nanogpt}"] if getattr(args, "nanogpt", None) else []
     words += [f"--only {args.only}"] if args.only else []
     return " ".join(words + ([f"--timeout {args.timeout:g}"] if args.timeout else []))
 
@@ -339,4 +378,10 @@ def register(subparsers) -> None:
                         help="the benchmarks folder (default: benchmarks/ of the source checkout)")
     parser.add_argument("--timeout", type=float, default=None, metavar="S", help="stop a benchmark after S seconds")
     parser.add_argument("--quiet", action="store_true", help="do not echo the benchmarks' own output")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: run the GPU tables instead (benchmarks/gpu.py: GPT-2 124M training against HF "
+                             "and nanoGPT, bert-base and t5-base steps, generation, LoRA/QLoRA memory on llama-1b)")
+    parser.add_argument("--nanogpt", metavar="DIR", default=None,
+                        help="with --device cuda: a karpathy/nanoGPT checkout whose compiled GPT joins the training "
+                             "table")
     parser.set_defaults(func=run)
