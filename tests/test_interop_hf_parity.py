@@ -161,16 +161,21 @@ def _assert_close(a: torch.Tensor, b: torch.Tensor, real: torch.Tensor) -> None:
     assert diff <= ATOL, f"max abs diff {diff:.3g} at real positions"
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_from_hf_matches_transformers(case, device):
+def _pair_on(case: str, device: str):
+    """The perturbed HF model of ``case``, its conversion, their padded batch and its real positions, on ``device``."""
     hf = _hf(case)
     model = lmforge.from_hf(hf)
     hf, model = hf.to(device), model.to(device)
     inputs, real = _batch(model.config)
-    inputs = {k: v.to(device) for k, v in inputs.items()}
+    return hf, model, {k: v.to(device) for k, v in inputs.items()}, real.to(device)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_from_hf_matches_transformers(case, device):
+    hf, model, inputs, real = _pair_on(case, device)
     with torch.no_grad():
         theirs, ours = hf(**inputs), model(**inputs)
-    _assert_close(_ours_out(ours), _hf_out(theirs), real.to(device))
+    _assert_close(_ours_out(ours), _hf_out(theirs), real)
     if getattr(theirs, "pooler_output", None) is not None:
         _assert_close(ours.pooler_output, theirs.pooler_output, torch.ones(len(real), dtype=torch.bool, device=device))
 
@@ -184,11 +189,7 @@ BF16_FACTOR, BF16_SLACK = 2.0, 1e-2
 
 @pytest.mark.parametrize("case", CASES)
 def test_from_hf_in_bf16_is_as_close_to_fp32_as_transformers(case, device):
-    hf = _hf(case)
-    model = lmforge.from_hf(hf)
-    hf, model = hf.to(device), model.to(device)
-    inputs, real = _batch(model.config)
-    inputs, real = {k: v.to(device) for k, v in inputs.items()}, real.to(device)
+    hf, model, inputs, real = _pair_on(case, device)
     with torch.no_grad():
         reference = _hf_out(hf(**inputs)).float()
         theirs = _hf_out(hf.to(torch.bfloat16)(**inputs)).float()
