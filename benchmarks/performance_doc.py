@@ -52,10 +52,13 @@ def table(header: list[str], rows: list[list[Any]]) -> str:
 def ratio(value: float | None, better: str = "higher") -> str:
     """A ratio cell, saying which way is good.
 
-    >>> ratio(1.234), ratio(0.5, "lower"), ratio(None)
-    ('1.23× (higher is better)', '0.50× (lower is better)', '-')
+    >>> ratio(1.234), ratio(0.5, "lower"), ratio(None), ratio(0.000132, "lower")
+    ('1.23× (higher is better)', '0.50× (lower is better)', '-', '0.00013× (lower is better)')
     """
-    return "-" if value is None else f"{value:.2f}× ({better} is better)"
+    if value is None:
+        return "-"
+    digits = f"{value:.2f}" if value >= 0.01 else f"{value:.2g}"  # a share far below 1 keeps two figures
+    return f"{digits}× ({better} is better)"
 
 
 def _n(value: float, digits: int = 0) -> str:

@@ -34,6 +34,8 @@ RESULTS = {
         "full-sdpa": {"n": 8192, "linformer_s": 0.05, "full_s": 0.2}}},
     "moe_vs_dense": {"benchmark": "moe_vs_dense", "mode": "speed", "results": [
         {"precision": "fp32", "dense_tok_s": 1000.0, "moe_tok_s": 800.0, "ratio": 0.8}]},
+    "price_tag_overhead": {"benchmark": "price_tag_overhead", "steps": 60, "accounting_us_per_step": 200.0,
+                           "median_step_s": 0.5, "accounting_share": 0.0004},
     "training_jobs": {"benchmark": "training_jobs", "jobs": [
         {"job": "finetune", "loop_speedup": 1.5, "loop_cpu_speedup": 1.4, "wall_speedup": 1.25, "rss_ratio": 0.9,
          "lmforge": {"loop_s": {"median": 10.0}, "loop_cpu_s": {"median": 5.0}, "wall_s": {"median": 20.0}, "rss_mb": {"median": 900.0}},
@@ -83,6 +85,8 @@ def test_rows_for_each_benchmark_format():
         ("finetune: training loop, CPU seconds", "HF Trainer 7.0 s", 1.4, "higher"),
         ("finetune: wall, process start to saved model", "HF Trainer 25.0 s", 1.25, "higher"),
         ("finetune: peak RSS", "HF Trainer 1,000.0 MB", 0.9, "lower")]
+    assert [(r.case, r.lmforge, r.reference, r.ratio, r.better) for r in rows["price_tag_overhead"]] == [
+        ("per-step accounting, 60 steps of gpt-tiny", "200 us/step", "loop 500.0 ms/step", 0.0004, "lower")]
     generic = bench.rows_for("new_bench", {"speed_ratio": 2.0, "other": 5, "a_over_b": 0.5})
     assert [(r.case, r.ratio) for r in generic] == [("speed_ratio", 2.0), ("a_over_b", 0.5)]
     with pytest.raises(ValueError, match="train_step: unexpected result format"):

@@ -26,6 +26,7 @@ SMOKE = {
     "attention_scaling": ["--max-len", "256", "--d-model", "32", "--linformer-k", "64", "--repeats", "1"],
     "moe_vs_dense": ["--toy", "--batch-size", "1", "--seq-len", "16", "--repeats", "1", "--warmup", "0"],
     "training_jobs": ["--jobs", "lora", "--repeats", "1", "--steps", "2", "--eval-limit", "8"],
+    "price_tag_overhead": ["--steps", "3"],
 }
 
 

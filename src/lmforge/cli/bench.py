@@ -10,6 +10,7 @@ table of lmforge against its reference, each ratio measured side by side in the 
     moe_vs_dense.py   training tokens/s of gpt-tiny-moe (8 experts, top-1)  dense gpt-tiny (equal active weights)
     training_jobs.py  whole jobs, process start to saved model: loop, wall,  HF Trainer, Trainer + peft,
                       peak RSS, final metric (fine-tune, LoRA, embeddings)   sentence-transformers
+    price_tag_overhead.py  the price tag's per-step accounting time       the training loop's time
 
 Each script runs in its own process (so one's memory and threads do not disturb the next), prints its own
 lines (shown on stderr as they come) and ends with one JSON line, which this command reads. The quality
@@ -47,7 +48,7 @@ from lmforge.cli.main import UserError
 from lmforge.utils.machine import machine_info
 
 BENCHMARKS = ("train_step", "generate", "data_pipeline", "peft_memory", "verify_cost", "attention_scaling",
-              "moe_vs_dense", "training_jobs")
+              "moe_vs_dense", "training_jobs", "price_tag_overhead")
 # On a GPU (``--device cuda``) one script measures every table, in one process (see benchmarks/gpu.py).
 GPU_BENCHMARKS = ("gpu",)
 QUICK_FLAGS = {name: ["--quick"] for name in BENCHMARKS + GPU_BENCHMARKS}  # every speed benchmark has its own --quick
@@ -193,6 +194,13 @@ def _gpu(data: dict) -> list[Row]:
     return rows
 
 
+def _price_tag_overhead(data: dict) -> list[Row]:
+    # The accounting's share of the loop it accounts for: lower is better, the target is under 1%.
+    return [Row("price_tag_overhead", f"per-step accounting, {data['steps']} steps of gpt-tiny",
+                f"{data['accounting_us_per_step']:,.0f} us/step", f"loop {data['median_step_s'] * 1e3:,.1f} ms/step",
+                data["accounting_share"], "lower")]
+
+
 def _generic(name: str, data: dict) -> list[Row]:
     """A benchmark without an adapter: every top-level number named like a ratio."""
     return [Row(name, key, "-", "-", float(value), "higher") for key, value in data.items()
@@ -202,7 +210,7 @@ def _generic(name: str, data: dict) -> list[Row]:
 ADAPTERS: dict[str, Callable[[dict], list[Row]]] = {
     "train_step": _train_step, "generate": _generate, "data_pipeline": _data_pipeline, "peft_memory": _peft_memory,
     "verify_cost": _verify_cost, "attention_scaling": _attention_scaling, "moe_vs_dense": _moe_vs_dense,
-    "training_jobs": _training_jobs, "gpu": _gpu,
+    "training_jobs": _training_jobs, "gpu": _gpu, "price_tag_overhead": _price_tag_overhead,
 }
 
 
@@ -219,7 +227,9 @@ def table(rows: list[Row], failures: dict[str, str]) -> str:
     """The aligned text table (failed benchmarks listed under it)."""
     header = ("benchmark", "case", "lmforge", "reference", "ratio")
     cells = [(r.benchmark, r.case, r.lmforge, r.reference,
-              "-" if r.ratio is None else f"{r.ratio:.2f}x ({r.better} is better)") for r in rows]
+              "-" if r.ratio is None else
+              f"{r.ratio:.2f}x ({r.better} is better)" if r.ratio >= 0.01 else f"{r.ratio:.2g}x ({r.better} is better)")
+             for r in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(),
              "  ".join("-" * w for w in widths)]
