@@ -21,6 +21,7 @@ import sys
 
 from lmforge.cli._load_args import add_load_flags, add_precision_flags
 from lmforge.cli.main import model_argument, plain_warnings
+from lmforge.evaluation import baselines
 from lmforge.tasks.inference import evaluate, table_lines, tune_null_threshold
 from lmforge.tasks.spec import TASKS
 
@@ -68,8 +69,11 @@ def run(args) -> int:
         print(f"stored null_threshold {scores['best_f1_thresh']:.6g} (best F1 {scores['best_f1']:.4f} on {args.data}) "
               f"in {model}")
     with plain_warnings("evaluate"):
-        scores = evaluate(model, args.data, task=args.task, overrides=overrides(args), subtask=args.subtask,
-                          batch_size=args.batch_size, device=args.device, limit=args.limit)
+        if baselines.is_baseline(model):
+            scores = baselines.evaluate(model, args.data, args.limit)
+        else:
+            scores = evaluate(model, args.data, task=args.task, overrides=overrides(args), subtask=args.subtask,
+                              batch_size=args.batch_size, device=args.device, limit=args.limit)
     for line in table_lines(scores):
         print(line)
     clean = {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in scores.items()}

@@ -2,4 +2,9 @@
 
     benchmarks.py   the task registry: task type, columns, labels, splits and leaderboard metrics per name
     fill_mask.py    the top-k fillers of a [MASK]: encoders, decoders (next token), T5 (sentinel), BART
+    baselines.py    simple baselines on any classify task, as task folders: the four below, trained and scored
+    linear_baselines.py   TF-IDF + logistic regression, n-gram SVM (scikit-learn pipelines, stored as tensors)
+    bilstm_classifier.py  BiLSTM with max pooling over time
+    cnn_classifier.py     Kim's (2014) CNN: filters of widths 3-5, max-over-time pooling
+    word_vocab.py   the neural baselines' word vocabulary, and their random or word2vec starting vectors
 """

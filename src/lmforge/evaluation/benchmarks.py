@@ -36,6 +36,7 @@ from typing import Any, Sequence
 
 from lmforge import datasets
 from lmforge.datasets import benchmarks as layouts
+from lmforge.evaluation import baselines
 from lmforge.errors import UserInputError
 from lmforge.tasks import inference, metrics
 from lmforge.tasks.data import benchmark_table, read_table
@@ -178,7 +179,8 @@ def evaluate(model_dir, name: str, data_dir=None, batch_size: int = 32, device: 
             scores = inference.evaluate(model_dir, data, batch_size=batch_size, device=device)
             scores = {m: scores[m] for m in bench.metrics if m in scores}
         else:
-            preds = inference.predict(model_dir, data, batch_size=batch_size, device=device)
+            preds = (baselines.predict(model_dir, data) if baselines.is_baseline(model_dir) else
+                     inference.predict(model_dir, data, batch_size=batch_size, device=device))
             key = "score" if bench.task == "regress" else "label"
             gold = [row.get(bench.columns["label"]) for row in data.rows]
             scores = score(name, gold, [p[key] for p in preds], [row.get("question_id") for row in data.rows])
