@@ -27,7 +27,6 @@ Example::
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 
@@ -37,7 +36,6 @@ from lmforge.cli.pretrain import CHOICES, OPTIONS
 from lmforge.embeddings.losses import EMBEDDING_LOSSES
 from lmforge.embeddings.sbert import run_embedding_finetune
 from lmforge.peft import METHODS
-from lmforge.datasets import benchmarks as layouts
 from lmforge.evaluation import baselines, benchmarks
 from lmforge.tasks.run import run_finetune
 from lmforge.tasks.settings import (
@@ -45,7 +43,6 @@ from lmforge.tasks.settings import (
     PEFT_FLAGS,
     TASK_KEYS,
     TRAINER_KEYS,
-    finetune_settings,
     parse_label_map,  # noqa: F401  (imported from here by older code)
 )
 from lmforge.tasks.spec import LOSS_AVERAGES, POOLINGS, TASKS, TaskSpec
@@ -84,32 +81,6 @@ assert tuple(TASK_FLAGS) == TASK_KEYS, "every task-format flag is a setting, and
 EMBEDDING_DEFAULTS = {"lr": "2e-05", "max_steps": "one epoch"}
 
 
-# The metric a named task selects its best checkpoint by, where the task type computes the leaderboard's.
-_SELECT = {"mcc", "pearson", "spearman", "f1", "accuracy", "exact_match", "best_f1"}
-
-
-def named_task(given: dict):
-    """Resolve ``--task NAME`` (e.g. glue/cola) into the task type, columns, files and metric it stands for."""
-    name = given.get("task")
-    if name is None or name in (*TASKS, "instruct", "embedding"):
-        return None
-    bench = benchmarks.get(name)  # an unknown name: the list, with the closest match
-    if given.get("data_dir") is not None and name in layouts.LAYOUTS:
-        os.environ[layouts.SUITES[layouts.LAYOUTS[name].suite][0]] = str(given["data_dir"])
-    given["task"] = bench.task
-    for role, column in bench.columns.items():
-        if given.get(f"{role}_column") is None:
-            given[f"{role}_column"] = column
-    if given.get("train") is None and bench.train:
-        given["train"] = bench.source(bench.train)
-    if given.get("eval") is None and bench.evals:
-        given["eval"] = bench.source(bench.evals[0])
-    if given.get("metric") is None and bench.metrics[0] in _SELECT and not (
-            bench.task == "classify" and bench.metrics[0] == "f1"):
-        given["metric"] = bench.metrics[0]
-    return bench
-
-
 def run(args) -> int:
     given = vars(args)
     # A run that fails before its first step leaves no folder holding only its settings behind.
@@ -122,7 +93,7 @@ def _run_baseline(given) -> int:
     for flag in ("model", "tokenizer", "peft", "merge", "random_init", "mixture", "resume"):
         if given.get(flag):
             raise UserError(f"--baseline trains its own small model: drop --{flag.replace('_', '-')}")
-    bench = named_task(given)
+    bench = benchmarks.resolve_task(given)
     if not given.get("task"):
         raise UserError("missing --task (classify, or a task by name, e.g. rt-sentiment)")
     for flag in ("out", "train"):
@@ -152,10 +123,7 @@ def _run(given, args) -> int:
         if any(given.get(k) for k in (*PEFT_FLAGS, "merge")):
             raise UserError("--peft and --merge are not supported with --task embedding (it has its own recipe)")
         return run_embedding_finetune(args)
-    bench = named_task(given)
-    settings = finetune_settings(given)
-    if bench is not None and bench.labels and not settings["task"].get("labels"):
-        settings["task"]["labels"] = list(bench.labels)  # the official label set, not the one train happens to have
+    settings = benchmarks.task_settings(given)
     with plain_warnings("finetune"):
         result = run_finetune(settings, pack=given.get("pack", False))
     if result.stopped_by in ("SIGINT", "SIGTERM"):

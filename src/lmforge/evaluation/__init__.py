@@ -1,6 +1,8 @@
 """Evaluation by name: public benchmark tasks (GLUE, SuperGLUE, SQuAD, SWAG) and the shipped ones.
 
     benchmarks.py   the task registry: task type, columns, labels, splits and leaderboard metrics per name
+    benchmark_suite.py  `lmforge benchmark glue`: every task fine-tuned and scored, the table and its average,
+                    test predictions in the leaderboard's submission format
     fill_mask.py    the top-k fillers of a [MASK]: encoders, decoders (next token), T5 (sentinel), BART
     baselines.py    simple baselines on any classify task, as task folders: the four below, trained and scored
     linear_baselines.py   TF-IDF + logistic regression, n-gram SVM (scikit-learn pipelines, stored as tensors)
