@@ -21,7 +21,8 @@ import sys
 
 from lmforge.cli._load_args import add_load_flags, add_precision_flags
 from lmforge.cli.main import model_argument, plain_warnings
-from lmforge.evaluation import baselines
+from lmforge.checkpoint import read_model_folder
+from lmforge.evaluation import baselines, length_extrapolation
 from lmforge.tasks.inference import evaluate, table_lines, tune_null_threshold
 from lmforge.tasks.spec import TASKS
 
@@ -61,8 +62,27 @@ def overrides(args) -> dict:
     return {k: getattr(args, k) for k in OVERRIDE_FLAGS}
 
 
+def run_lengths(args, folder) -> int:
+    """``--seq-len N``: a decoder's LM loss per bucket of positions (lmforge.evaluation.length_extrapolation)."""
+    model, tokenizer = read_model_folder(folder)
+    model.to(args.device)
+    ids = length_extrapolation.text_ids(args.data, tokenizer, tokenizer.boundary_id)
+    result = length_extrapolation.report(model, ids, args.seq_len, args.train_len, args.batch_size, args.limit)
+    print(f"{result['blocks']} blocks of {args.seq_len} positions; trained at {result['train_len']}")
+    print(f"{'positions':>12s}  {'loss':>8s}  {'ppl':>10s}")
+    for row in result["buckets"]:
+        mark = "  (beyond training)" if row["beyond_training"] else ""
+        print(f"{row['positions']:>12s}  {row['loss']:8.4f}  {row['ppl']:10.2f}{mark}")
+    print(f"{'all':>12s}  {result['loss']:8.4f}  {result['ppl']:10.2f}")
+    print(json.dumps(result))
+    return 0
+
+
 def run(args) -> int:
     model = model_argument("evaluate", args.model)
+    if args.seq_len is not None:
+        with plain_warnings("evaluate"):
+            return run_lengths(args, model)
     if args.tune_null_threshold:
         with plain_warnings("evaluate"):
             scores = tune_null_threshold(model, args.data, batch_size=args.batch_size, device=args.device)
@@ -88,7 +108,14 @@ def register(subparsers) -> None:
         description="Evaluate a task folder written by `lmforge finetune` on a labelled file. Prints a table of "
                     "metrics and, as the last line, a JSON object of the same metrics.")
     add_common(parser, output=False)
-    parser.add_argument("--limit", type=int, default=None, help="evaluate the first N rows only")
+    parser.add_argument("--limit", type=int, default=None, help="evaluate the first N rows only (--seq-len: the "
+                        "first N blocks)")
+    parser.add_argument("--seq-len", type=int, default=None, metavar="N",
+                        help="length extrapolation: a decoder folder's next-token loss on --data (a text file, or "
+                        "corpus) in blocks of N positions, per bucket of --train-len positions; N beyond the model's "
+                        "max_seq_len works for sinusoidal, rope, alibi, t5-bias and relative positions")
+    parser.add_argument("--train-len", type=int, default=None, metavar="L",
+                        help="--seq-len: the length the model was trained at (bucket width; default its max_seq_len)")
     parser.add_argument("--tune-null-threshold", action="store_true", default=False,
                         help="qa (SQuAD 2.0): choose the no-answer threshold that maximises F1 on --data (dev), store "
                         "it in the task folder, then report the scores with it")
