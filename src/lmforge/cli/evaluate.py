@@ -22,7 +22,7 @@ import sys
 from lmforge.cli._load_args import add_load_flags, add_precision_flags
 from lmforge.cli.main import model_argument, plain_warnings
 from lmforge.checkpoint import read_model_folder
-from lmforge.evaluation import baselines, length_extrapolation
+from lmforge.evaluation import baselines, forgetting, length_extrapolation
 from lmforge.tasks.inference import evaluate, table_lines, tune_null_threshold
 from lmforge.tasks.spec import TASKS
 
@@ -78,8 +78,25 @@ def run_lengths(args, folder) -> int:
     return 0
 
 
+def run_forgetting(args, folder) -> int:
+    """``--forgetting``: the body's pre-training loss before and after fine-tuning (lmforge.evaluation.forgetting)."""
+    options = {"batch_size": args.batch_size, "device": args.device}
+    if args.limit:
+        options["eval_batches"] = args.limit
+    result = forgetting.forgetting(folder, args.pretrained, args.data, objective=args.objective, **options)
+    print(f"{result['objective']} loss on {args.data} (validation split), pre-trained head:")
+    for key in ("before", "after"):
+        print(f"  {key:10s} {result[key]:.4f}  (ppl {math.exp(min(result[key], 700)):.2f})")
+    print(f"  forgetting {result['forgetting']:+.4f}")
+    print(json.dumps(result))
+    return 0
+
+
 def run(args) -> int:
     model = model_argument("evaluate", args.model)
+    if args.forgetting:
+        with plain_warnings("evaluate"):
+            return run_forgetting(args, model)
     if args.seq_len is not None:
         with plain_warnings("evaluate"):
             return run_lengths(args, model)
@@ -114,6 +131,15 @@ def register(subparsers) -> None:
                         help="length extrapolation: a decoder folder's next-token loss on --data (a text file, or "
                         "corpus) in blocks of N positions, per bucket of --train-len positions; N beyond the model's "
                         "max_seq_len works for sinusoidal, rope, alibi, t5-bias and relative positions")
+    parser.add_argument("--forgetting", action="store_true", default=False,
+                        help="catastrophic forgetting: the fine-tuned body's pre-training loss (with the pre-trained "
+                        "LM head) on the validation split of --data, a prepared data folder (lmforge data prepare), "
+                        "before and after fine-tuning; --limit: evaluation batches (default 20)")
+    parser.add_argument("--pretrained", default=None, metavar="DIR",
+                        help="--forgetting: the model it was fine-tuned from (default: the one its run's "
+                        "finetune.yaml names)")
+    parser.add_argument("--objective", default=None, metavar="NAME",
+                        help="--forgetting: the pre-training objective (default: mlm for encoders, clm for decoders)")
     parser.add_argument("--train-len", type=int, default=None, metavar="L",
                         help="--seq-len: the length the model was trained at (bucket width; default its max_seq_len)")
     parser.add_argument("--tune-null-threshold", action="store_true", default=False,

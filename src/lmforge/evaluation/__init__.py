@@ -6,6 +6,7 @@
     fill_mask.py    the top-k fillers of a [MASK]: encoders, decoders (next token), T5 (sentinel), BART
     cloze_probe.py  LAMA-style knowledge probes: P@1 / P@10 by relation, on facts stated in the shipped corpora
     length_extrapolation.py  a decoder's LM loss per bucket of positions, read past its training length
+    forgetting.py   catastrophic forgetting: the pre-training loss of a body before and after fine-tuning
     baselines.py    simple baselines on any classify task, as task folders: the four below, trained and scored
     linear_baselines.py   TF-IDF + logistic regression, n-gram SVM (scikit-learn pipelines, stored as tensors)
     bilstm_classifier.py  BiLSTM with max pooling over time
