@@ -103,3 +103,23 @@ def test_evaluate_seq_len_cli(tok, tmp_path, capsys):
     learned = checkpoint.save(th.body("gpt", tok, max_seq_len=L), tmp_path / "learned", tokenizer=tok)
     assert main(["evaluate", "--model", str(learned), "--data", str(text), "--seq-len", str(2 * L)]) == 2
     assert "position scheme 'learned'" in capsys.readouterr().err
+
+
+def test_benchmark_script_runs_at_toy_sizes(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root / "src"), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "length_extrapolation.py"), "--work",
+                          str(tmp_path), "--quick", "--steps", "2", "--batch-size", "2", "--train-len", "16",
+                          "--lengths", "16,32", "--blocks", "2", "--schemes", "learned,rope"],
+                         cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    learned, rope = result["table"]["learned"], result["table"]["rope"]
+    assert learned[0]["loss"] > 0 and "position scheme 'learned'" in learned[1]["refused"]
+    decay = result["rope_decay"]  # at distance 0 every partial sum S_j = j: the mean of 1..32 for d = 64
+    assert rope[1]["beyond_loss"] > 0 and decay[0] == pytest.approx(16.5) and max(decay[len(decay) // 2:]) < decay[0] / 2
