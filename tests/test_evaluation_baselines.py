@@ -56,6 +56,11 @@ def test_tfidf_baseline_equals_the_sklearn_pipeline(tmp_path, capsys):
     assert scores["examples"] == len(test_y) and scores["accuracy"] > 0.7  # a real baseline, not chance
     run = json.loads((out / "baseline.json").read_text())
     assert run["eval_data"] == "rt-sentiment:dev" and run["baseline"] == "tfidf-logreg"
+    # A task by name scores it too, with the task's leaderboard metric on its evaluation split.
+    assert main(["tasks", "evaluate", "rt-sentiment", "--model", str(out)]) == 0
+    dev_x, dev_y = _texts_labels("rt-sentiment:dev")
+    reported = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert reported == {"accuracy": pytest.approx(accuracy_score(dev_y, direct.predict(dev_x)))}
 
 
 def test_ngram_svm_equals_the_sklearn_pipeline_after_its_folder(tmp_path):
