@@ -21,6 +21,8 @@ import sys
 
 from lmforge.cli._load_args import add_load_flags, add_precision_flags
 from lmforge.cli.main import model_argument, plain_warnings
+from lmforge.checkpoint import read_model_folder
+from lmforge.evaluation import baselines, forgetting, length_extrapolation
 from lmforge.tasks.inference import evaluate, table_lines, tune_null_threshold
 from lmforge.tasks.spec import TASKS
 
@@ -60,16 +62,55 @@ def overrides(args) -> dict:
     return {k: getattr(args, k) for k in OVERRIDE_FLAGS}
 
 
+def run_lengths(args, folder) -> int:
+    """``--seq-len N``: a decoder's LM loss per bucket of positions (lmforge.evaluation.length_extrapolation)."""
+    model, tokenizer = read_model_folder(folder)
+    model.to(args.device)
+    ids = length_extrapolation.text_ids(args.data, tokenizer, tokenizer.boundary_id)
+    result = length_extrapolation.report(model, ids, args.seq_len, args.train_len, args.batch_size, args.limit)
+    print(f"{result['blocks']} blocks of {args.seq_len} positions; trained at {result['train_len']}")
+    print(f"{'positions':>12s}  {'loss':>8s}  {'ppl':>10s}")
+    for row in result["buckets"]:
+        mark = "  (beyond training)" if row["beyond_training"] else ""
+        print(f"{row['positions']:>12s}  {row['loss']:8.4f}  {row['ppl']:10.2f}{mark}")
+    print(f"{'all':>12s}  {result['loss']:8.4f}  {result['ppl']:10.2f}")
+    print(json.dumps(result))
+    return 0
+
+
+def run_forgetting(args, folder) -> int:
+    """``--forgetting``: the body's pre-training loss before and after fine-tuning (lmforge.evaluation.forgetting)."""
+    options = {"batch_size": args.batch_size, "device": args.device}
+    if args.limit:
+        options["eval_batches"] = args.limit
+    result = forgetting.forgetting(folder, args.pretrained, args.data, objective=args.objective, **options)
+    print(f"{result['objective']} loss on {args.data} (validation split), pre-trained head:")
+    for key in ("before", "after"):
+        print(f"  {key:10s} {result[key]:.4f}  (ppl {math.exp(min(result[key], 700)):.2f})")
+    print(f"  forgetting {result['forgetting']:+.4f}")
+    print(json.dumps(result))
+    return 0
+
+
 def run(args) -> int:
     model = model_argument("evaluate", args.model)
+    if args.forgetting:
+        with plain_warnings("evaluate"):
+            return run_forgetting(args, model)
+    if args.seq_len is not None:
+        with plain_warnings("evaluate"):
+            return run_lengths(args, model)
     if args.tune_null_threshold:
         with plain_warnings("evaluate"):
             scores = tune_null_threshold(model, args.data, batch_size=args.batch_size, device=args.device)
         print(f"stored null_threshold {scores['best_f1_thresh']:.6g} (best F1 {scores['best_f1']:.4f} on {args.data}) "
               f"in {model}")
     with plain_warnings("evaluate"):
-        scores = evaluate(model, args.data, task=args.task, overrides=overrides(args), subtask=args.subtask,
-                          batch_size=args.batch_size, device=args.device, limit=args.limit)
+        if baselines.is_baseline(model):
+            scores = baselines.evaluate(model, args.data, args.limit)
+        else:
+            scores = evaluate(model, args.data, task=args.task, overrides=overrides(args), subtask=args.subtask,
+                              batch_size=args.batch_size, device=args.device, limit=args.limit)
     for line in table_lines(scores):
         print(line)
     clean = {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in scores.items()}
@@ -84,7 +125,23 @@ def register(subparsers) -> None:
         description="Evaluate a task folder written by `lmforge finetune` on a labelled file. Prints a table of "
                     "metrics and, as the last line, a JSON object of the same metrics.")
     add_common(parser, output=False)
-    parser.add_argument("--limit", type=int, default=None, help="evaluate the first N rows only")
+    parser.add_argument("--limit", type=int, default=None, help="evaluate the first N rows only (--seq-len: the "
+                        "first N blocks)")
+    parser.add_argument("--seq-len", type=int, default=None, metavar="N",
+                        help="length extrapolation: a decoder folder's next-token loss on --data (a text file, or "
+                        "corpus) in blocks of N positions, per bucket of --train-len positions; N beyond the model's "
+                        "max_seq_len works for sinusoidal, rope, alibi, t5-bias and relative positions")
+    parser.add_argument("--forgetting", action="store_true", default=False,
+                        help="catastrophic forgetting: the fine-tuned body's pre-training loss (with the pre-trained "
+                        "LM head) on the validation split of --data, a prepared data folder (lmforge data prepare), "
+                        "before and after fine-tuning; --limit: evaluation batches (default 20)")
+    parser.add_argument("--pretrained", default=None, metavar="DIR",
+                        help="--forgetting: the model it was fine-tuned from (default: the one its run's "
+                        "finetune.yaml names)")
+    parser.add_argument("--objective", default=None, metavar="NAME",
+                        help="--forgetting: the pre-training objective (default: mlm for encoders, clm for decoders)")
+    parser.add_argument("--train-len", type=int, default=None, metavar="L",
+                        help="--seq-len: the length the model was trained at (bucket width; default its max_seq_len)")
     parser.add_argument("--tune-null-threshold", action="store_true", default=False,
                         help="qa (SQuAD 2.0): choose the no-answer threshold that maximises F1 on --data (dev), store "
                         "it in the task folder, then report the scores with it")

@@ -27,7 +27,6 @@ Example::
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 
@@ -37,19 +36,17 @@ from lmforge.cli.pretrain import CHOICES, OPTIONS
 from lmforge.embeddings.losses import EMBEDDING_LOSSES
 from lmforge.embeddings.sbert import run_embedding_finetune
 from lmforge.peft import METHODS
-from lmforge.datasets import benchmarks as layouts
-from lmforge.evaluation import benchmarks
+from lmforge.evaluation import baselines, benchmarks
 from lmforge.tasks.run import run_finetune
 from lmforge.tasks.settings import (
     FINETUNE_DEFAULTS,
     PEFT_FLAGS,
     TASK_KEYS,
     TRAINER_KEYS,
-    finetune_settings,
     parse_label_map,  # noqa: F401  (imported from here by older code)
 )
 from lmforge.tasks.gpt1_transforms import INPUT_TRANSFORMS
-from lmforge.tasks.spec import LOSS_AVERAGES, POOLINGS, TASKS
+from lmforge.tasks.spec import LOSS_AVERAGES, POOLINGS, TASKS, TaskSpec
 from lmforge.training import config as tc
 from lmforge.training.config import TrainConfig
 from lmforge.training.trainer import run_started
@@ -88,32 +85,6 @@ assert tuple(TASK_FLAGS) == TASK_KEYS, "every task-format flag is a setting, and
 EMBEDDING_DEFAULTS = {"lr": "2e-05", "max_steps": "one epoch"}
 
 
-# The metric a named task selects its best checkpoint by, where the task type computes the leaderboard's.
-_SELECT = {"mcc", "pearson", "spearman", "f1", "accuracy", "exact_match", "best_f1"}
-
-
-def named_task(given: dict):
-    """Resolve ``--task NAME`` (e.g. glue/cola) into the task type, columns, files and metric it stands for."""
-    name = given.get("task")
-    if name is None or name in (*TASKS, "instruct", "embedding"):
-        return None
-    bench = benchmarks.get(name)  # an unknown name: the list, with the closest match
-    if given.get("data_dir") is not None and name in layouts.LAYOUTS:
-        os.environ[layouts.SUITES[layouts.LAYOUTS[name].suite][0]] = str(given["data_dir"])
-    given["task"] = bench.task
-    for role, column in bench.columns.items():
-        if given.get(f"{role}_column") is None:
-            given[f"{role}_column"] = column
-    if given.get("train") is None and bench.train:
-        given["train"] = bench.source(bench.train)
-    if given.get("eval") is None and bench.evals:
-        given["eval"] = bench.source(bench.evals[0])
-    if given.get("metric") is None and bench.metrics[0] in _SELECT and not (
-            bench.task == "classify" and bench.metrics[0] == "f1"):
-        given["metric"] = bench.metrics[0]
-    return bench
-
-
 def run(args) -> int:
     given = vars(args)
     # A run that fails before its first step leaves no folder holding only its settings behind.
@@ -121,15 +92,42 @@ def run(args) -> int:
         return _run(given, args)
 
 
+def _run_baseline(given) -> int:
+    """``--baseline NAME``: train a simple baseline (lmforge.evaluation.baselines) instead of fine-tuning a model."""
+    for flag in ("model", "tokenizer", "peft", "merge", "random_init", "mixture", "resume"):
+        if given.get(flag):
+            raise UserError(f"--baseline trains its own small model: drop --{flag.replace('_', '-')}")
+    bench = benchmarks.resolve_task(given)
+    if not given.get("task"):
+        raise UserError("missing --task (classify, or a task by name, e.g. rt-sentiment)")
+    for flag in ("out", "train"):
+        if not given.get(flag):
+            raise UserError(f"missing --{flag}")
+    fields = {k: given[k] for k in TASK_KEYS if given.get(k) is not None}
+    if bench is not None and bench.labels:
+        fields["labels"] = list(bench.labels)
+    spec = TaskSpec.from_dict({"task": given["task"], **fields}, source="command line")
+    options = baselines.BaselineOptions.parse(given.get("baseline_option"))
+    trainer = {**FINETUNE_DEFAULTS, **baselines.NEURAL_DEFAULTS, **{k: given[k] for k in TRAINER_KEYS if k in given}}
+    config = TrainConfig.from_dict({**trainer, "out": given["out"]}, source="command line")
+    with plain_warnings("finetune"):
+        result = baselines.train_baseline(given["baseline"], spec, given["train"], given.get("eval"), out=given["out"],
+                                          config=config, options=options, epochs=given.get("epochs"),
+                                          log=lambda line: print(line, file=sys.stderr))
+    if result["eval"]:
+        print("eval: " + ", ".join(f"{k} {v:.4f}" for k, v in result["eval"].items() if k != "examples"))
+    print(f"done: {given['baseline']} saved to {result['model_dir']}")
+    return 0
+
+
 def _run(given, args) -> int:
+    if given.get("baseline"):
+        return _run_baseline(given)
     if given.get("task") == "embedding":  # Sentence-BERT: its own recipe (lmforge.embeddings.sbert)
         if any(given.get(k) for k in (*PEFT_FLAGS, "merge")):
             raise UserError("--peft and --merge are not supported with --task embedding (it has its own recipe)")
         return run_embedding_finetune(args)
-    bench = named_task(given)
-    settings = finetune_settings(given)
-    if bench is not None and bench.labels and not settings["task"].get("labels"):
-        settings["task"]["labels"] = list(bench.labels)  # the official label set, not the one train happens to have
+    settings = benchmarks.task_settings(given)
     with plain_warnings("finetune"):
         result = run_finetune(settings, pack=given.get("pack", False))
     if result.stopped_by in ("SIGINT", "SIGTERM"):
@@ -188,6 +186,13 @@ def register(subparsers) -> None:
     what.add_argument("--model", default=None, help="preset name, lmforge model folder or Hugging Face folder")
     what.add_argument("--tokenizer", default=None, help="tokenizer folder (needed for presets)")
     add_load_flags(what, tokenizer=True)
+    what.add_argument("--baseline", default=None, choices=baselines.BASELINES, metavar="NAME",
+                      help="train a simple baseline instead of a model, on a classify task (a text or a pair): "
+                      "tfidf-logreg, ngram-svm (scikit-learn), bilstm, cnn (word models trained by the Trainer; "
+                      "lr 1e-3, batch 50, constant schedule unless given); no --model")
+    what.add_argument("--baseline-option", action="append", default=None, metavar="KEY=VALUE",
+                      help="a baseline setting, repeatable: C=1.0 (linear), embed_dim=100, hidden=100 (bilstm), "
+                      "filters=100 (cnn), dropout=0.5, vectors=random|word2vec, min_count=1, max_words=256")
     what.add_argument("--random-init", action="store_true", default=False,
                       help="keep the architecture and tokenizer but start from random weights (a baseline)")
     what.add_argument("--task", default=None, metavar="TASK",

@@ -11,14 +11,18 @@ from __future__ import annotations
 
 from lmforge.cli.evaluate import add_common, overrides
 from lmforge.cli.main import model_argument, plain_warnings
+from lmforge.evaluation import baselines
 from lmforge.tasks.inference import predict
 
 
 def run(args) -> int:
     model = model_argument("predict", args.model)
     with plain_warnings("predict"):
-        rows = predict(model, args.data, args.output, task=args.task, overrides=overrides(args),
-                       subtask=args.subtask, batch_size=args.batch_size, device=args.device)
+        if baselines.is_baseline(model):
+            rows = baselines.predict(model, args.data, args.output)
+        else:
+            rows = predict(model, args.data, args.output, task=args.task, overrides=overrides(args),
+                           subtask=args.subtask, batch_size=args.batch_size, device=args.device)
     print(f"wrote {len(rows)} predictions to {args.output}")
     return 0
 

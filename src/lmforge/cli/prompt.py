@@ -1,4 +1,5 @@
 """``lmforge prompt classify``: classify text by prompting a frozen model (zero- or few-shot).
+``lmforge prompt generate``: generative few-shot (translation, QA-style answers), scored against k.
 
 Example::
 
@@ -10,6 +11,11 @@ Data (``--data``, ``--pool``): a TSV with a header or JSONL, with ``text`` (and 
 columns, or a shipped data set as ``NAME:SPLIT``. Labels are matched to the verbalizer's keys; integer labels
 0..C-1 that are not keys are read as the index of a key in the verbalizer's order (rt-sentiment: 0 = the first
 key). Prints accuracy, macro F1 and the majority-class baseline, then one JSON line with the metrics.
+
+    $ lmforge prompt generate --model runs/gpt/model --model runs/gpt-sft/model --task kjv-rv1909 \\
+          --shots 0,1,4,16 --seeds 0,1,2 --limit 100 --out runs/fewshot
+
+writes ``table.md``, ``results.json`` and ``fewshot.png`` (score against k, one line per model; GPT-3's figure).
 """
 
 from __future__ import annotations
@@ -23,12 +29,13 @@ from pathlib import Path
 
 import lmforge
 from lmforge import datasets
-from lmforge.checkpoint import check_tokenizer
+from lmforge.checkpoint import check_tokenizer, load_body
 from lmforge.cli._load_args import add_load_flags
 from lmforge.cli.main import UserError
 from lmforge.prompting import Template, Verbalizer, classify
+from lmforge.prompting.generative import TASKS, GenerativeTask, few_shot, plot
 from lmforge.tokenization import Tokenizer
-from lmforge.utils.io import read_text_file
+from lmforge.utils.io import atomic_write_bytes, atomic_write_text, read_text_file
 
 
 def register(subparsers) -> None:
@@ -64,14 +71,87 @@ def register(subparsers) -> None:
     c.add_argument("--device", default="cpu", help="torch device")
     add_load_flags(c, tokenizer=True)
     c.set_defaults(func=run_classify)
+    g = verbs.add_parser(
+        "generate", help="generative few-shot: translation or QA-style answers, scored (BLEU / EM / F1) against k",
+        description="Prompt each model with k demonstrations (the template filled and answered) and the query, "
+        "decode greedily to the end of the line, and score against the targets; repeated over seeds. Prints a "
+        "table of score against k, then one JSON line.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g.add_argument("--model", required=True, action="append", metavar="DIR",
+                   help="model folder (repeatable: one line per model in the table and the plot)")
+    g.add_argument("--task", default=None, choices=("kjv-rv1909",),
+                   help="a shipped task: kjv-rv1909 (KJV -> Reina-Valera verse translation, BLEU; pool: train, "
+                   "queries: test); or give --data, --pool and --template")
+    g.add_argument("--data", metavar="FILE", help="queries: TSV/JSONL or NAME:SPLIT with the input and target columns")
+    g.add_argument("--pool", metavar="FILE", help="demonstration pool (same formats as --data)")
+    g.add_argument("--template", metavar="T", help="prompt of one example with {x}, e.g. 'Q: {x}\\nA:' (\\n unescaped)")
+    g.add_argument("--input-column", default="text", help="column of the input")
+    g.add_argument("--target-column", default="target", help="column of the reference answer")
+    g.add_argument("--metric", default="bleu", choices=("bleu", "exact_match", "f1"), help="score of the answers")
+    g.add_argument("--shots", default="0,1,4", metavar="K,K", help="demonstrations per prompt, comma-separated")
+    g.add_argument("--seeds", default="0", metavar="S,S", help="seeds of the demonstration draws (mean ± std)")
+    g.add_argument("--limit", type=int, default=100, metavar="N", help="score the first N queries")
+    g.add_argument("--max-new-tokens", type=int, default=48, help="longest answer, in tokens")
+    g.add_argument("--batch-size", type=int, default=8, help="prompts per generation batch")
+    g.add_argument("--out", default=None, metavar="DIR", help="folder for table.md, results.json, fewshot.png")
+    g.add_argument("--device", default="cpu", help="torch device")
+    g.set_defaults(func=run_generate)
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UserError(f"{flag} {text!r}: expected integers separated by commas, e.g. 0,1,4,16") from None
+    if not values or min(values) < 0:
+        raise UserError(f"{flag} {text!r}: expected integers >= 0, e.g. 0,1,4,16")
+    return values
+
+
+def run_generate(args) -> int:
+    shots, seeds = _int_list(args.shots, "--shots"), _int_list(args.seeds, "--seeds")
+    if args.task is not None:
+        task = TASKS[args.task]
+        pool_source, data_source = f"{args.task}:train", f"{args.task}:test"
+    else:
+        if not (args.data and args.pool and args.template):
+            raise UserError("without --task, give --data, --pool and --template (with {x})")
+        task = GenerativeTask(_unescape(args.template), args.input_column, args.target_column, args.metric)
+        pool_source, data_source = args.pool, args.data
+    columns = (task.input_column, task.target_column)
+    pool = read_rows(args.pool or pool_source, columns)
+    queries = read_rows(args.data or data_source, columns)[: args.limit]
+    results = {}
+    for model_dir in args.model:
+        model, tokenizer = load_body(model_dir)
+        model.to(args.device).eval()
+        print(f"{model_dir}: {len(queries)} queries, k in {shots}, seeds {seeds}", file=sys.stderr, flush=True)
+        results[model_dir] = few_shot(model, tokenizer, task, pool, queries, shots, seeds,
+                                      max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+    lines = [f"| model | {' | '.join(f'k={k}' for k in shots)} |", "|---|" + "---:|" * len(shots)]
+    for name, result in results.items():
+        cells = [f"{row['mean']:.2f} ± {row['std']:.2f}" for row in result["table"]]
+        lines.append(f"| {name} | {' | '.join(cells)} |")
+    table = "\n".join(lines) + f"\n\n{task.metric} (0-100), mean ± std over seeds {seeds}; {len(queries)} queries\n"
+    print(table, end="")
+    if args.out:
+        out = Path(args.out)
+        atomic_write_text(out / "table.md", table)
+        atomic_write_text(out / "results.json", json.dumps({"task": args.task or args.data, "metric": task.metric,
+                                                            "shots": shots, "seeds": seeds, "models": results},
+                                                           indent=1) + "\n")
+        atomic_write_bytes(out / "fewshot.png", plot({Path(m).name or m: r for m, r in results.items()},
+                                                     task.metric))
+        print(f"wrote {out / 'table.md'}, results.json, fewshot.png")
+    print(json.dumps({name: {str(row["k"]): row["mean"] for row in r["table"]} for name, r in results.items()}))
+    return 0
 
 
 def _unescape(text: str) -> str:
     return text.replace("\\n", "\n").replace("\\t", "\t")
 
 
-def read_rows(source: str) -> list[dict]:
-    """Rows of a TSV/JSONL file, or of a shipped data set given as ``NAME:SPLIT``."""
+def read_rows(source: str, columns: tuple[str, ...] = ("text", "label")) -> list[dict]:
+    """Rows of a TSV/JSONL file, or of a shipped data set given as ``NAME:SPLIT``, with ``columns``."""
     path = Path(source)
     if not path.exists():
         name, _, split = source.partition(":")
@@ -88,9 +168,9 @@ def read_rows(source: str) -> list[dict]:
         rows = datasets.read_tsv(path)
     if not rows:
         raise UserError(f"{source}: no rows")
-    missing = [c for c in ("text", "label") if c not in rows[0]]
+    missing = [c for c in columns if c not in rows[0]]
     if missing:
-        raise UserError(f"{source}: needs columns text and label; missing {missing} (has {sorted(rows[0])})")
+        raise UserError(f"{source}: needs columns {' and '.join(columns)}; missing {missing} (has {sorted(rows[0])})")
     return rows
 
 

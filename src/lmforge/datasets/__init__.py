@@ -90,6 +90,10 @@ REGISTRY: dict[str, DatasetInfo] = {d.name: d for d in (
                 "(multiple choice)", "tsv", _splits("bible_next_verse", "tsv.gz"),
                 {"train": 4000, "dev": 1453, "test": 1631}, "public domain",
                 columns=("ref", "context", "choice0", "choice1", "choice2", "choice3", "label")),
+    DatasetInfo("cloze-facts", "LAMA-style cloze facts stated in the shipped corpora (KJV, Austen): relation, "
+                "template, subject, object", "tsv", {"test": "cloze_facts.tsv"}, {"test": 66},
+                "the project's own (facts taken from public-domain texts)",
+                columns=("relation", "template", "subject", "object", "source")),
     DatasetInfo("wnut16", "WNUT-16 Twitter named entities, BIO tags, 10 types", "conll",
                 _splits("wnut16", "conll"), {"train": 1836, "dev": 229, "test": 230},
                 "tweets, no explicit licence (X/Twitter terms); not redistributed", shipped=False,

@@ -1,5 +1,15 @@
 """Evaluation by name: public benchmark tasks (GLUE, SuperGLUE, SQuAD, SWAG) and the shipped ones.
 
     benchmarks.py   the task registry: task type, columns, labels, splits and leaderboard metrics per name
+    benchmark_suite.py  `lmforge benchmark glue`: every task fine-tuned and scored, the table and its average,
+                    test predictions in the leaderboard's submission format
     fill_mask.py    the top-k fillers of a [MASK]: encoders, decoders (next token), T5 (sentinel), BART
+    cloze_probe.py  LAMA-style knowledge probes: P@1 / P@10 by relation, on facts stated in the shipped corpora
+    length_extrapolation.py  a decoder's LM loss per bucket of positions, read past its training length
+    forgetting.py   catastrophic forgetting: the pre-training loss of a body before and after fine-tuning
+    baselines.py    simple baselines on any classify task, as task folders: the four below, trained and scored
+    linear_baselines.py   TF-IDF + logistic regression, n-gram SVM (scikit-learn pipelines, stored as tensors)
+    bilstm_classifier.py  BiLSTM with max pooling over time
+    cnn_classifier.py     Kim's (2014) CNN: filters of widths 3-5, max-over-time pooling
+    word_vocab.py   the neural baselines' word vocabulary, and their random or word2vec starting vectors
 """

@@ -31,14 +31,18 @@ Example:
 from __future__ import annotations
 
 import difflib
+import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from lmforge import datasets
 from lmforge.datasets import benchmarks as layouts
+from lmforge.evaluation import baselines
 from lmforge.errors import UserInputError
 from lmforge.tasks import inference, metrics
 from lmforge.tasks.data import benchmark_table, read_table
+from lmforge.tasks.settings import finetune_settings
+from lmforge.tasks.spec import TASKS as TASK_TYPES
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,44 @@ def get(name: str) -> Benchmark:
                          "text2text)")
 
 
+# The metric a named task selects its best checkpoint by, where the task type computes the leaderboard's.
+_SELECT = {"mcc", "pearson", "spearman", "f1", "accuracy", "exact_match", "best_f1"}
+
+
+def resolve_task(given: dict):
+    """Resolve ``given["task"]`` (the flags of ``lmforge finetune``), when it names a task (e.g. glue/cola), in
+    place into the task type, columns, files and metric it stands for, and return its :class:`Benchmark`; None
+    for a task type (classify ...). ``given["data_dir"]`` sets the suite's folder variable."""
+    name = given.get("task")
+    if name is None or name in (*TASK_TYPES, "instruct", "embedding"):
+        return None
+    bench = get(name)  # an unknown name: the list, with the closest match
+    if given.get("data_dir") is not None and name in layouts.LAYOUTS:
+        os.environ[layouts.SUITES[layouts.LAYOUTS[name].suite][0]] = str(given["data_dir"])
+    given["task"] = bench.task
+    for role, column in bench.columns.items():
+        if given.get(f"{role}_column") is None:
+            given[f"{role}_column"] = column
+    if given.get("train") is None and bench.train:
+        given["train"] = bench.source(bench.train)
+    if given.get("eval") is None and bench.evals:
+        given["eval"] = bench.source(bench.evals[0])
+    if given.get("metric") is None and bench.metrics[0] in _SELECT and not (
+            bench.task == "classify" and bench.metrics[0] == "f1"):
+        given["metric"] = bench.metrics[0]
+    return bench
+
+
+def task_settings(given: dict) -> dict:
+    """A fine-tuning run's settings (:func:`lmforge.tasks.settings.finetune_settings`) from the flags, a task
+    name resolved first; a named task keeps its official label set, not the one its training file happens to have."""
+    bench = resolve_task(given)
+    settings = finetune_settings(given)
+    if bench is not None and bench.labels and not settings["task"].get("labels"):
+        settings["task"]["labels"] = list(bench.labels)
+    return settings
+
+
 def where(name: str) -> str:
     """Where a task's data comes from, in one line."""
     if name in layouts.LAYOUTS:
@@ -178,7 +220,8 @@ def evaluate(model_dir, name: str, data_dir=None, batch_size: int = 32, device: 
             scores = inference.evaluate(model_dir, data, batch_size=batch_size, device=device)
             scores = {m: scores[m] for m in bench.metrics if m in scores}
         else:
-            preds = inference.predict(model_dir, data, batch_size=batch_size, device=device)
+            preds = (baselines.predict(model_dir, data) if baselines.is_baseline(model_dir) else
+                     inference.predict(model_dir, data, batch_size=batch_size, device=device))
             key = "score" if bench.task == "regress" else "label"
             gold = [row.get(bench.columns["label"]) for row in data.rows]
             scores = score(name, gold, [p[key] for p in preds], [row.get("question_id") for row in data.rows])

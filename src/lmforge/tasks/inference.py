@@ -46,6 +46,9 @@ def load(model_dir: str | Path, task: str | None = None, overrides: dict[str, An
     if bad:
         raise UserInputError(f"cannot override {', '.join(bad)} at evaluation (only {', '.join(OVERRIDABLE)})")
     meta = read_task_meta(model_dir) if model_dir.is_dir() else None
+    if meta is not None and "baseline" in meta:
+        raise UserInputError(f"{model_dir}: a {meta['baseline'].get('name')} baseline's folder, not a model's; "
+                             "`lmforge evaluate` and `predict` read it (lmforge.evaluation.baselines)")
     converted = hf_head(model_dir) if meta is None and model_dir.is_dir() else None
     if meta is not None or converted is not None:
         spec = TaskSpec.from_dict(meta["spec"], source=str(model_dir / "task.json")) if meta else converted[0]

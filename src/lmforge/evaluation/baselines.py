@@ -1,0 +1,366 @@
+"""Simple baselines beside the fine-tuned models: TF-IDF + logistic regression, an n-gram SVM, a BiLSTM, a CNN.
+
+"Often not much better than simple baselines": the lectures compare pre-trained Transformers with linear models
+on n-gram features and with BiLSTM/CNN classifiers on word vectors. Each baseline trains on any ``classify``
+task (one text, or a pair) and writes a task folder that ``lmforge evaluate`` and ``predict`` read::
+
+    name          model                                            trained by
+    tfidf-logreg  TF-IDF uni+bigrams -> logistic regression        scikit-learn (lmforge.evaluation.linear_baselines)
+    ngram-svm     binary uni+bigrams -> linear SVM                 scikit-learn
+    bilstm        words -> BiLSTM -> max-pool -> linear            the Trainer (lmforge.evaluation.bilstm_classifier)
+    cnn           words -> Kim (2014) CNN -> max-pool -> linear    the Trainer (lmforge.evaluation.cnn_classifier)
+
+A pair is read as one text, ``text  [SEP]  pair`` (the linear models see the words of both; the neural ones
+read the ``[sep]`` word between them). The neural baselines read words (:mod:`lmforge.evaluation.word_vocab`),
+from random or word2vec starting vectors (``vectors``).
+
+Run folder ``OUT``: ``OUT/baseline.json`` (what was trained, on what, and its evaluation), ``OUT/model/`` (the
+task folder: ``task.json`` with the spec and the baseline's settings, ``baseline.safetensors``, ``vocab.json``)
+and, for the neural ones, the Trainer's checkpoints and ``metrics.jsonl``.
+
+Example:
+    >>> import tempfile
+    >>> from lmforge.tasks.data import Table
+    >>> rows = [{"text": t, "label": l} for t, l in [("good film", "1"), ("bad film", "0"), ("good", "1"),
+    ...                                               ("bad", "0")]]
+    >>> table = Table("toy", rows, ["text", "label"])
+    >>> run = train_baseline("tfidf-logreg", TaskSpec(task="classify"), table, table, out=tempfile.mkdtemp())
+    >>> run["eval"]["accuracy"]
+    1.0
+    >>> [r["label"] for r in predict(run["model_dir"], Table("new", [{"text": "so good"}], ["text"]))]
+    ['1']
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from lmforge.errors import UserInputError
+from lmforge.evaluation import linear_baselines
+from lmforge.evaluation.bilstm_classifier import BiLSTMClassifier
+from lmforge.evaluation.cnn_classifier import CNNClassifier
+from lmforge.evaluation.word_vocab import VECTORS, WordVocab
+from lmforge.tasks import metrics
+from lmforge.tasks.base import pad_batch, text_of
+from lmforge.tasks.classification import label_text, sorted_labels
+from lmforge.tasks.data import ExampleBatches, Table, TaskDataError, read_table
+from lmforge.tasks.inference import write_predictions
+from lmforge.tasks.model import FORMAT, TASK_FILE, read_task_meta
+from lmforge.tasks.spec import TaskSpec
+from lmforge.training.config import TrainConfig
+from lmforge.training.trainer import MODEL_DIR, Trainer, check_fresh_run
+from lmforge.utils.io import atomic_dir, atomic_write_text
+
+BASELINES = (*linear_baselines.LINEAR, "bilstm", "cnn")
+NEURAL = {"bilstm": BiLSTMClassifier, "cnn": CNNClassifier}
+WEIGHTS_FILE, VOCAB_FILE, RUN_FILE = "baseline.safetensors", "vocab.json", "baseline.json"
+PAIR_SEPARATOR = " [SEP] "
+# The neural baselines' training defaults (Adam at 1e-3, Kim's batch size), where fine-tuning's differ.
+NEURAL_DEFAULTS = {"lr": 1e-3, "batch_size": 50, "schedule": "constant", "weight_decay": 0.0}
+
+
+@dataclass
+class BaselineOptions:
+    """The baselines' own settings. ``C``: inverse L2 strength of the linear models. Neural: ``embed_dim``,
+    ``hidden`` (BiLSTM units per direction), ``filters`` (CNN filters per width 3, 4, 5), ``dropout``,
+    ``vectors`` (random | word2vec, trained on the training texts), ``min_count`` (rarer words are <unk>),
+    ``max_words`` read per text."""
+
+    C: float = 1.0
+    embed_dim: int = 100
+    hidden: int = 100
+    filters: int = 100
+    dropout: float = 0.5
+    vectors: str = "random"
+    min_count: int = 1
+    max_words: int = 256
+
+    def __post_init__(self) -> None:
+        if self.vectors not in VECTORS:
+            raise UserInputError(f"baseline option vectors={self.vectors!r}: choose one of {', '.join(VECTORS)}")
+        for key in ("C", "embed_dim", "hidden", "filters", "min_count", "max_words"):
+            if not getattr(self, key) > 0:
+                raise UserInputError(f"baseline option {key}={getattr(self, key)!r} must be > 0")
+        if not 0.0 <= self.dropout < 1.0:
+            raise UserInputError(f"baseline option dropout={self.dropout!r} must be in [0, 1)")
+
+    @classmethod
+    def parse(cls, pairs: list[str] | None) -> "BaselineOptions":
+        """``["C=0.5", "vectors=word2vec"]`` -> options, each value converted to its field's type."""
+        defaults, given = asdict(cls()), {}
+        for pair in pairs or []:
+            key, _, value = pair.partition("=")
+            key = key.strip().replace("-", "_")
+            if key not in defaults or not value:
+                raise UserInputError(f"--baseline-option {pair!r}: expected KEY=VALUE with KEY one of "
+                                     f"{', '.join(defaults)}")
+            try:
+                given[key] = type(defaults[key])(value)
+            except ValueError:
+                raise UserInputError(f"--baseline-option {pair!r}: {key} must be a "
+                                     f"{type(defaults[key]).__name__}") from None
+        return cls(**given)
+
+
+# ------------------------------------------------------------------------------------------- data
+def check_spec(spec: TaskSpec) -> None:
+    if spec.task != "classify":
+        raise UserInputError(f"the baselines train classify tasks (one label per text or pair), not {spec.task!r}")
+
+
+def texts_of(table: Table, spec: TaskSpec) -> list[str]:
+    """Each row's input as one text: the text, or ``text [SEP] pair``."""
+    cols = spec.columns()
+    table.require(cols["text"], cols.get("text_pair"))
+    out = [text_of(table, i, cols["text"]) for i in range(len(table))]
+    if cols.get("text_pair"):
+        out = [f"{t}{PAIR_SEPARATOR}{text_of(table, i, cols['text_pair'])}" for i, t in enumerate(out)]
+    return out
+
+
+def gold_ids(table: Table, spec: TaskSpec) -> list[int]:
+    """Each row's label as its index in ``spec.labels``; an unknown label names the row."""
+    col = spec.columns()["label"]
+    table.require(col)
+    index = {label: k for k, label in enumerate(spec.labels)}
+    out = []
+    for i in range(len(table)):
+        label = label_text(text_of(table, i, col))
+        if label not in index:
+            raise TaskDataError(f"{table.where(i)}: label {label!r} does not occur in the training data "
+                                f"(labels: {', '.join(spec.labels)})")
+        out.append(index[label])
+    return out
+
+
+def _table(data) -> Table:
+    return data if isinstance(data, Table) else read_table(data)
+
+
+# ------------------------------------------------------------------------------------------- the models
+class Baseline:
+    """A trained baseline: ``name``, ``spec``, and per-class probabilities (or SVM scores) of texts."""
+
+    def __init__(self, name: str, spec: TaskSpec, options: BaselineOptions, pipe=None, module=None,
+                 vocab: WordVocab | None = None) -> None:
+        self.name, self.spec, self.options = name, spec, options
+        self.pipe, self.module, self.vocab = pipe, module, vocab
+
+    @property
+    def probabilistic(self) -> bool:
+        return self.name != "ngram-svm"
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        return [self.vocab.encode(t)[:self.options.max_words] or [1] for t in texts]  # an empty text reads <unk>
+
+    @torch.no_grad()
+    def scores(self, texts: list[str], batch_size: int = 256) -> np.ndarray:
+        """(N, C) class probabilities (SVM: decision values), columns in ``spec.labels`` order."""
+        n_labels = len(self.spec.labels)
+        out = np.full((len(texts), n_labels), -np.inf if not self.probabilistic else 0.0)
+        if self.pipe is not None:
+            if self.probabilistic:
+                values = self.pipe.predict_proba(texts)
+            else:
+                values = self.pipe.decision_function(texts)
+                values = np.stack([-values, values], 1) if values.ndim == 1 else values
+            out[:, self.pipe.named_steps["classifier"].classes_] = values  # classes never trained on stay 0/-inf
+            return out
+        self.module.eval()
+        ids = self.encode(texts)
+        for start in range(0, len(ids), batch_size):
+            batch = pad_batch(ids[start:start + batch_size], 0)[0]
+            out[start:start + batch_size] = torch.softmax(self.module(batch).logits.float(), -1).numpy()
+        return out
+
+
+def _neural(name: str, n_labels: int, vocab_size: int, options: BaselineOptions):
+    if name == "bilstm":
+        return BiLSTMClassifier(vocab_size, n_labels, options.embed_dim, options.hidden, dropout=options.dropout)
+    return CNNClassifier(vocab_size, n_labels, options.embed_dim, options.filters, dropout=options.dropout)
+
+
+def save_baseline(baseline: Baseline, path: str | Path, extra: dict | None = None) -> Path:
+    """Write the task folder of a baseline atomically (module docstring)."""
+    if baseline.pipe is not None:
+        tensors, vocabulary = linear_baselines.to_state(baseline.pipe)
+    else:
+        tensors = {k: v.detach().contiguous().cpu() for k, v in baseline.module.state_dict().items()}
+        vocabulary = baseline.vocab.words
+    meta = {"format": FORMAT, "version": 1, "spec": baseline.spec.to_dict(),
+            "baseline": {"name": baseline.name, "options": asdict(baseline.options)}, **(extra or {})}
+    with atomic_dir(path) as tmp:
+        save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        (tmp / VOCAB_FILE).write_text(json.dumps(vocabulary, ensure_ascii=False) + "\n", encoding="utf-8")
+        (tmp / TASK_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    return Path(path)
+
+
+def is_baseline(path: str | Path) -> bool:
+    """Whether ``path`` is a baseline's task folder."""
+    meta = read_task_meta(path) if Path(path).is_dir() else None
+    return bool(meta and "baseline" in meta)
+
+
+def load_baseline(path: str | Path) -> Baseline:
+    """The baseline saved in task folder ``path``."""
+    meta = read_task_meta(path)
+    if not meta or "baseline" not in meta:
+        raise UserInputError(f"{path}: not a baseline's task folder (no baseline entry in {TASK_FILE})")
+    spec = TaskSpec.from_dict(meta["spec"], source=str(Path(path) / TASK_FILE))
+    name, options = meta["baseline"]["name"], BaselineOptions(**meta["baseline"]["options"])
+    tensors = load_file(str(Path(path) / WEIGHTS_FILE))
+    vocabulary = json.loads((Path(path) / VOCAB_FILE).read_text(encoding="utf-8"))
+    if name in linear_baselines.LINEAR:
+        return Baseline(name, spec, options, pipe=linear_baselines.from_state(name, tensors, vocabulary, options.C))
+    vocab = WordVocab(vocabulary)
+    module = _neural(name, len(spec.labels), len(vocab), options)
+    module.load_state_dict(tensors)
+    return Baseline(name, spec, options, module=module, vocab=vocab)
+
+
+class _Settings(dict):
+    """A baseline's settings in the shape checkpoints store a model's config (``to_dict``)."""
+
+    def to_dict(self) -> dict:
+        return dict(self)
+
+
+class _Checkpointed:
+    """What the Trainer's checkpoints hold of a neural baseline: its tensors, and its settings as the config."""
+
+    def __init__(self, baseline: Baseline) -> None:
+        self.module = baseline.module
+        self.config = _Settings(name=baseline.name, options=asdict(baseline.options), labels=baseline.spec.labels)
+
+    def state_dict(self, keep_vars: bool = False) -> dict[str, torch.Tensor]:
+        return self.module.state_dict(keep_vars=keep_vars)
+
+    def load_state_dict(self, state: dict[str, torch.Tensor], strict: bool = True):
+        return self.module.load_state_dict(state, strict=strict)
+
+
+class BaselineTrainer(Trainer):
+    """The Trainer, checkpointing the baseline's tensors and writing its task folder as ``OUT/model``."""
+
+    def __init__(self, baseline: Baseline, *args, **kwargs) -> None:
+        super().__init__(baseline.module, *args, **kwargs)
+        self.baseline = baseline
+
+    def checkpoint_module(self):
+        return _Checkpointed(self.baseline)
+
+    def save_model(self) -> Path:
+        return save_baseline(self.baseline, self.out / MODEL_DIR)
+
+
+def _collate(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    return {"input_ids": pad_batch([e["input_ids"] for e in examples], 0)[0],
+            "labels": torch.tensor([e["gold"] for e in examples], dtype=torch.long)}
+
+
+# ------------------------------------------------------------------------------------------- train, score
+def train_baseline(name: str, spec: TaskSpec, train, eval=None, *, out: str | Path, config: TrainConfig | None = None,
+                   options: BaselineOptions | None = None, epochs: float | None = None, log=None) -> dict[str, Any]:
+    """Train baseline ``name`` on ``train`` (a file, ``NAME:SPLIT`` or a Table), score it on ``eval``, write ``out``.
+
+    ``config``: the Trainer's settings for the neural baselines (steps, batch size, lr, seed); the linear ones
+    read only its ``seed``. ``epochs``: set the neural baselines' ``max_steps`` to this many passes over ``train``. Returns ``{"model_dir", "eval", "counts"}`` (also written to ``OUT/baseline.json``).
+    """
+    if name not in BASELINES:
+        raise UserInputError(f"unknown baseline {name!r}; choose one of {', '.join(BASELINES)}")
+    check_spec(spec)
+    config = config or TrainConfig(**{**NEURAL_DEFAULTS, "progress": False, "tensorboard": False})
+    options = options or BaselineOptions()
+    out = Path(out)
+    check_fresh_run(out, config.resume)
+    if (out / MODEL_DIR).exists() and not config.resume:
+        raise UserInputError(f"{out} already holds a trained model ({out / MODEL_DIR}); choose another --out")
+    train_table = _table(train)
+    eval_table = _table(eval) if eval is not None else None
+    texts = texts_of(train_table, spec)
+    if not spec.labels:
+        spec = spec.replace(labels=sorted_labels(label_text(text_of(train_table, i, spec.columns()["label"]))
+                                                 for i in range(len(train_table))))
+    gold = gold_ids(train_table, spec)
+    if eval_table is not None:  # fail on bad evaluation rows now, not after training
+        eval_texts, eval_gold = texts_of(eval_table, spec), gold_ids(eval_table, spec)
+    if name in linear_baselines.LINEAR:
+        pipe = linear_baselines.pipeline(name, options.C, config.seed).fit(texts, gold)
+        baseline = Baseline(name, spec, options, pipe=pipe)
+        save_baseline(baseline, out / MODEL_DIR)
+    else:
+        torch.manual_seed(config.seed)
+        vocab = WordVocab.build(texts, options.min_count)
+        module = _neural(name, len(spec.labels), len(vocab), options)
+        with torch.no_grad():
+            module.embed.weight.copy_(vocab.vectors(options.vectors, options.embed_dim, texts, config.seed))
+        baseline = Baseline(name, spec, options, module=module, vocab=vocab)
+        examples = [{"input_ids": ids, "gold": g} for ids, g in zip(baseline.encode(texts), gold)]
+        if epochs is not None:
+            if epochs <= 0:
+                raise UserInputError(f"--epochs {epochs} must be > 0")
+            config = config.updated({"max_steps": max(1, math.ceil(epochs * len(examples) / config.batch_size))},
+                                    source="baseline")
+        eval_batches = None
+        if eval_table is not None:
+            eval_examples = [{"input_ids": i, "gold": g} for i, g in zip(baseline.encode(eval_texts), eval_gold)]
+            eval_batches = ExampleBatches(eval_examples, config.batch_size, shuffle=False)
+            config = config.updated({"eval_batches": math.ceil(len(eval_examples) / config.batch_size)},
+                                    source="baseline")
+        if log:
+            log(f"{name}: {len(vocab)} words, {sum(p.numel() for p in module.parameters()) / 1e6:.2f}M parameters "
+                f"| {len(examples)} train examples | {config.max_steps} steps x {config.batch_size} | lr {config.lr:g}")
+        BaselineTrainer(baseline, _collate, ExampleBatches(examples, config.batch_size, seed=config.seed), config,
+                        out=out, eval_data=eval_batches).fit()
+    result = {"baseline": name, "options": asdict(options), "seed": config.seed, "model_dir": str(out / MODEL_DIR),
+              "train": train_table.path, "eval": None, "counts": {"train": len(train_table)}}
+    if eval_table is not None:
+        result["eval"] = evaluate(out / MODEL_DIR, eval_table)
+        result["eval_data"] = eval_table.path
+    atomic_write_text(out / RUN_FILE, json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def _labelled(baseline: Baseline, table: Table) -> tuple[np.ndarray, list[int]]:
+    return baseline.scores(texts_of(table, baseline.spec)), gold_ids(table, baseline.spec)
+
+
+def evaluate(path: str | Path, data, limit: int | None = None) -> dict[str, float]:
+    """``{"loss" (probabilistic baselines), accuracy, f1_macro, f1_micro, mcc, "examples"}`` of a baseline's
+    folder on labelled data."""
+    baseline, table = load_baseline(path), _table(data)
+    if limit is not None:
+        table = Table(table.path, table.rows[:limit], table.columns, table.lines[:limit])
+    scores, gold = _labelled(baseline, table)
+    labels = baseline.spec.labels
+    pred = [labels[k] for k in scores.argmax(1)]
+    out = metrics.classification([labels[g] for g in gold], pred, labels=labels)
+    if baseline.probabilistic:
+        out = {"loss": float(-np.mean(np.log(np.maximum(scores[np.arange(len(gold)), gold], 1e-12)))), **out}
+    return {**out, "examples": len(table)}
+
+
+def predict(path: str | Path, data, output: str | Path | None = None) -> list[dict[str, Any]]:
+    """One prediction per row (``row``, the input columns, ``label``, and ``probabilities`` or SVM ``scores``),
+    written to ``output`` (.jsonl, .tsv, .csv) when given."""
+    baseline, table = load_baseline(path), _table(data)
+    scores = baseline.scores(texts_of(table, baseline.spec))
+    labels, cols = baseline.spec.labels, baseline.spec.columns()
+    key = "probabilities" if baseline.probabilistic else "scores"
+    rows = []
+    for i, values in enumerate(scores):
+        inputs = {cols[r]: table.rows[i].get(cols[r]) for r in ("text", "text_pair") if cols.get(r)}
+        rows.append({"row": i + 1, **inputs, "label": labels[int(values.argmax())],
+                     key: {label: round(float(v), 6) for label, v in zip(labels, values)}})
+    if output is not None:
+        write_predictions(rows, output)
+    return rows
