@@ -10,7 +10,13 @@ runs past its deadline leaves, freeing its row at once.
                         QueueFull beyond it                 one forward per step
 
 The model runs only on this thread (torch releases the GIL inside its kernels, so the server's event
-loop stays responsive); jobs report back through their ``emit`` callback. An exception while choosing
+loop stays responsive); jobs report back through their ``emit`` callback. Per step the Python work is
+kept off the per-row path where it can be: one argmax over the batch gives every plain greedy row its
+token, and only rows that sample or report log-probabilities look at their own logits.
+
+With ``compile=True`` the decode steps run through compiled graphs (:class:`SlotBatch` with
+``compile=True``); :meth:`Scheduler.start` compiles them before the first request (or falls back to
+eager steps, with a warning, where compiling fails). An exception while choosing
 one job's token fails that job only; one in the batched forward fails the jobs in that batch, and the
 scheduler goes on with fresh rows.
 
@@ -65,17 +71,19 @@ class Scheduler:
         max_len: prompt + generated tokens a job may reach (the server checks requests against it).
         observe: called with ``(event, value)`` for metrics: ``("queue", n)``, ``("batch", n)``,
             ``("tokens", n)``, ``("finished", job)``.
-        decode_weights: weights to multiply in their decoding forms while the scheduler runs (those that
-            ``generate`` uses, so tokens equal its own).
+        decode_weights: weights to multiply in their decoding forms while the scheduler runs eager steps
+            (those that ``generate`` uses, so tokens equal its own).
+        compile: decode steps through compiled graphs (see the module docstring).
     """
 
     def __init__(self, model, max_batch: int, max_queue: int, max_len: int,
-                 observe: Callable[[str, object], None] | None = None, decode_weights=()):
+                 observe: Callable[[str, object], None] | None = None, decode_weights=(), compile: bool = False):
         self.model = model.eval()
         self.max_batch, self.max_queue, self.max_len = max_batch, max_queue, max_len
         self.observe = observe or (lambda event, value: None)
         self.decode_weights = list(decode_weights)
-        self.rows = SlotBatch(model, max_batch, max_len)
+        self.compile = compile
+        self.rows = SlotBatch(model, max_batch, max_len, compile=compile)
         self.waiting: deque[Job] = deque()
         self.running: dict[int, Job] = {}
         self.last: dict[int, int] = {}  # job key -> its newest token (fed at the next step)
@@ -87,6 +95,10 @@ class Scheduler:
 
     # ------------------------------------------------------------------ the server's side
     def start(self) -> "Scheduler":
+        """Start the thread (after compiling the decode steps, with ``compile=True``)."""
+        if self.compile:
+            with torch.inference_mode():
+                self.compile = self.rows.warm_up()
         self.thread.start()
         return self
 
@@ -131,7 +143,8 @@ class Scheduler:
 
     # ------------------------------------------------------------------ the scheduler thread
     def _loop(self) -> None:
-        with torch.inference_mode(), decoding_weights(self.decode_weights):
+        # The compiled graph multiplies by the weights as they are: the decoding forms are for eager steps.
+        with torch.inference_mode(), decoding_weights([] if self.compile else self.decode_weights):
             while True:
                 with self.cond:
                     while not self._stop and not self.waiting and not self.running:
@@ -173,24 +186,26 @@ class Scheduler:
         except Exception as exc:
             for key in keys:
                 self._fail(self.running[key], exc, leave=False)
-            self.rows = SlotBatch(self.model, self.max_batch, self.max_len)
+            self.rows = SlotBatch(self.model, self.max_batch, self.max_len, compile=self.rows.compiled)
             self.running.clear()
             self.observe("batch", 0)
             return
         self.observe("tokens", len(keys))
+        greedy = logits.argmax(-1).tolist()  # every plain greedy row's token, in one op
         now = time.monotonic()
-        for key, row in zip(keys, logits):
+        for key, row, best in zip(keys, logits, greedy):
             job = self.running[key]
             if job.cancelled or job.expired(now):
                 self._finish(job, "cancelled" if job.cancelled else "timeout")
             else:
-                self._advance(job, row)
+                self._advance(job, row, best)
         self.observe("batch", len(self.running))
 
-    def _advance(self, job: Job, logits: torch.Tensor) -> None:
-        """Choose ``job``'s next token and hand it over; end the job when it is done."""
+    def _advance(self, job: Job, logits: torch.Tensor, argmax: int | None = None) -> None:
+        """Choose ``job``'s next token (``argmax``: that of ``logits``, if known) and hand it over; end the job
+        when it is done."""
         try:
-            token, reason = job.choose(logits)
+            token, reason = job.choose(logits, argmax)
         except Exception as exc:
             self._fail(job, exc)
             return
