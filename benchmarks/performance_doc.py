@@ -9,7 +9,11 @@ Usage::
     lmforge bench --json > docs/bench.json
     python -m benchmarks.performance_doc docs/bench.json --note "what else ran on the machine"
 
-(``make bench-docs`` does both.)
+(``make bench-docs`` does both.) One benchmark measured on its own (a new one, or a rerun) joins the record
+with its own provenance, which its section and the README's line then name beside the record's::
+
+    lmforge bench --json --only serve_load > serve.json
+    python -m benchmarks.performance_doc docs/bench.json --merge serve.json --note "what else ran then"
 """
 
 from __future__ import annotations
@@ -66,12 +70,47 @@ def summary(record: dict) -> str:
 
 
 def provenance(record: dict) -> str:
-    """One sentence: which run, when, on what."""
+    """One sentence: which run, when, on what (and the benchmarks measured in runs of their own)."""
     m = record["machine"]
     mode = "`--quick` sizes, " if record.get("quick") else ""
+    own = "".join(f"; {name} by `{run['command']}` on {run['date'][:10]}" for name, run in separate_runs(record))
     return (f"Measured by `{record['command']}` on {record['date'][:10]} ({mode}{record['seconds'] / 60:.0f} min) on "
-            f"{m['cpu']}, {m.get('cores', m.get('cpu_count'))} cores, {m.get('torch_threads', '?')} torch threads; "
-            f"details in [docs/performance.md](docs/performance.md).")
+            f"{m['cpu']}, {m.get('cores', m.get('cpu_count'))} cores, {m.get('torch_threads', '?')} torch threads"
+            f"{own}; details in [docs/performance.md](docs/performance.md).")
+
+
+def separate_runs(record: dict) -> list[tuple[str, dict]]:
+    """(benchmark, its run) of the benchmarks merged into ``record`` from runs of their own (``--merge``)."""
+    return [(name, entry["run"]) for name, entry in record["benchmarks"].items() if entry.get("run")]
+
+
+def run_sentence(run: dict) -> str:
+    """Where a separately measured benchmark's figures come from: command, date, machine, load, note.
+
+    >>> print(run_sentence({"command": "lmforge bench --json --only x", "date": "2026-01-02T03:04:05+00:00",
+    ...                     "seconds": 90, "machine": {"cpu": "CPU", "cores": 2, "torch_threads": 2,
+    ...                     "load_average_start": 3.1, "load_average_end": 4.2}, "note": "Busy."}))
+    Measured in a run of its own: `lmforge bench --json --only x` on 2026-01-02T03:04:05+00:00 (1.5 minutes) on CPU, 2 cores, 2 torch threads; 1-minute load average 3.1 at the start, 4.2 at the end. Busy.
+    """
+    m = run["machine"]
+    load = (f"; 1-minute load average {m['load_average_start']} at the start, {m['load_average_end']} at the end"
+            if "load_average_end" in m else "")
+    note = f" {run['note']}" if run.get("note") else ""
+    return (f"Measured in a run of its own: `{run['command']}` on {run['date']} ({run['seconds'] / 60:.1f} minutes) "
+            f"on {m['cpu']}, {m.get('cores', m.get('cpu_count'))} cores, {m.get('torch_threads', '?')} torch "
+            f"threads{load}.{note}")
+
+
+def merge(record: dict, new: dict, note: str | None = None) -> dict:
+    """``record`` with the benchmarks of ``new`` (another ``lmforge bench --json`` record) in place of its own
+    entries of the same names, each carrying ``new``'s command, date, duration, machine and ``note``."""
+    run = {key: new[key] for key in ("command", "date", "seconds", "machine")}
+    if note:
+        run["note"] = note
+    benchmarks = dict(record["benchmarks"])
+    for name, entry in new["benchmarks"].items():
+        benchmarks[name] = {**entry, "run": run}
+    return {**record, "benchmarks": benchmarks}
 
 
 # ------------------------------------------------------------------------------------------- per benchmark
@@ -166,9 +205,33 @@ def attention_scaling_detail(data: dict) -> str:
             f"{data['repeats']}." + ("".join(f" {k} stopped: {v}." for k, v in data.get("stopped", {}).items())))
 
 
+def serve_load_detail(data: dict) -> str:
+    rows = []
+    for model, entry in data["models"].items():
+        one = entry["rows"][0]["tok_s"]
+        for r in entry["rows"]:
+            rows.append([model, r["concurrency"], f"{r['req_s']:.2f}", _n(r["tok_s"], 1),
+                         f"{r['ttft_p50']:.3f} / {r['ttft_p99']:.3f}", f"{r['token_ms_p50']:.1f} / {r['token_ms_p99']:.1f}",
+                         "(one at a time)" if r["concurrency"] == 1 else f"{r['tok_s'] / one:.2f}×",
+                         f"{r['load_before']} → {r['load_after']}"])
+    header = ["model", "concurrency", "requests/s", "generated tok/s", "TTFT p50 / p99 (s)",
+              "per token p50 / p99 (ms)", "tok/s vs one at a time", "load average"]
+    verdicts = []
+    for model, entry in data["models"].items():
+        top = entry["rows"][-1]
+        verdicts.append(f"{model}: {entry['speedup_vs_one_at_a_time']:.2f}× and p99 TTFT {top['ttft_p99']:.2f} s at "
+                        f"concurrency {top['concurrency']} ({'met' if entry['target_met'] else 'missed'})")
+    return (table(header, rows) +
+            f"\n\n{data['requests']} requests of {data['prompt_tokens']}-token prompts and {data['new_tokens']} new "
+            f"tokens per load, {data['threads']} server threads, "
+            f"{'compiled' if data.get('compile') else 'eager'} decode steps. Target: at concurrency 16, generated "
+            f"tokens/s at least {data['target_speedup']:g}× concurrency 1, with p99 TTFT under "
+            f"{data['target_ttft_p99_s']:g} s: " + "; ".join(verdicts) + ".")
+
+
 DETAILS = {"train_step": train_step_detail, "generate": generate_detail, "data_pipeline": data_pipeline_detail,
            "peft_memory": peft_memory_detail, "verify_cost": verify_cost_detail,
-           "attention_scaling": attention_scaling_detail}
+           "attention_scaling": attention_scaling_detail, "serve_load": serve_load_detail}
 
 # What each benchmark runs and against what: the method, which the figures above do not carry.
 METHODS = {
@@ -206,6 +269,16 @@ METHODS["attention_scaling"] = """\
 Linformer (k = 256), a one-layer LSTM and a kernel-3 1-D convolution; forward and forward + backward time, and the
 peak memory of forward + backward. **Reference**: full attention; the ratio is its time over Linformer's at the
 longest length both ran. Slopes are log-log fits over each layer's three longest lengths."""
+
+METHODS["serve_load"] = """\
+`benchmarks/serve_load.py`: `lmforge serve` under load. Two random models, the tiny GPT (6 layers × 384) and a
+GPT-2-shaped one (12 layers × 768, an HF `GPT2LMHeadModel` converted by `lmforge.from_hf`), vocab 8192, fp32,
+each served by its own `lmforge serve` subprocess on loopback (`--max-batch 16`). A bounded asyncio client
+(raw HTTP/1.1, server-sent events) sends 64 streamed greedy completions of 32-token prompts and exactly 64 new
+tokens each, with 1, 4 and 16 requests in flight. **Reference**: concurrency 1, the same load served one request
+at a time; the ratio is generated tokens/s against it. TTFT is from sending a request to its first streamed
+text; per-token latency is the rest of the request over its remaining tokens. The loads run one after another
+against the same server (not interleaved), so each row's load average says how busy the host was."""
 
 METHODS["verify_cost"] = """\
 `benchmarks/verify_cost.py`: what integrity checking adds to loading a model folder. A randomly initialised
@@ -278,9 +351,11 @@ def page(record: dict, note: str | None = None) -> str:
         "# Performance",
         "<!-- Generated by benchmarks/performance_doc.py from docs/bench.json: edit those, not this page. -->",
         f"Every figure on this page comes from one run of `{record['command']}` on {record['date']} "
-        f"({record['seconds'] / 60:.1f} minutes{', `--quick` sizes' if record.get('quick') else ''}); the machine "
-        f"is described [at the end](#machine). The README's table is the summary below, generated from the same "
-        f"record ([bench.json](bench.json)).",
+        f"({record['seconds'] / 60:.1f} minutes{', `--quick` sizes' if record.get('quick') else ''})"
+        + (f", except those of {', '.join(name for name, _ in separate_runs(record))}, whose sections name their "
+           f"own run" if separate_runs(record) else "") +
+        f"; the machine is described [at the end](#machine). The README's table is the summary below, generated "
+        f"from the same record ([bench.json](bench.json)).",
         "## Reproduce",
         f"```bash\n{record['command']} > docs/bench.json   # or: make bench-docs\n{RENDER}\n```",
         "## Summary",
@@ -294,6 +369,8 @@ def page(record: dict, note: str | None = None) -> str:
         parts.append(f"## {name}")
         if name in METHODS:
             parts.append(METHODS[name])
+        if entry.get("run"):
+            parts.append(run_sentence(entry["run"]))
         data = _result(record, name)
         if data is None:
             parts.append(f"This benchmark failed in this run: {entry.get('error', 'no result')}.")
@@ -323,19 +400,28 @@ def replace_block(text: str, block: str) -> str:
     return text[:start] + block + text[end + len(END):]
 
 
+def _read(path: Path) -> dict:
+    text = path.read_text(encoding="utf-8")
+    try:
+        return json.loads(text)
+    except ValueError:  # lmforge bench's output with something before it: the record is the last line
+        return json.loads(text.strip().splitlines()[-1])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("record", type=Path, help="the output of `lmforge bench --json` (e.g. docs/bench.json)")
     parser.add_argument("--note", default=None, help="a sentence on the machine's state (what else was running)")
+    parser.add_argument("--merge", type=Path, default=None, metavar="RECORD",
+                        help="another lmforge bench --json record (e.g. --only one benchmark): its benchmarks replace "
+                             "the record's own, with their run's provenance; --note then describes that run")
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "performance.md")
     parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
     args = parser.parse_args(argv)
-    text = args.record.read_text(encoding="utf-8")
-    try:
-        record = json.loads(text)
-    except ValueError:  # lmforge bench's output with something before it: the record is the last line
-        record = json.loads(text.strip().splitlines()[-1])
-    if args.note:
+    record = _read(args.record)
+    if args.merge is not None:
+        record = merge(record, _read(args.merge), args.note)
+    elif args.note:
         record["note"] = args.note
     args.record.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")  # indented, for readers
     args.doc.write_text(page(record, record.get("note")), encoding="utf-8")

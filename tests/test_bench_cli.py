@@ -32,6 +32,9 @@ RESULTS = {
                     "repeats": 5, "load_verified_s": 1.2, "load_unverified_s": 1.0, "verify_only_s": 0.3, "ratio": 1.2},
     "attention_scaling": {"benchmark": "attention_scaling", "linformer_k": 256, "at_longest": {
         "full-sdpa": {"n": 8192, "linformer_s": 0.05, "full_s": 0.2}}},
+    "serve_load": {"benchmark": "serve_load", "compile": False, "models": {"gpt-tiny": {"rows": [
+        {"concurrency": 1, "tok_s": 50.0, "ttft_p99": 0.1}, {"concurrency": 4, "tok_s": 150.0, "ttft_p99": 0.3},
+        {"concurrency": 16, "tok_s": 250.0, "ttft_p99": 1.25}]}}},
 }
 
 
@@ -70,6 +73,9 @@ def test_rows_for_each_benchmark_format():
     assert [(r.ratio, r.better) for r in rows["peft_memory"]] == [(0.56, "lower"), (0.125, "lower")]
     assert [(r.case, r.ratio) for r in rows["attention_scaling"]] == [
         ("Linformer k=256 vs full attention (sdpa), fwd+bwd, n=8192", pytest.approx(4.0))]
+    assert [(r.case, r.lmforge, r.reference, r.ratio) for r in rows["serve_load"]] == [
+        ("gpt-tiny, 4 concurrent streams", "150.0 tok/s, p99 TTFT 0.30 s", "one at a time 50.0 tok/s", 3.0),
+        ("gpt-tiny, 16 concurrent streams", "250.0 tok/s, p99 TTFT 1.25 s", "one at a time 50.0 tok/s", 5.0)]
     generic = bench.rows_for("new_bench", {"speed_ratio": 2.0, "other": 5, "a_over_b": 0.5})
     assert [(r.case, r.ratio) for r in generic] == [("speed_ratio", 2.0), ("a_over_b", 0.5)]
     with pytest.raises(ValueError, match="train_step: unexpected result format"):

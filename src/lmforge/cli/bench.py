@@ -7,6 +7,7 @@ table of lmforge against its reference, each ratio measured side by side in the 
     data_pipeline.py  data prepare MB/s; packed loader tokens/s              raw tokenizers encode_batch; a target
     peft_memory.py    peak training memory of LoRA; QLoRA's NF4 base bytes   full fine-tuning; fp32 weights
     attention_scaling.py  one layer's time vs length: Linformer (k=256)         full attention (SDPA; matmul)
+    serve_load.py     lmforge serve's generated tokens/s at concurrency 4, 16   the same load one request at a time
 
 Each script runs in its own process (so one's memory and threads do not disturb the next), prints its own
 lines (shown on stderr as they come) and ends with one JSON line, which this command reads. The quality
@@ -43,7 +44,8 @@ import lmforge
 from lmforge.cli.main import UserError
 from lmforge.utils.machine import machine_info
 
-BENCHMARKS = ("train_step", "generate", "data_pipeline", "peft_memory", "verify_cost", "attention_scaling")
+BENCHMARKS = ("train_step", "generate", "data_pipeline", "peft_memory", "verify_cost", "attention_scaling",
+              "serve_load")
 QUICK_FLAGS = {name: ["--quick"] for name in BENCHMARKS}  # every speed benchmark has its own --quick
 STEADY_TOLERANCE = 0.15  # the matmul peak may move this much between start and end (as train_step.py allows)
 
@@ -128,6 +130,19 @@ def _attention_scaling(data: dict) -> list[Row]:
             for full, r in data.get("at_longest", {}).items()]
 
 
+def _serve_load(data: dict) -> list[Row]:
+    # Every concurrency above 1 against concurrency 1, which is the same load served one request at a time.
+    rows = []
+    for model, entry in data.get("models", {}).items():
+        one = entry["rows"][0]
+        for r in entry["rows"][1:]:
+            rows.append(Row("serve_load", f"{model}, {r['concurrency']} concurrent streams"
+                            + (", compiled" if data.get("compile") else ""),
+                            f"{r['tok_s']:,.1f} tok/s, p99 TTFT {r['ttft_p99']:.2f} s",
+                            f"one at a time {one['tok_s']:,.1f} tok/s", r["tok_s"] / one["tok_s"], "higher"))
+    return rows
+
+
 def _generic(name: str, data: dict) -> list[Row]:
     """A benchmark without an adapter: every top-level number named like a ratio."""
     return [Row(name, key, "-", "-", float(value), "higher") for key, value in data.items()
@@ -136,7 +151,7 @@ def _generic(name: str, data: dict) -> list[Row]:
 
 ADAPTERS: dict[str, Callable[[dict], list[Row]]] = {
     "train_step": _train_step, "generate": _generate, "data_pipeline": _data_pipeline, "peft_memory": _peft_memory,
-    "verify_cost": _verify_cost, "attention_scaling": _attention_scaling,
+    "verify_cost": _verify_cost, "attention_scaling": _attention_scaling, "serve_load": _serve_load,
 }
 
 

@@ -70,7 +70,7 @@ class Scheduler:
         max_queue: jobs that may wait for a row; more are refused with :class:`QueueFull`.
         max_len: prompt + generated tokens a job may reach (the server checks requests against it).
         observe: called with ``(event, value)`` for metrics: ``("queue", n)``, ``("batch", n)``,
-            ``("tokens", n)``, ``("finished", job)``.
+            ``("tokens", n)`` (a decode step over n rows), ``("finished", job)``.
         decode_weights: weights to multiply in their decoding forms while the scheduler runs eager steps
             (those that ``generate`` uses, so tokens equal its own).
         compile: decode steps through compiled graphs (see the module docstring).
