@@ -336,3 +336,31 @@ def test_a_task_folder_is_served_for_classification_as_predict_gives(tmp_path):
     got = r.json()["data"]
     assert [g["label"] for g in got] == [e["label"] for e in expected]
     assert [g["probabilities"] for g in got] == [e["probabilities"] for e in expected]
+
+
+def test_prompts_of_one_length_prefill_together_as_they_would_alone():
+    model = _model()
+    prompts = [[5, 6, 7, 8], [9, 10, 11, 12], [13, 14]]
+    batch = SlotBatch(model, rows=4, max_len=32)
+    with torch.inference_mode():
+        batch.join("x", [1, 2, 3, 4, 5, 6])  # a row already there: the new ones go beside it
+        together = batch.join_many([("a", prompts[0]), ("b", prompts[1])])  # (2, V)
+        with pytest.raises(ValueError, match="one length"):
+            batch.join_many([("c", prompts[0]), ("d", prompts[2])])
+        alone = [model(torch.tensor([p])).logits[0, -1] for p in prompts[:2]]
+    torch.testing.assert_close(together, torch.stack(alone), atol=1e-5, rtol=1e-5)
+    assert batch.keys == ["x", "a", "b"] and batch.lengths == [6, 4, 4]
+    greedy = [generate(model, [p], max_new_tokens=6, ignore_eos=True).tolist()[0] for p in prompts]
+    engine = Scheduler(model, max_batch=4, max_queue=8, max_len=32)
+    groups, join_many = [], engine.rows.join_many
+    engine.rows.join_many = lambda items: groups.append(len(items)) or join_many(items)
+    engine.start()
+    try:
+        events = [[] for _ in prompts]
+        with engine.cond:  # all three wait together: the two of length 4 join in one forward
+            for p, got in zip(prompts, events):
+                engine.submit(Job(p, 6, decode=_decode, emit=got.append))
+        assert engine.wait_idle(60)
+    finally:
+        engine.stop()
+    assert [[e.id for e in got[:-1]] for got in events] == greedy and groups == [2, 1]

@@ -115,14 +115,23 @@ class SlotBatch:
 
     def join(self, key: Hashable, ids: Sequence[int]) -> torch.Tensor:
         """Prefill ``ids`` (T,) into a free row for sequence ``key``; return the next-token logits (V,)."""
-        T = len(ids)
-        if not self.free:
+        return self.join_many([(key, ids)])[0]
+
+    def join_many(self, items: Sequence[tuple[Hashable, Sequence[int]]]) -> torch.Tensor:
+        """Prefill G prompts of one length T together (one forward over (G, T): a wave of new requests costs
+        one pass over the weights, not G), each into a free row; return their next-token logits (G, V)."""
+        G = len(items)
+        T = len(items[0][1]) if items else 0
+        if any(len(ids) != T for _, ids in items):
+            raise ValueError("join_many prefills prompts of one length only")
+        if G > self.free:
             raise RuntimeError("no free row: wait for a sequence to leave")
         if not 0 < T < self.max_len:
             raise ValueError(f"a prompt of {T} tokens does not fit rows of max_len={self.max_len}")
         device = self._valid.device
         cache = KVCache(capacity=T)
-        out = self.model(torch.tensor([list(ids)], device=device), past_key_values=cache, use_cache=True)
+        out = self.model(torch.tensor([list(ids) for _, ids in items], device=device), past_key_values=cache,
+                         use_cache=True)  # logits (G, T, V)
         if not self._k:
             for layer in range(len(cache._keys)):
                 k = cache._keys[layer]
@@ -133,16 +142,19 @@ class SlotBatch:
         if T > self.cur:
             self._shift(T - self.cur)
         i, start = len(self.keys), self.cur - T
+        rows = slice(i, i + G)
         for layer in range(len(self._k)):
-            self._k[layer][i].zero_()
-            self._v[layer][i].zero_()
-            self._k[layer][i, :, start:self.cur] = cache._keys[layer][0, :, :T]
-            self._v[layer][i, :, start:self.cur] = cache._values[layer][0, :, :T]
-        self._valid[i] = False
-        self._valid[i, start:self.cur] = True
-        self.keys.append(key)
-        self.lengths.append(T)
-        return out.logits[0, -1]  # (V,)
+            # Columns before the prompt are masked but must be finite (0 * NaN would leak through the softmax);
+            # those after ``cur`` hold an earlier row's finite values until a step writes them.
+            self._k[layer][rows, :, :start] = 0
+            self._v[layer][rows, :, :start] = 0
+            self._k[layer][rows, :, start:self.cur] = cache._keys[layer][:, :, :T]
+            self._v[layer][rows, :, start:self.cur] = cache._values[layer][:, :, :T]
+        self._valid[rows] = False
+        self._valid[rows, start:self.cur] = True
+        self.keys.extend(key for key, _ in items)
+        self.lengths.extend([T] * G)
+        return out.logits[:, -1]  # (G, V)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Append ``tokens`` (n,), one per row in :attr:`keys` order; return the next logits (n, V)."""
@@ -216,7 +228,7 @@ class SlotBatch:
         i, last = self.keys.index(key), len(self.keys) - 1
         if i != last:
             for buf in (*self._k, *self._v):
-                buf[i] = buf[last]
+                buf[i, :, :self.cur] = buf[last, :, :self.cur]  # after cur: nothing attended to yet
             self._valid[i] = self._valid[last]
             self.keys[i], self.lengths[i] = self.keys[last], self.lengths[last]
         self.keys.pop()

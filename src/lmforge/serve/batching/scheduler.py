@@ -1,7 +1,8 @@
 """The scheduler: one thread that runs every running generation request's decode step together.
 
 Iteration-level scheduling (Orca, Yu et al. 2022): before each decode step, waiting jobs join free rows
-of the :class:`~lmforge.generation.slots.SlotBatch` (their prompt prefilled, their first token chosen);
+of the :class:`~lmforge.generation.slots.SlotBatch` (their prompts prefilled, those of one length in one
+forward, and their first tokens chosen);
 then one forward over all rows gives every job its next token, each chosen with the job's own settings
 (:class:`~lmforge.serve.batching.job.Job`); a job that ends, is cancelled (its client went away) or
 runs past its deadline leaves, freeing its row at once.
@@ -158,25 +159,42 @@ class Scheduler:
             job.emit(("done", "cancelled"))
 
     def _admit(self) -> None:
+        """Waiting jobs take the free rows; prompts of one length are prefilled together."""
         while self.rows.free:
+            jobs = []
             with self.cond:
-                if not self.waiting:
-                    return
-                job = self.waiting.popleft()
+                while self.waiting and len(jobs) < self.rows.free:
+                    jobs.append(self.waiting.popleft())
+                if not jobs:
+                    break
                 self.observe("queue", len(self.waiting))
-            if job.cancelled or job.expired(time.monotonic()):
-                job.reason = "cancelled" if job.cancelled else "timeout"
-                job.emit(("done", job.reason))
-                self._ended(job)
-                continue
-            try:
-                logits = self.rows.join(job.key, job.ids)
-            except Exception as exc:  # this prompt alone failed: the batch is untouched
-                self._fail(job, exc)
-                continue
-            self.running[job.key] = job
-            self._advance(job, logits)
+            now, groups = time.monotonic(), {}
+            for job in jobs:
+                if job.cancelled or job.expired(now):
+                    job.reason = "cancelled" if job.cancelled else "timeout"
+                    job.emit(("done", job.reason))
+                    self._ended(job)
+                else:
+                    groups.setdefault(len(job.ids), []).append(job)
+            for group in groups.values():
+                self._join(group)
         self.observe("batch", len(self.running))
+
+    def _join(self, jobs: list[Job]) -> None:
+        """Prefill ``jobs`` (prompts of one length) in one forward, and choose their first tokens; if that
+        fails, each alone, so that a prompt that fails fails only its own job."""
+        try:
+            logits = self.rows.join_many([(job.key, job.ids) for job in jobs])
+        except Exception as exc:
+            if len(jobs) == 1:
+                self._fail(jobs[0], exc)
+                return
+            for job in jobs:
+                self._join([job])
+            return
+        for job, row in zip(jobs, logits):
+            self.running[job.key] = job
+            self._advance(job, row)
 
     def _step(self) -> None:
         keys = list(self.rows.keys)
