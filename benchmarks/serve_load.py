@@ -82,13 +82,20 @@ def build_models(folder: Path, names: list[str], vocab: int) -> tuple[dict[str, 
 
 
 def prompts(folder: Path, texts: list[str], n: int, length: int) -> list[str]:
-    """``n`` prompts of about ``length`` tokens: the first ``length`` tokens of corpus lines, decoded."""
+    """``n`` prompts of exactly ``length`` tokens: spans of the corpus whose text encodes back to ``length`` tokens."""
     from lmforge.tokenization import Tokenizer
 
     tok = Tokenizer.load(folder)
-    joined = " ".join(texts)
-    ids = tok.encode(joined, add_special_tokens=False)
-    return [tok.decode(ids[i * length:(i + 1) * length]) for i in range(n)]
+    ids = tok.encode(" ".join(texts), add_special_tokens=False)
+    out, start = [], 0
+    while len(out) < n and start + length <= len(ids):
+        text = tok.decode(ids[start:start + length])
+        if len(tok.encode(text, add_special_tokens=False)) == length:
+            out.append(text)
+        start += length
+    if len(out) < n:
+        raise SystemExit(f"the corpus holds only {len(out)} prompts of {length} tokens")
+    return out
 
 
 class Server:
