@@ -32,6 +32,9 @@ def test_the_record_names_its_run_and_machine():
                 "bf16_matmul_gflops_end"):
         assert machine.get(key) is not None, key
     assert all(not entry.get("error") for entry in RECORD["benchmarks"].values())
+    for name, run in performance_doc.separate_runs(RECORD):  # merged from runs of their own: named as fully
+        assert run["command"].startswith("lmforge bench") and f"--only {name}" in run["command"], name
+        assert run["date"] and run["seconds"] > 0 and run["machine"].get("cpu") and run.get("note"), name
 
 
 def test_every_summary_row_appears_in_the_readme_once():
@@ -53,6 +56,31 @@ def test_rendering_replaces_only_the_marked_block(tmp_path):
     assert text.startswith("# title\n\n") and text.endswith("\n\nmore\n") and "old table" not in text
     assert "Nothing else ran." in doc.read_text(encoding="utf-8")
     assert json.loads(record_file.read_text(encoding="utf-8"))["note"] == "Nothing else ran."
+
+
+def test_a_benchmark_measured_on_its_own_joins_the_record_with_its_run(tmp_path):
+    entry = {k: v for k, v in RECORD["benchmarks"]["verify_cost"].items() if k != "run"}
+    new = {"quick": False, "command": "lmforge bench --json --only verify_cost", "date": "2030-01-02T03:04:05+00:00",
+           "seconds": 60.0, "machine": {"cpu": "Other CPU", "cores": 2, "torch_threads": 1, "load_average_start": 3.0,
+                                        "load_average_end": 4.0}, "benchmarks": {"verify_cost": entry}}
+    merged = performance_doc.merge(RECORD, new, "A test suite ran beside it.")
+    assert (merged["command"], merged["date"]) == (RECORD["command"], RECORD["date"])
+    assert merged["benchmarks"]["verify_cost"]["run"]["machine"]["cpu"] == "Other CPU"
+    page = performance_doc.page(merged, merged.get("note"))
+    assert "verify_cost" in page.split("except those of ", 1)[1].split(", whose sections name", 1)[0]
+    assert ("Measured in a run of its own: `lmforge bench --json --only verify_cost` on 2030-01-02T03:04:05+00:00 "
+            "(1.0 minutes) on Other CPU, 2 cores, 1 torch threads; 1-minute load average 3.0 at the start, 4.0 at the "
+            "end. A test suite ran beside it.") in page
+    assert "verify_cost by `lmforge bench --json --only verify_cost` on 2030-01-02" in performance_doc.readme_block(merged)
+    # through the command line, into files
+    record_file, new_file = tmp_path / "bench.json", tmp_path / "new.json"
+    record_file.write_text(json.dumps(RECORD), encoding="utf-8")
+    new_file.write_text("lmforge bench: verify_cost.py\n" + json.dumps(new) + "\n", encoding="utf-8")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{performance_doc.START}\n{performance_doc.END}\n", encoding="utf-8")
+    assert performance_doc.main([str(record_file), "--merge", str(new_file), "--note", "A test suite ran beside it.",
+                                 "--doc", str(tmp_path / "performance.md"), "--readme", str(readme)]) == 0
+    assert json.loads(record_file.read_text(encoding="utf-8")) == merged
 
 
 def test_docstring_examples_of_the_shared_modules():
