@@ -364,3 +364,25 @@ def test_prompts_of_one_length_prefill_together_as_they_would_alone():
     finally:
         engine.stop()
     assert [[e.id for e in got[:-1]] for got in events] == greedy and groups == [2, 1]
+
+
+def test_serve_compile_reaches_the_scheduler_and_falls_back_when_compiling_fails(gpt, monkeypatch, capsys):
+    from lmforge.serve.limits import Limits
+    from lmforge.serve.served import load_served
+
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    assert "--compile" in capsys.readouterr().out
+
+    def broken(*args, **kwargs):
+        def step(*a):
+            raise RuntimeError("no C++ compiler")
+        return step
+
+    monkeypatch.setattr("lmforge.generation.slots.compiled_step", broken)
+    with pytest.warns(UserWarning, match="decoding eagerly"):
+        served = load_served("gpt", gpt, Limits(max_batch=2), compile=True)
+    try:
+        assert served.scheduler.rows.buckets == [1, 2] and not served.scheduler.compile
+    finally:
+        served.close()
