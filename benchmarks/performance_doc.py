@@ -277,8 +277,11 @@ each served by its own `lmforge serve` subprocess on loopback (`--max-batch 16`)
 (raw HTTP/1.1, server-sent events) sends 64 streamed greedy completions of 32-token prompts and exactly 64 new
 tokens each, with 1, 4 and 16 requests in flight. **Reference**: concurrency 1, the same load served one request
 at a time; the ratio is generated tokens/s against it. TTFT is from sending a request to its first streamed
-text; per-token latency is the rest of the request over its remaining tokens. The loads run one after another
-against the same server (not interleaved), so each row's load average says how busy the host was."""
+text; per-token latency is the rest of the request over its remaining tokens. The concurrencies take turns
+against the same server: the 64 requests are split into 4 rounds of 16, and each round runs every concurrency
+on its 16 (rotating which goes first), so a shared host's drift reaches them alike; each row's load average
+is the host's at its first and last round. Prompts of one length are prefilled in one forward, so a wave of
+16 new requests gets its first tokens together: p99 TTFT at 16 streams is one (16, 32) prefill plus waiting."""
 
 METHODS["verify_cost"] = """\
 `benchmarks/verify_cost.py`: what integrity checking adds to loading a model folder. A randomly initialised

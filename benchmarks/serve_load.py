@@ -9,7 +9,9 @@ Two random models, each served by a ``lmforge serve`` subprocess on loopback:
 Each gets ``--requests`` streamed completions of ``--prompt-tokens``-token prompts and exactly ``--new-tokens``
 new tokens (``ignore_eos``, greedy), sent by a bounded asyncio client (``c`` workers, so exactly ``c`` requests
 are in flight until the last ones: the concurrency) at concurrency 1 (the same load served one request at a
-time), 4 and 16, against one server with ``--max-batch`` equal to the highest concurrency. Per request: time to
+time), 4 and 16, against one server with ``--max-batch`` equal to the highest concurrency. The levels take
+turns: the requests are split into ``--rounds`` parts (4: 16 requests each), and each round runs every level
+on its part, so a shared host's drift reaches every level alike. Per request: time to
 first token (TTFT: sending the request to the first streamed text) and per-token latency ((end - first token)
 / (tokens - 1)). The client reads the server-sent events off raw HTTP/1.1 (asyncio streams, chunked transfer
 decoded), so it costs the shared CPU little.
@@ -210,20 +212,34 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
-def load(port: int, ps: list[str], new_tokens: int, concurrency: int, timeout: float = 1800) -> dict:
-    """The load of ``ps`` at ``concurrency``: requests/s, generated tokens/s, TTFT and per-token percentiles."""
+def loads(port: int, ps: list[str], new_tokens: int, levels: list[int], rounds: int,
+          timeout: float = 1800) -> list[dict]:
+    """The load of ``ps`` at each concurrency in ``levels``, taking turns: the prompts are split into ``rounds``
+    parts, and in each round every level serves its part (the order rotating from round to round), so a host
+    that gets busier or quieter meanwhile moves every level alike. Per level: requests/s and generated tokens/s
+    over all its rounds, TTFT and per-token percentiles over all its requests."""
     asyncio.run(one_request(port, ps[0], 2))  # warm-up: the first forward pays one-off costs
-    load_before = os.getloadavg()[0]
-    t0 = time.perf_counter()
-    results = asyncio.run(_bounded(port, ps, new_tokens, concurrency, timeout))
-    wall = time.perf_counter() - t0
-    tokens = sum(r["tokens"] for r in results)
-    ttft = [r["ttft"] for r in results]
-    per_token = [r["per_token"] for r in results]
-    return {"concurrency": concurrency, "requests": len(results), "wall_s": wall, "req_s": len(results) / wall,
-            "tok_s": tokens / wall, "ttft_p50": statistics.median(ttft), "ttft_p99": percentile(ttft, 0.99),
-            "token_ms_p50": 1000 * statistics.median(per_token), "token_ms_p99": 1000 * percentile(per_token, 0.99),
-            "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2)}
+    parts = [ps[r::rounds] for r in range(rounds)]
+    walls, results = {c: 0.0 for c in levels}, {c: [] for c in levels}
+    load_first, load_last = {}, {}
+    for r, part in enumerate(parts):
+        for c in levels[r % len(levels):] + levels[:r % len(levels)]:
+            load_first.setdefault(c, os.getloadavg()[0])
+            t0 = time.perf_counter()
+            results[c] += asyncio.run(_bounded(port, part, new_tokens, c, timeout))
+            walls[c] += time.perf_counter() - t0
+            load_last[c] = os.getloadavg()[0]
+    rows = []
+    for c in levels:
+        done, wall = results[c], walls[c]
+        ttft = [x["ttft"] for x in done]
+        per_token = [x["per_token"] for x in done]
+        rows.append({"concurrency": c, "requests": len(done), "wall_s": wall, "req_s": len(done) / wall,
+                     "tok_s": sum(x["tokens"] for x in done) / wall, "ttft_p50": statistics.median(ttft),
+                     "ttft_p99": percentile(ttft, 0.99), "token_ms_p50": 1000 * statistics.median(per_token),
+                     "token_ms_p99": 1000 * percentile(per_token, 0.99), "load_before": round(load_first[c], 2),
+                     "load_after": round(load_last[c], 2)})
+    return rows
 
 
 TARGET_SPEEDUP, TARGET_TTFT_P99 = 4.0, 2.0  # at concurrency 16 against concurrency 1; seconds
@@ -240,27 +256,32 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
                         help="the server's torch threads (default: this process's, one per core)")
     parser.add_argument("--compile", action="store_true", help="serve with lmforge serve --compile")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="parts the requests are split into, the concurrencies taking turns part by part (4; quick: 1)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one load may take at most (1800)")
     args = parser.parse_args()
     models = args.models or (["gpt-tiny"] if args.quick else ["gpt-tiny", "gpt2-shape"])
     n = args.requests or (8 if args.quick else 64)
     new_tokens = args.new_tokens or (16 if args.quick else 64)
     levels = sorted(set(args.concurrency or ([1, 4] if args.quick else [1, 4, 16])) | {1})
+    rounds = args.rounds or (1 if args.quick else 4)
+    if not 1 <= rounds <= n:
+        raise SystemExit(f"--rounds {rounds}: give 1 to --requests ({n})")
+    args.rounds = rounds
     result = {"benchmark": "serve_load", "requests": n, "prompt_tokens": args.prompt_tokens, "new_tokens": new_tokens,
-              "threads": args.threads, "compile": args.compile, "target_speedup": TARGET_SPEEDUP,
+              "threads": args.threads, "compile": args.compile, "rounds": rounds, "target_speedup": TARGET_SPEEDUP,
               "target_ttft_p99_s": TARGET_TTFT_P99, "models": {}}
     with tempfile.TemporaryDirectory() as tmp:
         folders, texts = build_models(Path(tmp), models, vocab=512 if args.quick else 8192)
         for name, folder in folders.items():
             ps = prompts(folder, texts, n, args.prompt_tokens)
-            rows = []
             server = Server(folder, max(levels), args.threads, compile=args.compile)
             try:
-                for c in levels:  # concurrency 1 is the same load served one request at a time
-                    row = load(server.port, ps, new_tokens, c, args.timeout)
-                    rows.append(row)
-                    print(f"{name:10s} concurrency={c:<2d} {row['req_s']:6.2f} req/s {row['tok_s']:8.1f} tok/s  "
-                          f"TTFT p50/p99 {row['ttft_p50']:.3f}/{row['ttft_p99']:.3f} s  "
+                # concurrency 1 is the same load served one request at a time
+                rows = loads(server.port, ps, new_tokens, levels, args.rounds, args.timeout)
+                for row in rows:
+                    print(f"{name:10s} concurrency={row['concurrency']:<2d} {row['req_s']:6.2f} req/s "
+                          f"{row['tok_s']:8.1f} tok/s  TTFT p50/p99 {row['ttft_p50']:.3f}/{row['ttft_p99']:.3f} s  "
                           f"per token p50/p99 {row['token_ms_p50']:.1f}/{row['token_ms_p99']:.1f} ms  "
                           f"(load average {row['load_before']} -> {row['load_after']})", flush=True)
             finally:
