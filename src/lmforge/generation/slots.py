@@ -31,10 +31,11 @@ so its shapes do not change as ``cur`` moves: ids (b, 1), the write column as a 
 positions and valid columns (b, C), keys/values (b, H_kv, C, hd). ``b`` is the smallest of a few row
 buckets (powers of 4 below R, and R) that holds the occupied rows: the first ``b`` rows of the buffers,
 so one request decodes at the cost of a few rows, not of R. Free rows within the bucket decode garbage
-that no one reads (each sees only its own newest column, so its values stay finite; a joining row is
-zeroed). :meth:`SlotBatch.warm_up` compiles every bucket before serving (10-40 s each on a 2-core CPU, less
-with the persistent compile cache); a step whose compile or run fails falls back to the eager step, with a
-warning. Tokens equal the eager step's up to fp32 rounding (the compiled kernels sum in another order),
+that no one reads (each attends at least to its newest column, and every column holds finite values, so
+the garbage stays finite; a joining row overwrites its mask). :meth:`SlotBatch.warm_up` compiles every
+bucket before serving (tens of seconds each on a 2-core CPU, less with the persistent compile cache of
+:func:`~lmforge.generation.compiled.compile_cache_dir`); a step whose compile or run fails falls back to the
+eager step, with a warning. Tokens equal the eager step's up to fp32 rounding (the compiled kernels sum in another order),
 which can decide only a near-tied argmax.
 
 Example:
@@ -192,7 +193,7 @@ class SlotBatch:
         """The step over the first ``b`` rows of the whole buffers, through the compiled graph: logits (n, V)."""
         n, c = len(self.keys), self.cur
         device = self._valid.device
-        self._valid[:b, c] = True  # free rows see their own newest column only: finite garbage
+        self._valid[:b, c] = True  # a free row attends to at least one (finite) column: no NaN
         self._positions[:n, c] = torch.tensor(self.lengths, device=device)
         ids = torch.zeros(b, 1, dtype=torch.long, device=device)  # (b, 1)
         ids[:n, 0] = tokens.to(device)

@@ -13,13 +13,13 @@ runs past its deadline leaves, freeing its row at once.
 The model runs only on this thread (torch releases the GIL inside its kernels, so the server's event
 loop stays responsive); jobs report back through their ``emit`` callback. Per step the Python work is
 kept off the per-row path where it can be: one argmax over the batch gives every plain greedy row its
-token, and only rows that sample or report log-probabilities look at their own logits.
+token, and only rows that sample or report log-probabilities look at their own logits. An exception
+while choosing one job's token fails that job only; one in the batched forward fails the jobs in that
+batch, and the scheduler goes on with fresh rows.
 
 With ``compile=True`` the decode steps run through compiled graphs (:class:`SlotBatch` with
 ``compile=True``); :meth:`Scheduler.start` compiles them before the first request (or falls back to
-eager steps, with a warning, where compiling fails). An exception while choosing
-one job's token fails that job only; one in the batched forward fails the jobs in that batch, and the
-scheduler goes on with fresh rows.
+eager steps, with a warning, where compiling fails).
 
 Example:
     >>> import torch, lmforge
