@@ -211,7 +211,8 @@ def serve_load_detail(data: dict) -> str:
         one = entry["rows"][0]["tok_s"]
         for r in entry["rows"]:
             rows.append([model, r["concurrency"], f"{r['req_s']:.2f}", _n(r["tok_s"], 1),
-                         f"{r['ttft_p50']:.3f} / {r['ttft_p99']:.3f}", f"{r['token_ms_p50']:.1f} / {r['token_ms_p99']:.1f}",
+                         f"{r['ttft_p50']:.3f} / {r['ttft_p99']:.3f}",
+                         f"{r['token_ms_p50']:.1f} / {r['token_ms_p99']:.1f}",
                          "(one at a time)" if r["concurrency"] == 1 else f"{r['tok_s'] / one:.2f}×",
                          f"{r['load_before']} → {r['load_after']}"])
     header = ["model", "concurrency", "requests/s", "generated tok/s", "TTFT p50 / p99 (s)",

@@ -20,7 +20,7 @@ Target: at concurrency 16, generated tokens/s at least 4x that of concurrency 1,
 
 Usage:
     python benchmarks/serve_load.py                  # both models, 64 requests, 32 + 64 tokens, concurrency 1 4 16
-    python benchmarks/serve_load.py --compile        # the servers decode through compiled steps (lmforge serve --compile)
+    python benchmarks/serve_load.py --compile        # lmforge serve --compile: compiled decode steps
     python benchmarks/serve_load.py --quick          # gpt-tiny, 8 requests, 16 new tokens, concurrency 1 4
 
 Output: one line per (model, concurrency), then one JSON line (``speedup_vs_one_at_a_time``: tokens/s at the
@@ -247,7 +247,8 @@ TARGET_SPEEDUP, TARGET_TTFT_P99 = 4.0, 2.0  # at concurrency 16 against concurre
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="gpt-tiny only, 8 requests, 16 new tokens, concurrency 1 4")
+    parser.add_argument("--quick", action="store_true",
+                        help="gpt-tiny only, 8 requests, 16 new tokens, concurrency 1 4")
     parser.add_argument("--models", nargs="+", default=None, choices=("gpt-tiny", "gpt2-shape"))
     parser.add_argument("--requests", type=int, default=None, help="requests per load (64; quick: 8)")
     parser.add_argument("--prompt-tokens", type=int, default=32, help="prompt length in tokens (32)")
@@ -257,7 +258,8 @@ def main() -> None:
                         help="the server's torch threads (default: this process's, one per core)")
     parser.add_argument("--compile", action="store_true", help="serve with lmforge serve --compile")
     parser.add_argument("--rounds", type=int, default=None,
-                        help="parts the requests are split into, the concurrencies taking turns part by part (4; quick: 1)")
+                        help="parts the requests are split into, the concurrencies taking turns part by part "
+                             "(4; quick: 1)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one load may take at most (1800)")
     args = parser.parse_args()
     models = args.models or (["gpt-tiny"] if args.quick else ["gpt-tiny", "gpt2-shape"])

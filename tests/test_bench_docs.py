@@ -71,7 +71,8 @@ def test_a_benchmark_measured_on_its_own_joins_the_record_with_its_run(tmp_path)
     assert ("Measured in a run of its own: `lmforge bench --json --only verify_cost` on 2030-01-02T03:04:05+00:00 "
             "(1.0 minutes) on Other CPU, 2 cores, 1 torch threads; 1-minute load average 3.0 at the start, 4.0 at the "
             "end. A test suite ran beside it.") in page
-    assert "verify_cost by `lmforge bench --json --only verify_cost` on 2030-01-02" in performance_doc.readme_block(merged)
+    block = performance_doc.readme_block(merged)
+    assert "verify_cost by `lmforge bench --json --only verify_cost` on 2030-01-02" in block
     # through the command line, into files
     record_file, new_file = tmp_path / "bench.json", tmp_path / "new.json"
     record_file.write_text(json.dumps(RECORD), encoding="utf-8")

@@ -35,8 +35,8 @@ that no one reads (each attends at least to its newest column, and every column 
 the garbage stays finite; a joining row overwrites its mask). :meth:`SlotBatch.warm_up` compiles every
 bucket before serving (tens of seconds each on a 2-core CPU, less with the persistent compile cache of
 :func:`~lmforge.generation.compiled.compile_cache_dir`); a step whose compile or run fails falls back to the
-eager step, with a warning. Tokens equal the eager step's up to fp32 rounding (the compiled kernels sum in another order),
-which can decide only a near-tied argmax.
+eager step, with a warning. Tokens equal the eager step's up to fp32 rounding (the compiled kernels sum in
+another order), which can decide only a near-tied argmax.
 
 Example:
     >>> import torch, lmforge
