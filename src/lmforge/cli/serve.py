@@ -59,7 +59,8 @@ def register(subparsers) -> None:
     parser.add_argument("--compile", action="store_true",
                         help="decode through torch.compile-d steps over the static KV cache (compiled at start-up, "
                         "tens of seconds per batch-size bucket; falls back to eager steps with a warning if "
-                        "compiling fails); decoders with learned/sinusoidal/RoPE positions only")
+                        "compiling fails); their attention spans all 2 x --max-len cache columns, so keep --max-len "
+                        "near what requests need; decoders with learned/sinusoidal/RoPE positions only")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu (default) or cuda")
     add_load_flags(parser)
     parser.set_defaults(func=run)
