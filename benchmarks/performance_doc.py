@@ -80,7 +80,7 @@ def summary(record: dict) -> str:
 
 
 def provenance(record: dict) -> str:
-    """One sentence: which run, when, on what."""
+    """One sentence: which run, when, on what (and the benchmarks measured in runs of their own)."""
     m = record["machine"]
     mode = "`--quick` sizes, " if record.get("quick") else ""
     later = "".join(f"; {', '.join(names)}: `{run['command']}` on {run['date'][:10]}"
@@ -287,10 +287,35 @@ def training_jobs_detail(data: dict) -> str:
             f"{data['load_end'][0]:.1f} at the end.")
 
 
+def serve_load_detail(data: dict) -> str:
+    rows = []
+    for model, entry in data["models"].items():
+        one = entry["rows"][0]["tok_s"]
+        for r in entry["rows"]:
+            rows.append([model, r["concurrency"], f"{r['req_s']:.2f}", _n(r["tok_s"], 1),
+                         f"{r['ttft_p50']:.3f} / {r['ttft_p99']:.3f}",
+                         f"{r['token_ms_p50']:.1f} / {r['token_ms_p99']:.1f}",
+                         "(one at a time)" if r["concurrency"] == 1 else f"{r['tok_s'] / one:.2f}×",
+                         f"{r['load_before']} → {r['load_after']}"])
+    header = ["model", "concurrency", "requests/s", "generated tok/s", "TTFT p50 / p99 (s)",
+              "per token p50 / p99 (ms)", "tok/s vs one at a time", "load average"]
+    verdicts = []
+    for model, entry in data["models"].items():
+        top = entry["rows"][-1]
+        verdicts.append(f"{model}: {entry['speedup_vs_one_at_a_time']:.2f}× and p99 TTFT {top['ttft_p99']:.2f} s at "
+                        f"concurrency {top['concurrency']} ({'met' if entry['target_met'] else 'missed'})")
+    return (table(header, rows) +
+            f"\n\n{data['requests']} requests of {data['prompt_tokens']}-token prompts and {data['new_tokens']} new "
+            f"tokens per load, {data['threads']} server threads, "
+            f"{'compiled' if data.get('compile') else 'eager'} decode steps. Target: at concurrency 16, generated "
+            f"tokens/s at least {data['target_speedup']:g}× concurrency 1, with p99 TTFT under "
+            f"{data['target_ttft_p99_s']:g} s: " + "; ".join(verdicts) + ".")
+
+
 DETAILS = {"train_step": train_step_detail, "generate": generate_detail, "data_pipeline": data_pipeline_detail,
            "peft_memory": peft_memory_detail, "verify_cost": verify_cost_detail,
            "attention_scaling": attention_scaling_detail, "moe_vs_dense": moe_vs_dense_detail,
-           "training_jobs": training_jobs_detail}
+           "training_jobs": training_jobs_detail, "serve_load": serve_load_detail}
 ATTENTION_PLOT = "img/attention_scaling.png"  # beside the page; drawn from the record's rows by main()
 
 # What each benchmark runs and against what: the method, which the figures above do not carry.
@@ -345,6 +370,19 @@ below the rate that the dense model's one large GEMM per projection gets from th
 their speed swings with the load on a shared host. Under autocast every step also casts all 8 experts' weights to
 bf16 and their gradients back, and AdamW updates ~2.8× the parameters: work that grows with the total parameters,
 not the active ones. In fp32 the dense GEMMs get no such boost, and the MoE step keeps pace."""
+
+METHODS["serve_load"] = """\
+`benchmarks/serve_load.py`: `lmforge serve` under load. Two random models, the tiny GPT (6 layers × 384) and a
+GPT-2-shaped one (12 layers × 768, an HF `GPT2LMHeadModel` converted by `lmforge.from_hf`), vocab 8192, fp32,
+each served by its own `lmforge serve` subprocess on loopback (`--max-batch 16`). A bounded asyncio client
+(raw HTTP/1.1, server-sent events) sends 64 streamed greedy completions of 32-token prompts and exactly 64 new
+tokens each, with 1, 4 and 16 requests in flight. **Reference**: concurrency 1, the same load served one request
+at a time; the ratio is generated tokens/s against it. TTFT is from sending a request to its first streamed
+text; per-token latency is the rest of the request over its remaining tokens. The concurrencies take turns
+against the same server: the 64 requests are split into 4 rounds of 16, and each round runs every concurrency
+on its 16 (rotating which goes first), so a shared host's drift reaches them alike; each row's load average
+is the host's at its first and last round. Prompts of one length are prefilled in one forward, so a wave of
+16 new requests gets its first tokens together: p99 TTFT at 16 streams is one (16, 32) prefill plus waiting."""
 
 METHODS["verify_cost"] = """\
 `benchmarks/verify_cost.py`: what integrity checking adds to loading a model folder. A randomly initialised

@@ -40,6 +40,9 @@ RESULTS = {
         {"job": "finetune", "loop_speedup": 1.5, "loop_cpu_speedup": 1.4, "wall_speedup": 1.25, "rss_ratio": 0.9,
          "lmforge": {"loop_s": {"median": 10.0}, "loop_cpu_s": {"median": 5.0}, "wall_s": {"median": 20.0}, "rss_mb": {"median": 900.0}},
          "reference": {"loop_s": {"median": 15.0}, "loop_cpu_s": {"median": 7.0}, "wall_s": {"median": 25.0}, "rss_mb": {"median": 1000.0}}}]},
+    "serve_load": {"benchmark": "serve_load", "compile": False, "models": {"gpt-tiny": {"rows": [
+        {"concurrency": 1, "tok_s": 50.0, "ttft_p99": 0.1}, {"concurrency": 4, "tok_s": 150.0, "ttft_p99": 0.3},
+        {"concurrency": 16, "tok_s": 250.0, "ttft_p99": 1.25}]}}},
 }
 
 
@@ -87,6 +90,9 @@ def test_rows_for_each_benchmark_format():
         ("finetune: peak RSS", "HF Trainer 1,000.0 MB", 0.9, "lower")]
     assert [(r.case, r.lmforge, r.reference, r.ratio, r.better) for r in rows["price_tag_overhead"]] == [
         ("per-step accounting, 60 steps of gpt-tiny", "200 us/step", "loop 500.0 ms/step", 0.0004, "lower")]
+    assert [(r.case, r.lmforge, r.reference, r.ratio) for r in rows["serve_load"]] == [
+        ("gpt-tiny, 4 concurrent streams", "150.0 tok/s, p99 TTFT 0.30 s", "one at a time 50.0 tok/s", 3.0),
+        ("gpt-tiny, 16 concurrent streams", "250.0 tok/s, p99 TTFT 1.25 s", "one at a time 50.0 tok/s", 5.0)]
     generic = bench.rows_for("new_bench", {"speed_ratio": 2.0, "other": 5, "a_over_b": 0.5})
     assert [(r.case, r.ratio) for r in generic] == [("speed_ratio", 2.0), ("a_over_b", 0.5)]
     with pytest.raises(ValueError, match="train_step: unexpected result format"):

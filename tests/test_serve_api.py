@@ -107,10 +107,19 @@ def test_sixteen_concurrent_greedy_requests_each_equal_their_solo_result(server)
     words = "the cat dog sat on mat log ran to a big small red house river john mary paris".split()
     jobs = [(" ".join(rng.choice(words) for _ in range(rng.randint(1, 30))), rng.randint(1, 40)) for _ in range(16)]
     solo = [complete(server.url, p, n) for p, n in jobs]
+    steps, rows = server.metric("lmforge_decode_steps_total"), server.metric("lmforge_decode_rows_total")
+    start = threading.Barrier(16)  # all 16 are sent at once, not as the pool's threads come up
+
+    def together_with_the_others(job):
+        start.wait(30)
+        return complete(server.url, *job)
+
     with ThreadPoolExecutor(16) as pool:
-        together = list(pool.map(lambda job: complete(server.url, *job), jobs))
+        together = list(pool.map(together_with_the_others, jobs))
     assert together == solo
     assert server.metric("lmforge_batch_size") == 0
+    # they did share decode steps: more rows were decoded than steps were run
+    assert server.metric("lmforge_decode_rows_total") - rows > server.metric("lmforge_decode_steps_total") - steps
 
 
 @pytest.mark.parametrize("body, param", [

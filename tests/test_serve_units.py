@@ -16,6 +16,7 @@ import lmforge
 import serve_helpers as sh
 from lmforge.cli.main import main
 from lmforge.generation import generate
+from lmforge.generation.compiled import cached_steps
 from lmforge.generation.slots import SlotBatch
 from lmforge.prompting.instruct import ChatTemplate
 from lmforge.quickstart.serving import serve_command
@@ -30,22 +31,9 @@ def _model(**overrides):
     return lmforge.build_model("gpt-tiny", **{**cfg, **overrides}).eval()
 
 
-@pytest.mark.parametrize("rows, max_len", [(4, 64), (3, 48)])
-def test_rows_joining_and_leaving_decode_the_tokens_of_each_sequence_alone(rows, max_len):
-    """Interleaved joins/leaves, prompts longer than the write column (a shift) and a full buffer (a
-    compaction) never change a sequence's greedy tokens."""
-    model, rng = _model(), random.Random(rows)
-    prompts = [[rng.randrange(300) for _ in range(rng.randint(1, 30))] for _ in range(30)]
-    news = [rng.randint(1, max_len - len(p) - 1) for p in prompts]
-    solo = [generate(model, [p], max_new_tokens=n, ignore_eos=True).tolist()[0] for p, n in zip(prompts, news)]
-    batch, out, last, waiting = SlotBatch(model, rows=rows, max_len=max_len), {}, {}, list(range(len(prompts)))
-    compactions, real_compact = [0], batch._compact
-
-    def counted():
-        compactions[0] += 1
-        real_compact()
-
-    batch._compact = counted
+def _decode_all(batch: SlotBatch, prompts, news) -> list[list[int]]:
+    """Every prompt's greedy tokens through ``batch``: sequences join as rows free up and leave when done."""
+    out, last, waiting = {}, {}, list(range(len(prompts)))
     with torch.inference_mode():
         while waiting or batch.keys:
             while waiting and batch.free:
@@ -61,8 +49,78 @@ def test_rows_joining_and_leaving_decode_the_tokens_of_each_sequence_alone(rows,
                     out[k].append(last[k])
                     if len(out[k]) == news[k]:
                         batch.leave(k)
-    assert [out[i] for i in range(len(prompts))] == solo
+    return [out[i] for i in range(len(prompts))]
+
+
+def _jobs(model, seed: int, n: int, max_len: int):
+    """Random prompts, their lengths to generate, and each one's greedy tokens generated alone."""
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(300) for _ in range(rng.randint(1, 30))] for _ in range(n)]
+    news = [rng.randint(1, max_len - len(p) - 1) for p in prompts]
+    solo = [generate(model, [p], max_new_tokens=k, ignore_eos=True).tolist()[0] for p, k in zip(prompts, news)]
+    return prompts, news, solo
+
+
+@pytest.mark.parametrize("rows, max_len", [(4, 64), (3, 48)])
+def test_rows_joining_and_leaving_decode_the_tokens_of_each_sequence_alone(rows, max_len):
+    """Interleaved joins/leaves, prompts longer than the write column (a shift) and a full buffer (a
+    compaction) never change a sequence's greedy tokens."""
+    model = _model()
+    prompts, news, solo = _jobs(model, rows, 30, max_len)
+    batch = SlotBatch(model, rows=rows, max_len=max_len)
+    compactions, real_compact = [0], batch._compact
+
+    def counted():
+        compactions[0] += 1
+        real_compact()
+
+    batch._compact = counted
+    assert _decode_all(batch, prompts, news) == solo
     assert compactions[0] > 0  # the buffers filled up at least once
+
+
+def _sharp_model():
+    model = _model()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)  # sharp logits: fp32 rounding must not decide an argmax
+    return model
+
+
+@pytest.mark.slow  # two compiles (row buckets 1 and 4)
+def test_compiled_rows_decode_the_tokens_of_each_sequence_alone():
+    """Through the compiled step of each row bucket (compiled by warm_up, before any sequence joins), with
+    shifts and compactions, the tokens are those of each sequence decoded alone."""
+    model = _sharp_model()
+    prompts, news, solo = _jobs(model, 7, 12, 48)
+    batch = SlotBatch(model, rows=4, max_len=48, compile=True)
+    with torch.inference_mode():
+        assert batch.warm_up() and not batch.keys and batch.cur == 0
+    assert sorted(key[0] for key in cached_steps(model)) == batch.buckets == [1, 4]
+    assert _decode_all(batch, prompts, news) == solo
+    assert batch.compiled  # no step fell back to eager
+
+
+def test_a_failing_compile_falls_back_to_eager_steps_with_a_warning(monkeypatch):
+    def broken(*args, **kwargs):
+        def step(*a):
+            raise RuntimeError("no C++ compiler")
+        return step
+
+    monkeypatch.setattr("lmforge.generation.slots.compiled_step", broken)
+    model = _model()
+    prompts, news, solo = _jobs(model, 3, 6, 48)
+    with pytest.warns(UserWarning, match="decoding eagerly"):
+        engine = Scheduler(model, max_batch=2, max_queue=8, max_len=48, compile=True).start()
+    try:
+        assert not engine.compile and not engine.rows.compiled
+        events = [[] for _ in prompts]
+        for p, k, got in zip(prompts, news, events):
+            engine.submit(Job(p, k, decode=_decode, emit=got.append))
+        assert engine.wait_idle(60)
+    finally:
+        engine.stop()
+    assert [[e.id for e in got[:-1]] for got in events] == solo
 
 
 def test_slot_batch_refuses_what_does_not_fit():
@@ -278,3 +336,53 @@ def test_a_task_folder_is_served_for_classification_as_predict_gives(tmp_path):
     got = r.json()["data"]
     assert [g["label"] for g in got] == [e["label"] for e in expected]
     assert [g["probabilities"] for g in got] == [e["probabilities"] for e in expected]
+
+
+def test_prompts_of_one_length_prefill_together_as_they_would_alone():
+    model = _model()
+    prompts = [[5, 6, 7, 8], [9, 10, 11, 12], [13, 14]]
+    batch = SlotBatch(model, rows=4, max_len=32)
+    with torch.inference_mode():
+        batch.join("x", [1, 2, 3, 4, 5, 6])  # a row already there: the new ones go beside it
+        together = batch.join_many([("a", prompts[0]), ("b", prompts[1])])  # (2, V)
+        with pytest.raises(ValueError, match="one length"):
+            batch.join_many([("c", prompts[0]), ("d", prompts[2])])
+        alone = [model(torch.tensor([p])).logits[0, -1] for p in prompts[:2]]
+    torch.testing.assert_close(together, torch.stack(alone), atol=1e-5, rtol=1e-5)
+    assert batch.keys == ["x", "a", "b"] and batch.lengths == [6, 4, 4]
+    greedy = [generate(model, [p], max_new_tokens=6, ignore_eos=True).tolist()[0] for p in prompts]
+    engine = Scheduler(model, max_batch=4, max_queue=8, max_len=32)
+    groups, join_many = [], engine.rows.join_many
+    engine.rows.join_many = lambda items: groups.append(len(items)) or join_many(items)
+    engine.start()
+    try:
+        events = [[] for _ in prompts]
+        with engine.cond:  # all three wait together: the two of length 4 join in one forward
+            for p, got in zip(prompts, events):
+                engine.submit(Job(p, 6, decode=_decode, emit=got.append))
+        assert engine.wait_idle(60)
+    finally:
+        engine.stop()
+    assert [[e.id for e in got[:-1]] for got in events] == greedy and groups == [2, 1]
+
+
+def test_serve_compile_reaches_the_scheduler_and_falls_back_when_compiling_fails(gpt, monkeypatch, capsys):
+    from lmforge.serve.limits import Limits
+    from lmforge.serve.served import load_served
+
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    assert "--compile" in capsys.readouterr().out
+
+    def broken(*args, **kwargs):
+        def step(*a):
+            raise RuntimeError("no C++ compiler")
+        return step
+
+    monkeypatch.setattr("lmforge.generation.slots.compiled_step", broken)
+    with pytest.warns(UserWarning, match="decoding eagerly"):
+        served = load_served("gpt", gpt, Limits(max_batch=2), compile=True)
+    try:
+        assert served.scheduler.rows.buckets == [1, 2] and not served.scheduler.compile
+    finally:
+        served.close()

@@ -11,6 +11,7 @@ table of lmforge against its reference, each ratio measured side by side in the 
     training_jobs.py  whole jobs, process start to saved model: loop, wall,  HF Trainer, Trainer + peft,
                       peak RSS, final metric (fine-tune, LoRA, embeddings)   sentence-transformers
     price_tag_overhead.py  the price tag's per-step accounting time       the training loop's time
+    serve_load.py     lmforge serve's generated tokens/s at concurrency 4, 16   the same load one request at a time
 
 Each script runs in its own process (so one's memory and threads do not disturb the next), prints its own
 lines (shown on stderr as they come) and ends with one JSON line, which this command reads. The quality
@@ -48,7 +49,7 @@ from lmforge.cli.main import UserError
 from lmforge.utils.machine import machine_info
 
 BENCHMARKS = ("train_step", "generate", "data_pipeline", "peft_memory", "verify_cost", "attention_scaling",
-              "moe_vs_dense", "training_jobs", "price_tag_overhead")
+              "moe_vs_dense", "training_jobs", "price_tag_overhead", "serve_load")
 # On a GPU (``--device cuda``) one script measures every table, in one process (see benchmarks/gpu.py).
 GPU_BENCHMARKS = ("gpu",)
 QUICK_FLAGS = {name: ["--quick"] for name in BENCHMARKS + GPU_BENCHMARKS}  # every speed benchmark has its own --quick
@@ -201,6 +202,19 @@ def _price_tag_overhead(data: dict) -> list[Row]:
                 data["accounting_share"], "lower")]
 
 
+def _serve_load(data: dict) -> list[Row]:
+    # Every concurrency above 1 against concurrency 1, which is the same load served one request at a time.
+    rows = []
+    for model, entry in data.get("models", {}).items():
+        one = entry["rows"][0]
+        for r in entry["rows"][1:]:
+            rows.append(Row("serve_load", f"{model}, {r['concurrency']} concurrent streams"
+                            + (", compiled" if data.get("compile") else ""),
+                            f"{r['tok_s']:,.1f} tok/s, p99 TTFT {r['ttft_p99']:.2f} s",
+                            f"one at a time {one['tok_s']:,.1f} tok/s", r["tok_s"] / one["tok_s"], "higher"))
+    return rows
+
+
 def _generic(name: str, data: dict) -> list[Row]:
     """A benchmark without an adapter: every top-level number named like a ratio."""
     return [Row(name, key, "-", "-", float(value), "higher") for key, value in data.items()
@@ -211,6 +225,7 @@ ADAPTERS: dict[str, Callable[[dict], list[Row]]] = {
     "train_step": _train_step, "generate": _generate, "data_pipeline": _data_pipeline, "peft_memory": _peft_memory,
     "verify_cost": _verify_cost, "attention_scaling": _attention_scaling, "moe_vs_dense": _moe_vs_dense,
     "training_jobs": _training_jobs, "gpu": _gpu, "price_tag_overhead": _price_tag_overhead,
+    "serve_load": _serve_load,
 }
 
 

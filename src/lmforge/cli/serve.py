@@ -52,6 +52,11 @@ def register(subparsers) -> None:
                         help="seconds a request may run before it is ended with 504 (600)")
     parser.add_argument("--max-body", type=int, default=1 << 20, metavar="BYTES",
                         help="largest request body accepted; more gets 413 (1 MiB)")
+    parser.add_argument("--compile", action="store_true",
+                        help="decode through torch.compile-d steps over the static KV cache (compiled at start-up, "
+                        "tens of seconds per batch-size bucket; falls back to eager steps with a warning if "
+                        "compiling fails); their attention spans all 2 x --max-len cache columns, so keep --max-len "
+                        "near what requests need; decoders with learned/sinusoidal/RoPE positions only")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu (default) or cuda")
     add_load_flags(parser)
     parser.set_defaults(func=run)
@@ -89,7 +94,8 @@ def _run(args) -> int:
     served = {}
     try:
         for name, folder in parse_model_args(args.model):
-            served[name] = load_served(name, folder, limits, args.device, observe=metrics.observer(name))
+            served[name] = load_served(name, folder, limits, args.device, observe=metrics.observer(name),
+                                       compile=args.compile)
     except BaseException:
         for m in served.values():
             m.close()

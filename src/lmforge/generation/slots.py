@@ -25,6 +25,19 @@ always frees room: after it ``cur`` is the longest row's length (< max_len).
 Only position schemes applied through ``position_ids`` work this way (learned, sinusoidal, RoPE, none):
 relative biases would need each row's query offset in the cache.
 
+Compiled steps (``compile=True``): the step runs through the compiled decode step of
+:mod:`lmforge.generation.compiled` (one ``torch.compile`` graph, weights frozen in) over the whole buffers,
+so its shapes do not change as ``cur`` moves: ids (b, 1), the write column as a (1,) tensor, per-row
+positions and valid columns (b, C), keys/values (b, H_kv, C, hd). ``b`` is the smallest of a few row
+buckets (powers of 4 below R, and R) that holds the occupied rows: the first ``b`` rows of the buffers,
+so one request decodes at the cost of a few rows, not of R. Free rows within the bucket decode garbage
+that no one reads (each attends at least to its newest column, and every column holds finite values, so
+the garbage stays finite; a joining row overwrites its mask). :meth:`SlotBatch.warm_up` compiles every
+bucket before serving (tens of seconds each on a 2-core CPU, less with the persistent compile cache of
+:func:`~lmforge.generation.compiled.compile_cache_dir`); a step whose compile or run fails falls back to the
+eager step, with a warning. Tokens equal the eager step's up to fp32 rounding (the compiled kernels sum in
+another order), which can decide only a near-tied argmax.
+
 Example:
     >>> import torch, lmforge
     >>> model = lmforge.build_model("gpt-tiny", n_layers=1).eval()
@@ -41,11 +54,13 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Hashable, Sequence
 
 import torch
 
 from lmforge.errors import UserInputError
+from lmforge.generation.compiled import check_supported, compiled_step
 from lmforge.generation.generate import _decode_weights
 from lmforge.nn.kv_cache import KVCache
 from lmforge.nn.static_kv_cache import StaticKVCache
@@ -72,11 +87,15 @@ class SlotBatch:
         model: a decoder with an LM head (:func:`check_slot_model`), in eval mode.
         rows: the most sequences decoded at once (R).
         max_len: the most tokens (prompt + generated) one sequence may hold; C = 2 * max_len columns.
+        compile: decode steps through compiled graphs (see the module docstring).
     """
 
-    def __init__(self, model, rows: int, max_len: int):
+    def __init__(self, model, rows: int, max_len: int, compile: bool = False):
         check_slot_model(model)
+        if compile:
+            check_supported(model)
         self.model, self.rows, self.max_len = model, rows, max_len
+        self.compiled = compile
         self.capacity = 2 * max_len
         self.keys: list[Hashable] = []  # row i holds sequence keys[i]
         self.lengths: list[int] = []  # tokens in the cache per row
@@ -85,6 +104,11 @@ class SlotBatch:
         self._v: list[torch.Tensor] = []
         device = next(model.parameters()).device
         self._valid = torch.zeros(rows, self.capacity, dtype=torch.bool, device=device)  # (R, C)
+        if compile:
+            self.buckets = row_buckets(rows)
+            self._positions = torch.zeros(rows, self.capacity, dtype=torch.long, device=device)  # (R, C)
+            self._slots = torch.arange(self.capacity, device=device)  # column c is the view _slots[c:c+1]
+            self._steps: dict[int, object] = {}  # bucket -> its compiled step
 
     @property
     def free(self) -> int:
@@ -92,14 +116,23 @@ class SlotBatch:
 
     def join(self, key: Hashable, ids: Sequence[int]) -> torch.Tensor:
         """Prefill ``ids`` (T,) into a free row for sequence ``key``; return the next-token logits (V,)."""
-        T = len(ids)
-        if not self.free:
+        return self.join_many([(key, ids)])[0]
+
+    def join_many(self, items: Sequence[tuple[Hashable, Sequence[int]]]) -> torch.Tensor:
+        """Prefill G prompts of one length T together (one forward over (G, T): a wave of new requests costs
+        one pass over the weights, not G), each into a free row; return their next-token logits (G, V)."""
+        G = len(items)
+        T = len(items[0][1]) if items else 0
+        if any(len(ids) != T for _, ids in items):
+            raise ValueError("join_many prefills prompts of one length only")
+        if G > self.free:
             raise RuntimeError("no free row: wait for a sequence to leave")
         if not 0 < T < self.max_len:
             raise ValueError(f"a prompt of {T} tokens does not fit rows of max_len={self.max_len}")
         device = self._valid.device
         cache = KVCache(capacity=T)
-        out = self.model(torch.tensor([list(ids)], device=device), past_key_values=cache, use_cache=True)
+        out = self.model(torch.tensor([list(ids) for _, ids in items], device=device), past_key_values=cache,
+                         use_cache=True)  # logits (G, T, V)
         if not self._k:
             for layer in range(len(cache._keys)):
                 k = cache._keys[layer]
@@ -110,16 +143,19 @@ class SlotBatch:
         if T > self.cur:
             self._shift(T - self.cur)
         i, start = len(self.keys), self.cur - T
+        rows = slice(i, i + G)
         for layer in range(len(self._k)):
-            self._k[layer][i].zero_()
-            self._v[layer][i].zero_()
-            self._k[layer][i, :, start:self.cur] = cache._keys[layer][0, :, :T]
-            self._v[layer][i, :, start:self.cur] = cache._values[layer][0, :, :T]
-        self._valid[i] = False
-        self._valid[i, start:self.cur] = True
-        self.keys.append(key)
-        self.lengths.append(T)
-        return out.logits[0, -1]  # (V,)
+            # Columns before the prompt are masked but must be finite (0 * NaN would leak through the softmax);
+            # those after ``cur`` hold an earlier row's finite values until a step writes them.
+            self._k[layer][rows, :, :start] = 0
+            self._v[layer][rows, :, :start] = 0
+            self._k[layer][rows, :, start:self.cur] = cache._keys[layer][:, :, :T]
+            self._v[layer][rows, :, start:self.cur] = cache._values[layer][:, :, :T]
+        self._valid[rows] = False
+        self._valid[rows, start:self.cur] = True
+        self.keys.extend(key for key, _ in items)
+        self.lengths.extend([T] * G)
+        return out.logits[:, -1]  # (G, V)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Append ``tokens`` (n,), one per row in :attr:`keys` order; return the next logits (n, V)."""
@@ -130,6 +166,17 @@ class SlotBatch:
             raise ValueError(f"a row would exceed max_len={self.max_len}: let it leave first")
         if self.cur >= self.capacity:
             self._compact()
+        if self.compiled:
+            try:
+                logits = self._compiled_step(tokens, next(b for b in self.buckets if b >= n))
+            except Exception as exc:  # a compiler or toolchain failure: the eager step computes the same
+                warnings.warn(f"compiled decode step failed ({type(exc).__name__}: {exc}); decoding eagerly "
+                              "from now on", stacklevel=2)
+                self.compiled = False
+            else:
+                self.cur += 1
+                self.lengths = [L + 1 for L in self.lengths]
+                return logits
         c, W = self.cur, self.cur + 1
         device = self._valid.device
         self._valid[:n, c] = True
@@ -142,12 +189,47 @@ class SlotBatch:
         self.lengths = [L + 1 for L in self.lengths]
         return out.logits[:, -1]  # (n, V)
 
+    def _compiled_step(self, tokens: torch.Tensor, b: int) -> torch.Tensor:
+        """The step over the first ``b`` rows of the whole buffers, through the compiled graph: logits (n, V)."""
+        n, c = len(self.keys), self.cur
+        device = self._valid.device
+        self._valid[:b, c] = True  # a free row attends to at least one (finite) column: no NaN
+        self._positions[:n, c] = torch.tensor(self.lengths, device=device)
+        ids = torch.zeros(b, 1, dtype=torch.long, device=device)  # (b, 1)
+        ids[:n, 0] = tokens.to(device)
+        step = self._steps.get(b)
+        if step is None:
+            k = self._k[0]
+            step = self._steps[b] = compiled_step(self.model, b, self.capacity, k.dtype, k.device)
+        logits = step(self.model, ids, self._slots[c:c + 1], self._positions[:b], self._valid[:b],
+                      [k[:b] for k in self._k], [v[:b] for v in self._v])  # (b, V)
+        return logits[:n]
+
+    def warm_up(self, prompt: Sequence[int] = (0,)) -> bool:
+        """Compile the step of every row bucket now (a throwaway sequence joins, steps, and leaves), so that
+        no request waits for a compile; False when compiling failed and steps are eager."""
+        if not self.compiled or self.keys:
+            return self.compiled
+        logits = self.join(None, prompt)
+        token = logits.argmax()[None]
+        for b in self.buckets:
+            if not self.compiled:
+                break
+            try:
+                self._compiled_step(token, b)
+            except Exception as exc:
+                warnings.warn(f"compiled decode step failed ({type(exc).__name__}: {exc}); decoding eagerly",
+                              stacklevel=2)
+                self.compiled = False
+        self.leave(None)
+        return self.compiled
+
     def leave(self, key: Hashable) -> None:
         """Free ``key``'s row: the last row moves into it, so the occupied rows stay packed."""
         i, last = self.keys.index(key), len(self.keys) - 1
         if i != last:
             for buf in (*self._k, *self._v):
-                buf[i] = buf[last]
+                buf[i, :, :self.cur] = buf[last, :, :self.cur]  # after cur: nothing attended to yet
             self._valid[i] = self._valid[last]
             self.keys[i], self.lengths[i] = self.keys[last], self.lengths[last]
         self.keys.pop()
@@ -179,6 +261,17 @@ class SlotBatch:
         self._valid[:n, :c - d] = self._valid[:n, d:c].clone()
         self._valid[:n, c - d:] = False
         self.cur = c - d
+
+
+def row_buckets(rows: int) -> list[int]:
+    """Batch sizes a compiled :class:`SlotBatch` of ``rows`` rows runs at: powers of 4 below ``rows``, and
+    ``rows`` (at most 4 sizes: the most that :mod:`lmforge.generation.compiled` keeps per model).
+
+    >>> row_buckets(16), row_buckets(1), row_buckets(8), row_buckets(300)
+    ([1, 4, 16], [1], [1, 4, 8], [16, 64, 256, 300])
+    """
+    below = [4 ** i for i in range(rows.bit_length()) if 4 ** i < rows]
+    return (below + [rows])[-4:]
 
 
 def decoding_forms(model) -> list[torch.Tensor]:

@@ -7,6 +7,8 @@
     lmforge_generated_tokens_total{model}            tokens generated
     lmforge_queue_length{model}                      requests waiting for a batch row
     lmforge_batch_size{model}                        requests in the running batch (rows in use)
+    lmforge_decode_steps_total{model}                batched decode steps (one forward each)
+    lmforge_decode_rows_total{model}                 rows those steps decoded (over the steps: the mean batch size)
     lmforge_generations_total{model,reason}          generations ended: stop, length, cancelled, timeout, error
 
 Each app gets its own registry, so several servers (tests) can live in one process.
@@ -38,6 +40,8 @@ class Metrics:
         self.generated = Counter("lmforge_generated_tokens", "tokens generated", ["model"], registry=r)
         self.queue = Gauge("lmforge_queue_length", "requests waiting for a batch row", ["model"], registry=r)
         self.batch = Gauge("lmforge_batch_size", "requests in the running batch", ["model"], registry=r)
+        self.steps = Counter("lmforge_decode_steps", "batched decode steps", ["model"], registry=r)
+        self.rows = Counter("lmforge_decode_rows", "rows decoded by the batched decode steps", ["model"], registry=r)
         self.finished = Counter("lmforge_generations", "generations ended, by reason", ["model", "reason"], registry=r)
 
     def observer(self, model: str) -> Callable[[str, object], None]:
@@ -48,6 +52,9 @@ class Metrics:
                 self.queue.labels(model).set(value)
             elif event == "batch":
                 self.batch.labels(model).set(value)
+            elif event == "tokens":  # one decode step over ``value`` rows
+                self.steps.labels(model).inc()
+                self.rows.labels(model).inc(value)
             elif event == "finished":
                 job = value
                 self.prompt_tokens.labels(model).inc(len(job.ids))

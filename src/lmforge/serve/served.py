@@ -24,6 +24,7 @@ import lmforge
 from lmforge.embeddings.encoder import SentenceEncoder
 from lmforge.embeddings.index import META, VectorIndex
 from lmforge.errors import UserInputError
+from lmforge.generation.compiled import check_supported
 from lmforge.generation.slots import check_slot_model, decoding_forms
 from lmforge.prompting.instruct import CHAT_TEMPLATE_FILE, ChatTemplate
 from lmforge.serve.batching.scheduler import Scheduler
@@ -83,8 +84,10 @@ class ServedModel:
             self.scheduler.stop()
 
 
-def load_served(name: str, folder: str | Path, limits: Limits, device: str = "cpu", observe=None) -> ServedModel:
-    """Load ``folder`` as the model called ``name`` (the scheduler of a generating model is started)."""
+def load_served(name: str, folder: str | Path, limits: Limits, device: str = "cpu", observe=None,
+                compile: bool = False) -> ServedModel:
+    """Load ``folder`` as the model called ``name`` (the scheduler of a generating model is started; with
+    ``compile``, its decode steps are compiled first)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise UserInputError(f"--model {folder}: not a model folder")
@@ -102,6 +105,8 @@ def load_served(name: str, folder: str | Path, limits: Limits, device: str = "cp
         encoder = SentenceEncoder.load(folder, device=device)
         return ServedModel(name, "embed", folder, tokenizer, model=encoder.model, encoder=encoder)
     check_slot_model(model)
+    if compile:
+        check_supported(model)
     max_len = limits.max_len or mc.max_seq_len
     if mc.position in ("learned", "sinusoidal") and max_len > mc.max_seq_len:
         raise UserInputError(f"--max-len {max_len} exceeds model {name!r}'s max_seq_len={mc.max_seq_len} "
@@ -109,7 +114,7 @@ def load_served(name: str, folder: str | Path, limits: Limits, device: str = "cp
     template = ChatTemplate.load(folder) if (folder / CHAT_TEMPLATE_FILE).is_file() else None
     eos = mc.eos_token_id
     scheduler = Scheduler(model, limits.max_batch, limits.max_queue, max_len, observe=observe,
-                          decode_weights=decoding_forms(model)).start()
+                          decode_weights=decoding_forms(model), compile=compile).start()
     return ServedModel(name, "generate", folder, tokenizer, model=model, max_len=max_len, scheduler=scheduler,
                        chat_template=template, eos_ids=[] if eos is None else [eos] if isinstance(eos, int) else list(eos))
 

@@ -120,8 +120,11 @@ class Job:
     def expired(self, now: float) -> bool:
         return self.deadline is not None and now > self.deadline
 
-    def choose(self, logits: torch.Tensor) -> tuple[Token, str | None]:
-        """Pick the next token from logits (V,); return it and the finish reason, if it ends the job."""
+    def choose(self, logits: torch.Tensor, argmax: int | None = None) -> tuple[Token, str | None]:
+        """Pick the next token from logits (V,); return it and the finish reason, if it ends the job.
+        ``argmax``: the logits' argmax, when the caller took it already (a greedy job then needs nothing else)."""
+        if argmax is not None and not self.sampling and not self.processors and self.logprobs is None:
+            return self._accept(argmax, None, None)
         scores = logits.float()[None]  # (1, V)
         if self.processors:
             scores = self.processors(scores, None, None)
@@ -138,6 +141,10 @@ class Job:
             if self.logprobs:
                 values, ids = logp.topk(min(self.logprobs, logp.shape[0]))
                 top = dict(zip(ids.tolist(), values.tolist()))
+        return self._accept(token, logprob, top)
+
+    def _accept(self, token: int, logprob: float | None, top: dict[int, float] | None) -> tuple[Token, str | None]:
+        """Record the chosen ``token``: its new text, and the finish reason if it ends the job."""
         if self.first_token_at is None:
             self.first_token_at = time.monotonic()
         self.generated += 1

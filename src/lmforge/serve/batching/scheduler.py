@@ -1,7 +1,8 @@
 """The scheduler: one thread that runs every running generation request's decode step together.
 
 Iteration-level scheduling (Orca, Yu et al. 2022): before each decode step, waiting jobs join free rows
-of the :class:`~lmforge.generation.slots.SlotBatch` (their prompt prefilled, their first token chosen);
+of the :class:`~lmforge.generation.slots.SlotBatch` (their prompts prefilled, those of one length in one
+forward, and their first tokens chosen);
 then one forward over all rows gives every job its next token, each chosen with the job's own settings
 (:class:`~lmforge.serve.batching.job.Job`); a job that ends, is cancelled (its client went away) or
 runs past its deadline leaves, freeing its row at once.
@@ -10,9 +11,15 @@ runs past its deadline leaves, freeing its row at once.
                         QueueFull beyond it                 one forward per step
 
 The model runs only on this thread (torch releases the GIL inside its kernels, so the server's event
-loop stays responsive); jobs report back through their ``emit`` callback. An exception while choosing
-one job's token fails that job only; one in the batched forward fails the jobs in that batch, and the
-scheduler goes on with fresh rows.
+loop stays responsive); jobs report back through their ``emit`` callback. Per step the Python work is
+kept off the per-row path where it can be: one argmax over the batch gives every plain greedy row its
+token, and only rows that sample or report log-probabilities look at their own logits. An exception
+while choosing one job's token fails that job only; one in the batched forward fails the jobs in that
+batch, and the scheduler goes on with fresh rows.
+
+With ``compile=True`` the decode steps run through compiled graphs (:class:`SlotBatch` with
+``compile=True``); :meth:`Scheduler.start` compiles them before the first request (or falls back to
+eager steps, with a warning, where compiling fails).
 
 Example:
     >>> import torch, lmforge
@@ -64,18 +71,20 @@ class Scheduler:
         max_queue: jobs that may wait for a row; more are refused with :class:`QueueFull`.
         max_len: prompt + generated tokens a job may reach (the server checks requests against it).
         observe: called with ``(event, value)`` for metrics: ``("queue", n)``, ``("batch", n)``,
-            ``("tokens", n)``, ``("finished", job)``.
-        decode_weights: weights to multiply in their decoding forms while the scheduler runs (those that
-            ``generate`` uses, so tokens equal its own).
+            ``("tokens", n)`` (a decode step over n rows), ``("finished", job)``.
+        decode_weights: weights to multiply in their decoding forms while the scheduler runs eager steps
+            (those that ``generate`` uses, so tokens equal its own).
+        compile: decode steps through compiled graphs (see the module docstring).
     """
 
     def __init__(self, model, max_batch: int, max_queue: int, max_len: int,
-                 observe: Callable[[str, object], None] | None = None, decode_weights=()):
+                 observe: Callable[[str, object], None] | None = None, decode_weights=(), compile: bool = False):
         self.model = model.eval()
         self.max_batch, self.max_queue, self.max_len = max_batch, max_queue, max_len
         self.observe = observe or (lambda event, value: None)
         self.decode_weights = list(decode_weights)
-        self.rows = SlotBatch(model, max_batch, max_len)
+        self.compile = compile
+        self.rows = SlotBatch(model, max_batch, max_len, compile=compile)
         self.waiting: deque[Job] = deque()
         self.running: dict[int, Job] = {}
         self.last: dict[int, int] = {}  # job key -> its newest token (fed at the next step)
@@ -87,6 +96,10 @@ class Scheduler:
 
     # ------------------------------------------------------------------ the server's side
     def start(self) -> "Scheduler":
+        """Start the thread (after compiling the decode steps, with ``compile=True``)."""
+        if self.compile:
+            with torch.inference_mode():
+                self.compile = self.rows.warm_up()
         self.thread.start()
         return self
 
@@ -131,7 +144,8 @@ class Scheduler:
 
     # ------------------------------------------------------------------ the scheduler thread
     def _loop(self) -> None:
-        with torch.inference_mode(), decoding_weights(self.decode_weights):
+        # The compiled graph multiplies by the weights as they are: the decoding forms are for eager steps.
+        with torch.inference_mode(), decoding_weights([] if self.compile else self.decode_weights):
             while True:
                 with self.cond:
                     while not self._stop and not self.waiting and not self.running:
@@ -145,25 +159,42 @@ class Scheduler:
             job.emit(("done", "cancelled"))
 
     def _admit(self) -> None:
+        """Waiting jobs take the free rows; prompts of one length are prefilled together."""
         while self.rows.free:
+            jobs = []
             with self.cond:
-                if not self.waiting:
-                    return
-                job = self.waiting.popleft()
+                while self.waiting and len(jobs) < self.rows.free:
+                    jobs.append(self.waiting.popleft())
+                if not jobs:
+                    break
                 self.observe("queue", len(self.waiting))
-            if job.cancelled or job.expired(time.monotonic()):
-                job.reason = "cancelled" if job.cancelled else "timeout"
-                job.emit(("done", job.reason))
-                self._ended(job)
-                continue
-            try:
-                logits = self.rows.join(job.key, job.ids)
-            except Exception as exc:  # this prompt alone failed: the batch is untouched
-                self._fail(job, exc)
-                continue
-            self.running[job.key] = job
-            self._advance(job, logits)
+            now, groups = time.monotonic(), {}
+            for job in jobs:
+                if job.cancelled or job.expired(now):
+                    job.reason = "cancelled" if job.cancelled else "timeout"
+                    job.emit(("done", job.reason))
+                    self._ended(job)
+                else:
+                    groups.setdefault(len(job.ids), []).append(job)
+            for group in groups.values():
+                self._join(group)
         self.observe("batch", len(self.running))
+
+    def _join(self, jobs: list[Job]) -> None:
+        """Prefill ``jobs`` (prompts of one length) in one forward, and choose their first tokens; if that
+        fails, each alone, so that a prompt that fails fails only its own job."""
+        try:
+            logits = self.rows.join_many([(job.key, job.ids) for job in jobs])
+        except Exception as exc:
+            if len(jobs) == 1:
+                self._fail(jobs[0], exc)
+                return
+            for job in jobs:
+                self._join([job])
+            return
+        for job, row in zip(jobs, logits):
+            self.running[job.key] = job
+            self._advance(job, row)
 
     def _step(self) -> None:
         keys = list(self.rows.keys)
@@ -173,24 +204,26 @@ class Scheduler:
         except Exception as exc:
             for key in keys:
                 self._fail(self.running[key], exc, leave=False)
-            self.rows = SlotBatch(self.model, self.max_batch, self.max_len)
+            self.rows = SlotBatch(self.model, self.max_batch, self.max_len, compile=self.rows.compiled)
             self.running.clear()
             self.observe("batch", 0)
             return
         self.observe("tokens", len(keys))
+        greedy = logits.argmax(-1).tolist()  # every plain greedy row's token, in one op
         now = time.monotonic()
-        for key, row in zip(keys, logits):
+        for key, row, best in zip(keys, logits, greedy):
             job = self.running[key]
             if job.cancelled or job.expired(now):
                 self._finish(job, "cancelled" if job.cancelled else "timeout")
             else:
-                self._advance(job, row)
+                self._advance(job, row, best)
         self.observe("batch", len(self.running))
 
-    def _advance(self, job: Job, logits: torch.Tensor) -> None:
-        """Choose ``job``'s next token and hand it over; end the job when it is done."""
+    def _advance(self, job: Job, logits: torch.Tensor, argmax: int | None = None) -> None:
+        """Choose ``job``'s next token (``argmax``: that of ``logits``, if known) and hand it over; end the job
+        when it is done."""
         try:
-            token, reason = job.choose(logits)
+            token, reason = job.choose(logits, argmax)
         except Exception as exc:
             self._fail(job, exc)
             return
