@@ -89,7 +89,7 @@ def _cli_raising(monkeypatch, exc):
     parser = argparse.ArgumentParser(prog="lmforge")
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("boom").set_defaults(func=verb)
-    monkeypatch.setattr(cli_main, "build_parser", lambda: parser)
+    monkeypatch.setattr(cli_main, "build_parser", lambda verb=None: parser)
 
 
 def test_cli_prints_user_errors_as_one_line_and_lets_bugs_raise(monkeypatch, capsys):
