@@ -77,8 +77,8 @@ def gpu_section(record: dict) -> str:
                 parts.append(f"lmforge compiled / nanoGPT compiled: {ratio:.2f}×.")
         for name, error in result.get("errors", {}).items():
             parts.append(f"Not measured: {error}.")
-    for key, label in (("nanogpt", "nanoGPT"), ("nccl_two_ranks_one_gpu", "NCCL with two ranks on one GPU"),
-                       ("notes", "Notes")):
+    for key, label in (("tests", "The CUDA test run"), ("nanogpt", "nanoGPT"),
+                       ("nccl_two_ranks_one_gpu", "NCCL with two ranks on one GPU"), ("notes", "Notes")):
         if record.get(key):
             parts.append(f"{label}: {record[key]}")
     return "\n\n".join(parts)
