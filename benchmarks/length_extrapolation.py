@@ -79,13 +79,8 @@ def rope_decay(dim: int = 64, base: float = 10000.0, distance: int = 1024) -> li
 
 
 def plot(table: dict, lengths: list[int], decay: list[float], work: Path) -> bool:
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        return False
-    fig = Figure(figsize=(6, 4), dpi=100)
-    FigureCanvasAgg(fig)
+    from lmforge.utils.figures import figure  # matplotlib is one of lmforge's own dependencies
+    fig = figure(6, 4)
     ax = fig.add_subplot()
     for scheme, cells in table.items():
         points = [(n, c["loss"]) for n, c in zip(lengths, cells) if "loss" in c]
@@ -96,8 +91,7 @@ def plot(table: dict, lengths: list[int], decay: list[float], work: Path) -> boo
     ax.grid(alpha=0.3)
     ax.legend()
     fig.savefig(work / "length_extrapolation.png")
-    fig = Figure(figsize=(6, 3), dpi=100)
-    FigureCanvasAgg(fig)
+    fig = figure(6, 3)
     ax = fig.add_subplot()
     ax.plot(range(len(decay)), decay)
     ax.set_xlabel("relative distance m")

@@ -121,13 +121,8 @@ def run(work: Path, name: str, data: Path, args) -> dict:
 
 
 def plot(results: list[dict], path: Path) -> bool:
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        return False
-    fig = Figure(figsize=(7, 4), dpi=100)
-    FigureCanvasAgg(fig)
+    from lmforge.utils.figures import figure  # matplotlib is one of lmforge's own dependencies
+    fig = figure(7, 4)
     ax = fig.add_subplot()
     for r in results:
         ax.plot([c[1] for c in r["eval_curve"]], [c[2] for c in r["eval_curve"]], "o-", markersize=3,
