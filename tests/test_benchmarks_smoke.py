@@ -97,3 +97,11 @@ def test_gpu_tables_script_runs_its_quick_path_on_the_cpu():
     rows = bench.rows_for("gpu", result)
     assert {r.case for r in rows} >= {"train bert-base MLM: lmforge eager", "train t5-base span: lmforge eager"}
     assert all(r.ratio is not None and r.ratio > 0 for r in rows if "memory" not in r.case)
+
+
+def test_experiment_overhead_script_times_a_one_cell_grid():
+    out = _run(str(ROOT / "benchmarks" / "experiment_overhead.py"), "--steps", "12")
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    result = bench.last_json(out.stdout)
+    assert result["benchmark"] == "experiment_overhead" and 0 < result["loop_s"] < result["command_s"]
+    assert result["overhead_share"] == pytest.approx(1 - result["loop_s"] / result["command_s"])
