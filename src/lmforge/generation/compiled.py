@@ -212,7 +212,8 @@ class _CompiledStep:
 
     def adopt(self, keys: list[torch.Tensor], values: list[torch.Tensor]):
         """With CUDA graphs, the step's own cache buffers holding ``keys``/``values`` (copied in), else the same
-        lists: a graph's inputs that it writes must sit at the addresses it was recorded with."""
+        lists: a graph's inputs that it writes must sit at the addresses it was recorded with. So on CUDA one model
+        decodes one compiled generation of a shape at a time (the server's slot batch keeps its own buffers)."""
         if not self.graphs:
             return keys, values
         if self.buffers is None:
