@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import sys
 import time
 import traceback
@@ -41,7 +40,7 @@ from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file: the checkout root is the import root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import quiet_transformers, sync, time_steps  # noqa: E402
+from benchmarks.common import matmul_peak, quiet_transformers, sync, time_steps  # noqa: E402
 
 quiet_transformers()
 
@@ -65,14 +64,6 @@ def datasheet_peak(device: str) -> float | None:
     return next((v for k, v in DATASHEET_BF16_TFLOPS.items() if k in name), None)
 
 
-def measured_peak(device: str, n: int) -> float:
-    """Median bf16 TFLOP/s of an n x n x n matmul on the device, on random data."""
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    (seconds, _), = time_steps([lambda: a @ b], device, warmup=3, repeats=20)
-    return 2 * n**3 / seconds / 1e12
-
-
 def free(device: str) -> None:
     gc.collect()
     if device == "cuda":
@@ -88,9 +79,9 @@ def train_rows(args, peaks: dict) -> list[dict]:
     steps = {"lmforge eager": make_step(case.ours, case.batch_ours, args.device, None),
              "HF eager": make_step(case.theirs, case.batch_theirs, args.device, None)}
     if not args.no_compile:
-        compiled_ours = gpt_case(batch, seq, None, preset="gpt-tiny" if args.quick else "gpt2")
-        steps["lmforge compiled"] = make_step(compiled_ours.ours, case.batch_ours, args.device, "default")
-        steps["HF compiled"] = make_step(compiled_ours.theirs, case.batch_theirs, args.device, "default")
+        fresh = gpt_case(batch, seq, None, preset="gpt-tiny" if args.quick else "gpt2")  # models of their own
+        steps["lmforge compiled"] = make_step(fresh.ours, case.batch_ours, args.device, "default")
+        steps["HF compiled"] = make_step(fresh.theirs, case.batch_theirs, args.device, "default")
         if args.nanogpt:
             steps["nanoGPT compiled"] = make_step(nanogpt_model(args.nanogpt, case, seq), case.batch_ours,
                                                   args.device, "default")
@@ -259,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cudnn.allow_tf32 = True
 
     peaks = {"datasheet_tflops": datasheet_peak(args.device),
-             "measured_tflops": measured_peak(args.device, 512 if args.quick else 8192)}
+             "measured_tflops": matmul_peak(args.device, 512 if args.quick else 8192, repeats=20) / 1e3}
     record = {"benchmark": "gpu", "device": args.device, "torch": torch.__version__, "transformers": hf.__version__,
               **peaks, "rows": [], "errors": {}}
     if args.device == "cuda":

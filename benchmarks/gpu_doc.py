@@ -11,15 +11,12 @@ on a lent GPU, with their commands and dates). ``python -m benchmarks.performanc
 
 from __future__ import annotations
 
+from benchmarks.performance_doc import table
+
 TITLES = {"train": "Training step: GPT-2 124M, batch 16 × 1024, bf16 autocast, fused AdamW",
           "encoders": "Training steps: bert-base MLM (32 × 512) and t5-base span corruption (32 × 512 → 114)",
           "generate": "Greedy generation: GPT-2 124M, bf16 weights, 32-token prompt, 128 new tokens",
           "memory": "Peak GPU memory: llama-1b (random weights), batch 4 × 512, bf16 autocast, AdamW, 3 steps"}
-
-
-def _table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
 
 
 def _speed(rows: list[dict], reference: dict[str, str]) -> str:
@@ -37,9 +34,9 @@ def _speed(rows: list[dict], reference: dict[str, str]) -> str:
             out.append([r["batch"], r["impl"], f"{r['tok_s']:,.0f}", f"{r['ms_per_token']:.2f}",
                         f"{r['first_call_s']:.1f}", f"{r['same_as_hf']:.0%}", ratio])
     if rows and "ms_per_step" in rows[0]:
-        return _table(["model", "implementation", "tokens/s", "ms/step", "MFU (datasheet)", "MFU (measured peak)",
+        return table(["model", "implementation", "tokens/s", "ms/step", "MFU (datasheet)", "MFU (measured peak)",
                        "ratio"], out)
-    return _table(["batch", "implementation", "new tokens/s", "ms/token", "first call s (compiles)",
+    return table(["batch", "implementation", "new tokens/s", "ms/token", "first call s (compiles)",
                    "tokens equal to HF generate", "ratio"], out)
 
 
@@ -66,7 +63,7 @@ def gpu_section(record: dict) -> str:
         rows = result.get("rows", [])
         if section == "memory":
             full = next((r for r in rows if r["impl"] == "full"), None)
-            parts.append(_table(["method", "trainable parameters", "model loaded GiB", "peak GiB", "peak / full"],
+            parts.append(table(["method", "trainable parameters", "model loaded GiB", "peak GiB", "peak / full"],
                                 [[r["impl"], f"{r['trainable']:,}", f"{r['loaded_gib']:.2f}", f"{r['peak_gib']:.2f}",
                                   f"{r['peak_gib'] / full['peak_gib']:.2f}" if full else "-"] for r in rows]))
         elif rows:

@@ -31,7 +31,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 if __package__ in (None, ""):  # run as a file: the checkout root is the import root
     sys.path.insert(0, str(ROOT))
-from benchmarks.gpu_doc import gpu_section  # noqa: E402
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 RENDER = "python -m benchmarks.performance_doc docs/bench.json"
 
@@ -497,6 +496,8 @@ def page(record: dict, note: str | None = None, gpu: dict | None = None) -> str:
               "Quality benchmarks (accuracy, BLEU, loss curves: minutes to hours of training each) are not part of "
               "`lmforge bench`; their scripts and latest results are in [quality.md](quality.md)."]
     if gpu is not None:
+        from benchmarks.gpu_doc import gpu_section  # it formats its tables with this module's table()
+
         parts.append(gpu_section(gpu))
     return "\n\n".join(parts) + "\n"
 

@@ -209,11 +209,7 @@ def hf_worker(job: str, size: dict, seed: int, threads: int, out: Path, t0: floa
 
         model = peft.get_peft_model(model, peft.LoraConfig(task_type="SEQ_CLS", r=LORA["r"], lora_alpha=LORA["alpha"],
                                                            lora_dropout=0.0, target_modules=["query", "value"]))
-    args = transformers.TrainingArguments(
-        output_dir=str(out), max_steps=size["steps"], per_device_train_batch_size=size["batch"],
-        learning_rate=size["lr"], warmup_steps=size["warmup"], lr_scheduler_type="linear", weight_decay=0.01,
-        max_grad_norm=1.0, bf16=True, use_cpu=True, seed=seed, save_strategy="no", report_to=[],
-        logging_steps=10, disable_tqdm=True, dataloader_num_workers=0)
+    args = transformers.TrainingArguments(**_reference_arguments(size, seed, out))
     trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[_loop_cpu()],
                                    data_collator=transformers.DataCollatorWithPadding(tok))
     result = trainer.train()
@@ -233,6 +229,14 @@ def hf_worker(job: str, size: dict, seed: int, threads: int, out: Path, t0: floa
             correct += int((pred == torch.tensor([int(r["label"]) for r in chunk])).sum())
     mark["metric"] = correct / len(test)
     return mark
+
+
+def _reference_arguments(size: dict, seed: int, out: Path) -> dict:
+    """The HF Trainer settings both reference jobs share: lmforge's schedule, precision and budget, no saving."""
+    return dict(output_dir=str(out), max_steps=size["steps"], per_device_train_batch_size=size["batch"],
+                learning_rate=size["lr"], warmup_steps=size["warmup"], lr_scheduler_type="linear", weight_decay=0.01,
+                max_grad_norm=1.0, bf16=True, use_cpu=True, seed=seed, save_strategy="no", report_to=[],
+                logging_steps=10, disable_tqdm=True, dataloader_num_workers=0)
 
 
 def _loop_cpu():
@@ -258,11 +262,7 @@ def _sentence_transformers(size: dict, seed: int, out: Path, t0: float) -> dict:
     model.max_seq_length = size["length"]
     rows = _rows("bible-triplets", "train")
     data = hf_datasets.Dataset.from_dict({k: [r[k] for r in rows] for k in ("anchor", "positive", "negative")})
-    args = SentenceTransformerTrainingArguments(
-        output_dir=str(out), max_steps=size["steps"], per_device_train_batch_size=size["batch"],
-        learning_rate=size["lr"], warmup_steps=size["warmup"], lr_scheduler_type="linear", weight_decay=0.01,
-        max_grad_norm=1.0, bf16=True, use_cpu=True, seed=seed, save_strategy="no", report_to=[],
-        logging_steps=10, disable_tqdm=True, dataloader_num_workers=0)
+    args = SentenceTransformerTrainingArguments(**_reference_arguments(size, seed, out))
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=data, callbacks=[_loop_cpu()],
                                          loss=losses.MultipleNegativesRankingLoss(model))
     result = trainer.train()

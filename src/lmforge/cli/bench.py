@@ -295,8 +295,7 @@ def run_script(script: Path, args: list[str], echo: bool, timeout: float | None)
 
 def run(args) -> int:
     folder = find_dir(args.dir)
-    device, nanogpt = getattr(args, "device", "cpu"), getattr(args, "nanogpt", None)
-    default = GPU_BENCHMARKS if device == "cuda" else BENCHMARKS
+    default = GPU_BENCHMARKS if args.device == "cuda" else BENCHMARKS
     names = [n.strip().removesuffix(".py") for n in args.only.split(",")] if args.only else list(default)
     unknown = [n for n in names if not (folder / f"{n}.py").is_file()]
     if unknown:
@@ -310,7 +309,7 @@ def run(args) -> int:
     for name in names:
         flags = QUICK_FLAGS.get(name, []) if args.quick else []
         if name in GPU_BENCHMARKS:
-            flags = flags + ["--device", device] + (["--nanogpt", nanogpt] if nanogpt else [])
+            flags = flags + ["--device", args.device] + (["--nanogpt", args.nanogpt] if args.nanogpt else [])
         print(f"lmforge bench: {name}.py {' '.join(flags)}".rstrip(), file=sys.stderr, flush=True)
         code, output, seconds = run_script(folder / f"{name}.py", flags, echo=not args.quiet, timeout=args.timeout)
         data = last_json(output)
@@ -344,8 +343,8 @@ def run(args) -> int:
 def command_line(args) -> str:
     """The command that reproduces this run, as a user would type it."""
     words = ["lmforge", "bench"] + (["--quick"] if args.quick else []) + (["--json"] if args.json else [])
-    words += ["--device cuda"] if getattr(args, "device", "cpu") == "cuda" else []
-    words += [f"--nanogpt {args.nanogpt}"] if getattr(args, "nanogpt", None) else []
+    words += ["--device cuda"] if args.device == "cuda" else []
+    words += [f"--nanogpt {args.nanogpt}"] if args.nanogpt else []
     words += [f"--only {args.only}"] if args.only else []
     return " ".join(words + ([f"--timeout {args.timeout:g}"] if args.timeout else []))
 
