@@ -116,6 +116,25 @@ def peak_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+# ------------------------------------------------------------------------------------------- data
+def prepared_corpus(root, chars: int, vocab_size: int):
+    """The first ``chars`` characters of the bundled corpus, with a byte-BPE tokenizer of ``vocab_size`` trained on
+    them and prepared as ``root/data`` (5% validation): a training run's data, made in a few seconds."""
+    import gzip
+    from pathlib import Path
+
+    from lmforge import datasets
+    from lmforge.data.prepare import prepare
+    from lmforge.tokenization import train_tokenizer
+
+    root = Path(root)
+    text = root / "corpus.txt"
+    text.write_text(gzip.decompress(datasets.path("corpus").read_bytes()).decode("utf-8")[:chars], encoding="utf-8")
+    tok = train_tokenizer([text], kind="byte-bpe", family="gpt", vocab_size=vocab_size, show_progress=False)
+    prepare([text], tok, root / "data", val_fraction=0.05, progress=False)
+    return root / "data"
+
+
 # ------------------------------------------------------------------------------------------- the machine
 def matmul_peak(device: str = "cpu", n: int = 2048, repeats: int = 10) -> float:
     """Median bf16 GFLOP/s of an n x n x n matmul: the MFU denominator, and a probe of how busy the host is."""

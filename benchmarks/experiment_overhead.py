@@ -17,7 +17,6 @@ Output: the two times, the share, then one JSON line.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import subprocess
@@ -27,6 +26,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):  # run as a file: the checkout root is the import root
+    sys.path.insert(0, str(ROOT))
+from benchmarks.common import prepared_corpus  # noqa: E402
+
 BUDGET = 0.10
 
 GRID = """command: pretrain
@@ -61,17 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     lmforge = [sys.executable, "-m", "lmforge.cli.main"]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        sys.path.insert(0, str(ROOT / "src"))
-        from lmforge import datasets
-
-        text = work / "corpus.txt"
-        text.write_text(gzip.decompress(datasets.path("corpus").read_bytes()).decode("utf-8")[:400_000],
-                        encoding="utf-8")
-        for cmd in (["tokenizer", "train", str(text), "--kind", "byte-bpe", "--family", "gpt", "--vocab-size", "2000",
-                     "--out", str(work / "tok")],
-                    ["data", "prepare", str(text), "--tokenizer", str(work / "tok"), "--out", str(work / "data")]):
-            subprocess.run(lmforge + cmd, env=env, check=True, capture_output=True, text=True)
-        (work / "grid.yaml").write_text(GRID.format(data=work / "data", steps=args.steps), encoding="utf-8")
+        data = prepared_corpus(work, 400_000, 2000)
+        (work / "grid.yaml").write_text(GRID.format(data=data, steps=args.steps), encoding="utf-8")
         start = time.perf_counter()
         proc = subprocess.run(lmforge + ["experiment", "run", str(work / "grid.yaml"), "--out", str(work / "exp"),
                                          "--threads", "2"], env=env, capture_output=True, text=True)

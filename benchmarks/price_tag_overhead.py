@@ -20,7 +20,6 @@ Output: the per-step accounting share, the one-off share, then one JSON line. Ta
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import statistics
 import sys
@@ -30,12 +29,10 @@ from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file: the checkout root is the import root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import prepared_corpus  # noqa: E402
 
 import torch  # noqa: E402
 
-from lmforge import datasets  # noqa: E402
-from lmforge.data.prepare import prepare  # noqa: E402
-from lmforge.tokenization import train_tokenizer  # noqa: E402
 from lmforge.training import TrainConfig  # noqa: E402
 from lmforge.training.pretrain import build_pretraining  # noqa: E402
 
@@ -69,13 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        text = root / "corpus.txt"
-        text.write_text(gzip.decompress(datasets.path("corpus").read_bytes()).decode("utf-8")[:200_000],
-                        encoding="utf-8")
-        tok = train_tokenizer([text], kind="byte-bpe", family="gpt", vocab_size=2000, show_progress=False)
-        prepare([text], tok, root / "data", val_fraction=0.05, progress=False)
+        data = prepared_corpus(root, 200_000, 2000)
         config = TrainConfig.from_dict(dict(
-            model="gpt-tiny", objective="clm", data=str(root / "data"), out=str(root / "run"), max_steps=steps,
+            model="gpt-tiny", objective="clm", data=str(data), out=str(root / "run"), max_steps=steps,
             batch_size=8, seq_len=128, warmup=2, eval_every=0, save_every=0, precision="bf16", progress=False,
             tensorboard=False, device="cpu"))
         trainer = build_pretraining(config).trainer
