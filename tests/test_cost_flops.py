@@ -20,6 +20,11 @@ CASES = {
                                              "special_token_ids": [0, 1, 2, 3, 4]}),
     "encoder-decoder-span": ("t5-tiny", {"n_decoder_layers": 2, "head_dim": 16}, "span-corruption",
                              {"sentinel_ids": list(range(V - 10, V)), "eos_token_id": 1, "pad_token_id": 0}),
+    # ALBERT's shared layers: stored once, run at every depth, so they cost what unshared layers cost
+    "decoder-clm-shared-layers": ("gpt-tiny", {"n_layers": 3, "share_layers": True}, "clm", {"pad_token_id": 0}),
+    "encoder-decoder-shared-layers": ("t5-tiny", {"n_decoder_layers": 3, "head_dim": 16, "share_layers": True},
+                                      "span-corruption", {"sentinel_ids": list(range(V - 10, V)),
+                                                          "eos_token_id": 1, "pad_token_id": 0}),
 }
 
 
@@ -32,7 +37,7 @@ def documents(n: int = 6) -> list[list[int]]:
 def test_analytic_flops_match_the_flop_counter(case):
     preset, extra, objective, options = CASES[case]
     torch.manual_seed(0)
-    model = lmforge.build_model(preset, **SHAPE, **extra)
+    model = lmforge.build_model(preset, **{**SHAPE, **extra})
     batch = build_objective(objective, **options)(documents())
     assert bool((batch.get("attention_mask", torch.ones(1)) == 0).any())  # really padded
     n_targets = int((batch["labels"] != -100).sum())

@@ -78,7 +78,7 @@ from lmforge.tasks.recipe import Recipe
 from lmforge.tasks.settings import RECIPE_KEYS, TASK_KEYS, TRAINER_KEYS, finetune_settings
 from lmforge.tasks.spec import TaskSpec
 from lmforge.training.config import TrainConfig
-from lmforge.training.pretrain import load_tokenizer, model_config_for, objective_kwargs
+from lmforge.training.pretrain import format_and_options, load_tokenizer, model_config_for, objective_kwargs
 from lmforge.utils.io import read_mapping_file
 
 COMMANDS = ("pretrain", "finetune")  # distill and prompt grids are not supported yet
@@ -499,13 +499,14 @@ def _model_config(where: str, config: TrainConfig):
 
 def _check_objective_options(where: str, config: TrainConfig, tokenizer) -> None:
     try:
+        _, options = format_and_options(config.objective, config.objective_options)
         if tokenizer is not None:
-            objective_kwargs(config.objective, tokenizer, config.seed, config.objective_options)
+            objective_kwargs(config.objective, tokenizer, config.seed, options)
             return
     except ConfigError as exc:
         raise GridError(f"{where}: {exc}") from exc
     params = inspect.signature(OBJECTIVES[config.objective]).parameters
-    for key in config.objective_options:
+    for key in options:
         if key not in params:
             raise GridError(f"{where}: objective_options: {config.objective!r} has no option {key!r}; "
                             f"it takes {', '.join(p for p in params if p != 'seed')}")

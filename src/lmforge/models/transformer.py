@@ -446,17 +446,23 @@ class Transformer(nn.Module):
         d_attn = cfg.n_heads * cfg.dim_per_head
         head = cfg.vocab_size * cfg.embed_dim if cfg.head in ("lm", "mlm") and cfg.tie_embeddings else 0
         if cfg.arch != "encoder-decoder":
-            n = self.active_parameters(exclude_embeddings=True) + head - _linformer_weights(self)
+            n = (self.active_parameters(exclude_embeddings=True) + head - _linformer_weights(self)
+                 + _repeated_weights(self.encoder or self.decoder, cfg.n_layers))
             return int((6 * n + cfg.n_layers * _attention_flops(cfg, seq_len)) * seq_len)
         S, T = seq_len, target_len or seq_len
-        n_enc = _stack_weights(self.encoder) - _inactive_expert_weights(self.encoder)
+        n_enc = (_stack_weights(self.encoder) - _inactive_expert_weights(self.encoder)
+                 + _repeated_weights(self.encoder, cfg.n_layers))
         # Cross-attention's key and value projections read the encoder's output: they run once per source token.
+        # A shared decoder layer (share_layers) runs them once per depth.
         n_mem = sum(p.numel() for name, p in self.decoder.named_parameters()
-                    if ".cross_attn.k." in name or ".cross_attn.v." in name)
+                    if ".cross_attn.k." in name or ".cross_attn.v." in name
+                    ) * (cfg.decoder_layers // len(self.decoder.layers))
         # Blocks shared with the encoder (share_encoder_decoder) multiply the target tokens too: same cost as unshared.
         enc_params = {id(p) for p in self.encoder.parameters()}
         reused = sum(p.numel() for p in {id(p): p for p in self.decoder.parameters()}.values() if id(p) in enc_params)
-        n_dec = self.active_parameters(exclude_embeddings=True) - n_enc - n_mem + head + reused
+        n_dec = (self.active_parameters(exclude_embeddings=True) - _stack_weights(self.encoder)
+                 + _inactive_expert_weights(self.encoder) - n_mem + head + reused
+                 + _repeated_weights(self.decoder, cfg.decoder_layers))
         enc = 6 * (n_enc + n_mem) * S + 12 * cfg.n_layers * d_attn * S * S
         dec = 6 * n_dec * T + 12 * cfg.decoder_layers * d_attn * T * (T + S)  # self- then cross-attention
         return int(enc + dec)
@@ -504,6 +510,16 @@ def _inactive_expert_weights(module: nn.Module) -> int:
         per_expert = sum(p.numel() for p in layer.experts.parameters()) // layer.n_experts
         total += (layer.n_experts - layer.top_k) * per_expert
     return total
+
+
+def _repeated_weights(stack: nn.Module, depth: int) -> int:
+    """Weights of a stack's shared layer (ALBERT's ``share_layers``) counted once more per extra depth: the
+    layer is stored once but runs ``depth`` times, so its weights multiply every token ``depth`` times."""
+    if len(stack.layers) >= depth:
+        return 0
+    once = (sum(p.numel() for p in stack.layers.parameters()) - _inactive_expert_weights(stack.layers)
+            - _linformer_weights(stack.layers))
+    return (depth - len(stack.layers)) * once
 
 
 def _stack_weights(stack: nn.Module) -> int:

@@ -260,13 +260,20 @@ def _absolute(config: TrainConfig) -> TrainConfig:
     return config.updated(paths)
 
 
+def format_and_options(objective: str, options: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """The checked ``format`` option of ``objective``, and the options its class takes: MLM's format is the
+    data's and the packing's, not ``MaskedLM``'s, so it is taken out."""
+    options = dict(options)
+    fmt = check_format(objective, options.get("format"))
+    if objective == "mlm":
+        options.pop("format", None)
+    return fmt, options
+
+
 def build_objective_for(config: TrainConfig, tokenizer: Tokenizer, seed: int, seq_len: int,
                         sentence_end_ids: list[int] | None, static_seed: int | None = None):
     """The run's objective (its ``format`` option applied, see :mod:`lmforge.objectives.input_formats`)."""
-    options = dict(config.objective_options)
-    fmt = check_format(config.objective, options.get("format"))
-    if config.objective == "mlm":  # the format is the data's and the packing's, not MaskedLM's
-        options.pop("format", None)
+    fmt, options = format_and_options(config.objective, config.objective_options)
     objective = OBJECTIVES[config.objective](**objective_kwargs(config.objective, tokenizer, seed, options, seq_len,
                                                                 static_seed=static_seed))
     if fmt == "full-sentences":
