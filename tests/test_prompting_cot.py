@@ -84,7 +84,9 @@ def test_the_score_is_exact_match_of_the_extracted_answers_not_of_the_chains(gpt
 
 def test_arithmetic_problems_are_reproducible_and_their_rationales_add_up():
     train, test = arithmetic.split("train"), arithmetic.split("test")
-    assert train == arithmetic.split("train") and test == arithmetic.split("test")
+    assert train == arithmetic.problems(1000, seed=arithmetic.SPLITS["train"][0])  # drawn afresh: the same rows
+    assert train[0] == {"text": "Sam has 7 coins. He gives away 2. Then he gets 7 more. How many coins does he have "
+                                "now?", "target": "12", "rationale": "7 minus 2 is 5. 5 plus 7 is 12."}
     assert (len(train), len(test)) == (1000, 200) and train[:5] != test[:5]
     keys = {"train": set(), "test": set()}
     for name, rows in (("train", train), ("test", test)):

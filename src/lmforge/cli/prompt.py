@@ -128,7 +128,8 @@ def run_generate(args) -> int:
     print(result["table"], end="")
     if args.out:
         print(f"wrote {Path(args.out) / 'table.md'}, results.json, fewshot.png")
-    print(json.dumps({name: {str(row["k"]): row["mean"] for row in r["table"]} for name, r in result["models"].items()}))
+    models = result["models"]
+    print(json.dumps({name: {str(row["k"]): row["mean"] for row in r["table"]} for name, r in models.items()}))
     return 0
 
 

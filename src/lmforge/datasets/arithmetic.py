@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import random
 from typing import Sequence
 
@@ -102,9 +103,14 @@ def split(name: str) -> list[dict[str, str]]:
     """The rows of split ``train`` (the demonstration pool) or ``test`` (the queries)."""
     if name not in SPLITS:
         raise DataError(f"the arithmetic task has no split {name!r} (splits: {', '.join(SPLITS)})")
+    return [dict(row) for row in _split(name)]
+
+
+@functools.lru_cache(maxsize=None)
+def _split(name: str) -> tuple[dict[str, str], ...]:
     held: frozenset = frozenset()
     if name != "train":
         train_seed, train_n = SPLITS["train"]
         held = frozenset(_problems(train_n, train_seed, TERMS, frozenset())[1])
     seed, n = SPLITS[name]
-    return problems(n, seed, exclude=held)
+    return tuple(problems(n, seed, exclude=held))

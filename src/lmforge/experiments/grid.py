@@ -628,6 +628,12 @@ def _prompt_settings(where: str, given: dict[str, Any], metrics: list[str]) -> d
     shots = given.get("shots")
     if not isinstance(shots, int) or isinstance(shots, bool) or shots < 0:
         raise GridError(f"{where}: shots={shots!r}: give one k >= 0 per cell (an axis over shots for several)")
+    for key in ("limit", "max_new_tokens", "batch_size"):
+        value = given.get(key, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise GridError(f"{where}: {key}={value!r} must be an integer >= 1")
+    if not isinstance(given.get("cot", False), bool):
+        raise GridError(f"{where}: cot={given['cot']!r} must be true or false")
     settings = {**PROMPT_DEFAULTS, **given}
     try:
         task = few_shot_task(settings)

@@ -219,7 +219,8 @@ def read_rows(source: str, columns: tuple[str, ...] = ("text", "label")) -> list
         raise UserInputError(f"{source}: no rows")
     missing = [c for c in columns if c not in rows[0]]
     if missing:
-        raise UserInputError(f"{source}: needs columns {' and '.join(columns)}; missing {missing} (has {sorted(rows[0])})")
+        raise UserInputError(f"{source}: needs columns {' and '.join(columns)}; missing {missing} "
+                             f"(has {sorted(rows[0])})")
     return rows
 
 
