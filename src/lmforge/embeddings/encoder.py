@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 import lmforge
+from lmforge.checkpoint import model_source
 from lmforge.embeddings.pooling import POOLINGS, pool
 from lmforge.errors import InputFileNotFound, UserInputError
 from lmforge.nn.scalar_mix import ScalarMix
@@ -101,8 +102,9 @@ class SentenceEncoder(nn.Module):
 
     @classmethod
     def load(cls, path: str | Path, device: str = "cpu", **kwargs) -> "SentenceEncoder":
-        """Model and tokenizer from one folder written by ``lmforge.save`` / ``lmforge convert``."""
-        folder = Path(path)
+        """Model and tokenizer from one folder written by ``lmforge.save`` / ``lmforge convert`` (or a packaged
+        model's name, such as ``all-MiniLM-L6-v2``: see :func:`lmforge.checkpoint.model_source`)."""
+        folder = Path(model_source(path))
         if not (folder / "tokenizer.json").is_file() and not (folder / "vocab.txt").is_file():
             raise InputFileNotFound(f"{folder}: no tokenizer.json; embeddings need a model folder with its tokenizer")
         settings = folder / "embedding.json"
@@ -237,7 +239,7 @@ def _align(states: torch.Tensor, word_ids: list[int | None], n_words: int, reduc
 def load_encoder(folder: str | Path, *, device: str = "cpu", max_length: int | None = None) -> SentenceEncoder:
     """:meth:`SentenceEncoder.load` for a folder a user named: a missing folder or tokenizer is a
     :class:`~lmforge.errors.UserInputError` that says what to give instead."""
-    folder = Path(folder)
+    folder = Path(model_source(folder))
     if not folder.is_dir():
         raise UserInputError(f"--model {folder}: not a folder (convert a Hugging Face model with "
                              "`lmforge convert from-hf`)")

@@ -2,7 +2,8 @@
 
     grid.py      the grid file: base command and settings, axes of variants, seeds, budget, metrics, chained
                  fine-tuning; expanded into cells whose configs are all checked before anything runs
-    cell.py      one cell x seed in a child process: pre-train and/or fine-tune as ordinary runs, resumable
+    cell.py      one cell x seed in a child process: pre-train and/or fine-tune as ordinary runs, resumable, or
+                 prompt a frozen model (`prompt generate`)
     backends.py  where cells run: N local processes, or Ray tasks with per-cell resources
     runner.py    the experiment folder: lock, grid copy (--extend), skip finished cells, results.jsonl
     report.py    table.md / table.csv (mean ± std over seeds, best cell marked), one plot per metric, report.html
@@ -13,8 +14,8 @@ Example::
     $ lmforge experiment report exp/positions
 
     >>> from lmforge.experiments import COMMANDS, run_grid
-    >>> COMMANDS  # distill and prompt grids are not supported yet
-    ('pretrain', 'finetune')
+    >>> COMMANDS  # distill grids are not supported yet
+    ('pretrain', 'finetune', 'prompt')
 """
 
 from __future__ import annotations

@@ -6,11 +6,13 @@ alone. The stages are ordinary lmforge runs in ordinary run folders::
 
     RUN/pretrain/     training.pretrain.pretrain(TrainConfig)              (a pretrain grid)
     RUN/finetune/     tasks.run.run_finetune(settings), --model RUN/pretrain/model for a chained stage
+    RUN/prompt/       prompting.generative.run_few_shot(settings): `prompt generate` at the cell's k, seeds [seed]
     RUN/<stage>.json  the stage's metrics, written when it finished: a rerun skips the stage
     RUN/result.json   status ok (metrics, steps, tokens, seconds) or failed (the error): the runner reads it
 
 A stage with checkpoints is resumed (``pretrain --resume`` semantics: the same batches, masks and dropout as an
-uninterrupted run, so its metrics match bit for bit); a stage folder without one is started afresh.
+uninterrupted run, so its metrics match bit for bit); a stage folder without one (a prompt stage has none) is
+started afresh.
 
 Example (the shape of a task file; see :func:`run_task`)::
 
@@ -34,6 +36,7 @@ from typing import Any
 import torch
 
 from lmforge.errors import LmforgeError
+from lmforge.prompting.generative import run_few_shot
 from lmforge.tasks.run import run_finetune
 from lmforge.tasks.settings import finetune_settings
 from lmforge.training.config import TrainConfig
@@ -115,6 +118,19 @@ def finetune_stage(run: Path, settings: dict[str, Any], seed: int, model: str | 
     return {"metrics": metrics, "steps": outcome.step, "tokens": sum(r.get("tokens", 0) for r in records)}
 
 
+def prompt_stage(run: Path, settings: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Prompt the cell's model in ``run/prompt`` at its k, with the demonstrations seed ``seed`` draws; the score."""
+    out = run / "prompt"
+    _fresh(out)
+    result = run_few_shot({**settings, "model": [settings["model"]], "shots": [settings["shots"]], "seeds": [seed],
+                           "out": str(out)}, log=lambda line: print(line, file=sys.stderr, flush=True))
+    score = result["models"][settings["model"]]["table"][0]["mean"]
+    return {"metrics": {f"prompt_{result['metric']}": score}, "steps": None, "tokens": None}
+
+
+STAGES = {"pretrain": pretrain_stage, "prompt": prompt_stage}
+
+
 def run_task(run: str | Path) -> dict[str, Any]:
     """Run the stages ``run/task.json`` describes (skipping finished ones) and write ``run/result.json``.
 
@@ -133,7 +149,7 @@ def run_task(run: str | Path) -> dict[str, Any]:
             settings = task["stages"][stage]
             done = read_json(run / f"{stage}.json")
             if done is None:
-                done = pretrain_stage(run, settings, task["seed"]) if stage == "pretrain" else \
+                done = STAGES[stage](run, settings, task["seed"]) if stage in STAGES else \
                     finetune_stage(run, settings, task["seed"], model)
                 write_json(run / f"{stage}.json", done)
             model = done.get("model")

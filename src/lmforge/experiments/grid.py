@@ -3,7 +3,7 @@
 A grid names a base command and its settings, axes of variants, seeds, a budget every cell shares and the metrics
 to collect; the cells are the cross product of the axes::
 
-    command: pretrain                  # pretrain | finetune
+    command: pretrain                  # pretrain | finetune | prompt
     settings:                          # that command's settings (TrainConfig keys for pretrain)
       model: gpt-tiny
       objective: clm
@@ -34,9 +34,15 @@ cell: ``tokens`` / (batch_size x grad_accum x seq_len), and
 ``flops`` / (the model's :meth:`~lmforge.models.Transformer.train_flops` x batch_size x grad_accum), so cells of
 different shapes get the same tokens or compute.
 
+A ``prompt`` grid trains nothing: its settings are ``lmforge prompt generate``'s (one ``model`` and one ``shots``
+per cell, e.g. axes over ``cot`` and ``shots``; :data:`~lmforge.prompting.generative.PROMPT_DEFAULTS`), each seed
+draws other demonstrations, it has no budget, and its metric is ``prompt_<the task's metric>``.
+
 Every cell's configs are built here, up front (TrainConfig, ModelConfig with its overrides, the objective and its
-options, the fine-tuning TaskSpec, Recipe and PeftConfig), so a bad field is one line naming the grid file, the
-cell and the field, before any cell runs.
+options, the fine-tuning TaskSpec, Recipe and PeftConfig, the prompting task), so a bad field is one line naming the
+grid file, the cell and the field, before any cell runs. A model named by its package (``all-MiniLM-L6-v2``,
+:func:`lmforge.checkpoint.model_source`) is looked up here too: ``--dry-run`` lists where it is installed, or that
+it is not, and a run without it is refused.
 
 Example:
     >>> import pathlib, tempfile
@@ -68,11 +74,14 @@ from typing import Any
 
 import torch
 
+from lmforge.checkpoint import model_source, packaged_model
 from lmforge.config import ConfigBase, ConfigError, ModelConfig, resolve_config
-from lmforge.errors import LmforgeError, UserInputError
+from lmforge.errors import InputFileNotFound, LmforgeError, UserInputError
 from lmforge.models import Transformer
 from lmforge.objectives import OBJECTIVES, check_architecture
 from lmforge.peft.config import PeftConfig
+from lmforge.prompting.generative import METRICS as PROMPT_SCORES
+from lmforge.prompting.generative import PROMPT_DEFAULTS, few_shot_rows, few_shot_task
 from lmforge.tasks.metrics import LOWER_IS_BETTER
 from lmforge.tasks.recipe import Recipe
 from lmforge.tasks.settings import RECIPE_KEYS, TASK_KEYS, TRAINER_KEYS, finetune_settings
@@ -81,7 +90,7 @@ from lmforge.training.config import TrainConfig
 from lmforge.training.pretrain import format_and_options, load_tokenizer, model_config_for, objective_kwargs
 from lmforge.utils.io import read_mapping_file
 
-COMMANDS = ("pretrain", "finetune")  # distill and prompt grids are not supported yet
+COMMANDS = ("pretrain", "finetune", "prompt")  # distill grids are not supported yet
 BUDGETS = ("steps", "tokens", "flops")
 # What a pre-training run's last evaluation (on the val split) and last step report.
 PRETRAIN_METRICS = ("eval_loss", "eval_ppl", "eval_accuracy", "train_loss")
@@ -89,6 +98,10 @@ PRETRAIN_METRICS = ("eval_loss", "eval_ppl", "eval_accuracy", "train_loss")
 TASK_METRICS = ("loss", "accuracy", "f1", "f1_macro", "f1_micro", "mcc", "precision", "recall", "subset_accuracy",
                 "exact_match", "mse", "pearson", "spearman", "bleu", "chrf")
 FINETUNE_METRICS = tuple(f"finetune_{m}" for m in TASK_METRICS)
+# What a prompt cell reports: its few-shot score (0-100) at its k and seed.
+PROMPT_METRICS = tuple(f"prompt_{m}" for m in PROMPT_SCORES)
+# Keys of a prompt cell: `lmforge prompt generate`'s settings; the runner sets seeds and out.
+PROMPT_KEYS = tuple(k for k in PROMPT_DEFAULTS if k not in ("seeds", "out"))
 # Keys of a fine-tuning stage: the `lmforge finetune` settings (lmforge.tasks.settings), peft as a mapping.
 FINETUNE_KEYS = ("model", "tokenizer", "random_init", "train", "eval", "task", "label_map", "peft", "merge",
                  *TASK_KEYS, *RECIPE_KEYS, *TRAINER_KEYS)
@@ -107,7 +120,7 @@ def lower_is_better(metric: str) -> bool:
         >>> lower_is_better("eval_ppl"), lower_is_better("finetune_accuracy")
         (True, False)
     """
-    name = metric.split("_", 1)[1] if metric.startswith(("eval_", "train_", "finetune_")) else metric
+    name = metric.split("_", 1)[1] if metric.startswith(("eval_", "train_", "finetune_", "prompt_")) else metric
     return name in LOWER_IS_BETTER or name == "ppl"
 
 
@@ -191,6 +204,20 @@ class Cell:
     flops_per_step: int | None = None
     resources: Resources = field(default_factory=Resources)
 
+    def summary(self) -> str:
+        """What the cell does, for ``--dry-run``: its steps (and tokens, FLOPs), or its prompts."""
+        if "prompt" in self.stages:
+            prompt = self.stages["prompt"]
+            return f"{prompt['shots']}-shot{', chain-of-thought' if prompt.get('cot') else ''}, " \
+                   f"{prompt.get('limit', PROMPT_DEFAULTS['limit'])} queries"
+        extra = [f"{self.steps} steps"]
+        if self.tokens_per_step:
+            extra.append(f"{self.tokens_per_step * self.steps:,} tokens")
+        if self.flops_per_step:
+            extra.append(f"{self.flops_per_step * self.steps:.3g} FLOPs")
+        return ", ".join(extra) + (" + finetune" if "finetune" in self.stages and self.stages.keys() != {"finetune"}
+                                   else "")
+
 
 @dataclass
 class Grid:
@@ -202,9 +229,10 @@ class Grid:
     cells: list[Cell]
     seeds: list[int]
     metrics: list[str]
-    budget: Budget
+    budget: Budget | None  # None: a prompt grid trains nothing
     resources: Resources
     raw: dict[str, Any]
+    models: dict[str, str] = field(default_factory=dict)  # a packaged model's name -> its folder, or why it is absent
 
     @property
     def axes(self) -> list[str]:
@@ -216,17 +244,20 @@ class Grid:
 
     def listing(self) -> str:
         """One line per cell: id, steps, what the budget converts to (for ``--dry-run``)."""
+        budget = f"budget {self.budget.kind}" if self.budget else "no training"
         lines = [f"{self.path}: {self.command}, {len(self.cells)} cell(s) x {len(self.seeds)} seed(s) "
-                 f"{self.seeds}, budget {self.budget.kind}, metrics {', '.join(self.metrics)}"]
-        for cell in self.cells:
-            extra = [f"{cell.steps} steps"]
-            if cell.tokens_per_step:
-                extra.append(f"{cell.tokens_per_step * cell.steps:,} tokens")
-            if cell.flops_per_step:
-                extra.append(f"{cell.flops_per_step * cell.steps:.3g} FLOPs")
-            lines.append(f"  {cell.id}: {', '.join(extra)}" + (" + finetune" if "finetune" in cell.stages
-                                                              and cell.stages.keys() != {"finetune"} else ""))
+                 f"{self.seeds}, {budget}, metrics {', '.join(self.metrics)}"]
+        lines += [f"  {cell.id}: {cell.summary()}" for cell in self.cells]
+        lines += [f"  model {name}: {where}" for name, where in self.models.items()]
         return "\n".join(lines)
+
+    def check_models(self) -> None:
+        """Refuse to run without a packaged model the cells need (``--dry-run`` only lists it)."""
+        for name in self.models:
+            try:
+                model_source(name)
+            except InputFileNotFound as exc:
+                raise GridError(f"{self.path}: model: {exc}") from exc
 
 
 # ------------------------------------------------------------------------------------------- reading
@@ -264,13 +295,15 @@ def load_grid(path: str | Path, size: str | None = None, raw: dict[str, Any] | N
         spec = _sized(path, spec, size)
     if spec.command not in COMMANDS:
         raise GridError(f"{path}: command={spec.command!r} is not a grid command; supported: {', '.join(COMMANDS)} "
-                        "(distill and prompt grids are not supported yet)")
+                        "(distill grids are not supported yet)")
+    if spec.command == "prompt" and (spec.budget or spec.finetune is not None):
+        raise GridError(f"{path}: {'budget' if spec.budget else 'finetune'}: a prompt grid trains nothing; remove it")
     try:
-        budget = Budget.from_dict(spec.budget, source=f"{path}: budget")
+        budget = Budget.from_dict(spec.budget, source=f"{path}: budget") if spec.command != "prompt" else None
         resources = Resources.from_dict(spec.resources, source=f"{path}: resources")
     except ConfigError as exc:
         raise GridError(_sourced(path, exc)) from exc
-    if spec.command == "finetune" and budget.kind != "steps":
+    if spec.command == "finetune" and budget is not None and budget.kind != "steps":
         raise GridError(f"{path}: budget: {budget.kind} is supported for pretrain grids only; give a finetune "
                         "grid steps")
     if spec.command == "finetune" and spec.finetune is not None:
@@ -290,7 +323,24 @@ def load_grid(path: str | Path, size: str | None = None, raw: dict[str, Any] | N
                      budget, metrics, path.parent)
         cell.resources = _cell_resources(where, spec.resources, variants)
         cells.append(cell)
-    return Grid(path, spec.command, size, cells, seeds, metrics, budget, resources, data)
+    models = _packaged_models(cells)
+    return Grid(path, spec.command, size, cells, seeds, metrics, budget, resources, data, models)
+
+
+def _packaged_models(cells: list[Cell]) -> dict[str, str]:
+    """The packaged models the cells name (see :func:`lmforge.checkpoint.model_source`): where each is installed,
+    or the line that says how to install it."""
+    found: dict[str, str] = {}
+    for cell in cells:
+        for stage in cell.stages.values():
+            name = stage.get("model")
+            if name in found or packaged_model(name) is None:
+                continue
+            try:
+                found[name] = str(model_source(name))
+            except InputFileNotFound as exc:
+                found[name] = f"not installed ({str(exc).split('; ', 1)[-1]}); a run is refused until it is"
+    return found
 
 
 def _cell_resources(where: str, base: dict[str, Any], variants: list[dict[str, Any]]) -> Resources:
@@ -384,7 +434,8 @@ def _label(variant: dict[str, Any]) -> str:
 
 
 def _metrics(path: Path, spec: GridFile, stages: list[str]) -> list[str]:
-    known = (PRETRAIN_METRICS if "pretrain" in stages else ()) + (FINETUNE_METRICS if "finetune" in stages else ())
+    known = (PRETRAIN_METRICS if "pretrain" in stages else ()) + (FINETUNE_METRICS if "finetune" in stages else ()) \
+        + (PROMPT_METRICS if "prompt" in stages else ())
     metrics = spec.metrics or (["eval_loss", "eval_ppl"] if "pretrain" in stages else [])
     if not metrics:
         raise GridError(f"{path}: metrics: name at least one of {', '.join(known)}")
@@ -400,7 +451,7 @@ def _metrics(path: Path, spec: GridFile, stages: list[str]) -> list[str]:
 def _resolve_paths(folder: Path, settings: dict[str, Any]) -> dict[str, Any]:
     """Relative file paths in settings, taken relative to the grid file's folder when they exist there."""
     out = dict(settings)
-    for key in ("data", "tokenizer", "model", "train", "eval"):
+    for key in ("data", "tokenizer", "model", "train", "eval", "pool"):
         value = out.get(key)
         if isinstance(value, str) and value and not Path(value).is_absolute() and (folder / value).exists():
             out[key] = str((folder / value).resolve())
@@ -428,6 +479,9 @@ def _cell(where: str, command: str, cell_id: str, axes: dict[str, str], base: di
         if second:
             stages["finetune"] = _finetune_settings(f"{where}: finetune", tuned, None, metrics, chained=True)
         return Cell(cell_id, axes, stages, steps, tokens, flops)
+    if command == "prompt":
+        stages["prompt"] = _prompt_settings(where, main, metrics)
+        return Cell(cell_id, axes, stages, 0)
     stages["finetune"] = _finetune_settings(where, main, budget.steps, metrics, chained=False)
     return Cell(cell_id, axes, stages, budget.steps)
 
@@ -556,6 +610,44 @@ def _finetune_settings(where: str, given: dict[str, Any], steps: int | None, met
     if not given.get("eval_every", 1):
         raise GridError(f"{where}: eval_every=0: the fine-tuning stage is scored by its last evaluation")
     return {**{k: v for k, v in given.items() if k != "model" or not chained}, "peft": peft}
+
+
+def _prompt_settings(where: str, given: dict[str, Any], metrics: list[str]) -> dict[str, Any]:
+    """Checked ``prompt generate`` settings of one cell: one model, one k; the task built and, for a shipped task,
+    its rows read (a data file is read when the cell runs, as a pre-training grid's data is)."""
+    unknown = sorted(set(given) - set(PROMPT_KEYS))
+    if unknown:
+        runner = [k for k in unknown if k in PROMPT_DEFAULTS]
+        if runner:
+            raise GridError(f"{where}: {runner[0]}: set by the runner (each seed draws its own demonstrations, each "
+                            "cell has its own folder)")
+        raise GridError(f"{where}: unknown prompt setting(s) {', '.join(map(repr, unknown))}; known: "
+                        f"{', '.join(PROMPT_KEYS)}")
+    if not isinstance(given.get("model"), str) or not given["model"]:
+        raise GridError(f"{where}: model: give one model folder (or a packaged model's name) per cell")
+    shots = given.get("shots")
+    if not isinstance(shots, int) or isinstance(shots, bool) or shots < 0:
+        raise GridError(f"{where}: shots={shots!r}: give one k >= 0 per cell (an axis over shots for several)")
+    for key in ("limit", "max_new_tokens", "batch_size"):
+        value = given.get(key, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise GridError(f"{where}: {key}={value!r} must be an integer >= 1")
+    if not isinstance(given.get("cot", False), bool):
+        raise GridError(f"{where}: cot={given['cot']!r} must be true or false")
+    settings = {**PROMPT_DEFAULTS, **given}
+    try:
+        task = few_shot_task(settings)
+        if settings["task"] is not None:
+            pool, _ = few_shot_rows(settings, task)
+            if shots > len(pool):
+                raise UserInputError(f"shots={shots} is more than the {len(pool)} demonstrations in the pool")
+    except LmforgeError as exc:
+        raise GridError(f"{where}: {exc}") from exc
+    for metric in metrics:
+        if metric != f"prompt_{task.metric}":
+            raise GridError(f"{where}: metrics: {metric}, but the cell scores its answers by {task.metric} "
+                            f"(prompt_{task.metric})")
+    return dict(given)
 
 
 def check_finite(value: Any) -> bool:

@@ -3,10 +3,12 @@
     OUT/grid.yaml                         a copy of the grid file (a changed grid is refused unless --extend)
     OUT/experiment.json                   its axes, metrics, cells and seeds, for `lmforge experiment report`
     OUT/cells/<cell>/seed-<s>/            one cell x seed: task.json, cell.log, result.json, pretrain/, finetune/
+                                          (prompt/ for a prompt grid)
     OUT/results.jsonl                     one row per cell x seed, in grid order
     OUT/table.md  table.csv  plots/  report.html
 
-Order of events: the grid is expanded and every cell's configs are checked (nothing is written for a bad grid);
+Order of events: the grid is expanded and every cell's configs are checked, and the packaged models it names must
+be installed (nothing is written for a bad grid);
 ``OUT`` is locked (:class:`~lmforge.utils.lock.RunFolderLock`); cells with a ``result.json`` are skipped (their
 folders are not touched), failed ones too unless ``retry_failed``; the rest run, each in a child process, and
 ``results.jsonl`` is rewritten as each one ends. A killed runner leaves the cells it was running with their
@@ -129,6 +131,7 @@ def run_grid(grid_path: str | Path, out: str | Path, *, size: str | None = None,
     if workers < 1 or (threads is not None and threads < 1):
         raise UserInputError(f"--workers {workers} / --threads {threads}: must be >= 1")
     grid = load_grid(grid_path, size)
+    grid.check_models()
     out = Path(out)
     check_grid_copy(grid, out, extend)  # before the lock creates OUT: a refused grid changes nothing
     local_threads = threads or threads_per_cell(workers)

