@@ -39,7 +39,7 @@ rows by its (E, out, in) weights; elsewhere (fp64, fp32 on CUDA) a padded (E, C,
 ``torch.bmm``. Weights are stored (E, out, in), like a stack of ``nn.Linear`` weights (and HF Mixtral).
 
 On the CPU in bf16/fp16 each group is first rounded up to a multiple of ``ROW_BLOCK`` rows with zero rows (their
-number depends on the shapes only, under ``(E + 1) * ROW_BLOCK``): those GEMMs build a kernel for each new shape,
+number depends on the shapes only, at most ``E * (ROW_BLOCK - 1)``): those GEMMs build a kernel for each new shape,
 and an expert's share of the tokens changes with every step. The padding rows are computed, dropped, and get no
 gradient.
 
@@ -231,10 +231,10 @@ def block_groups(counts: torch.Tensor, n: int, block: int) -> tuple[torch.Tensor
     Example:
         >>> counts, rows, total = block_groups(torch.tensor([3, 0, 6]), 9, 4)
         >>> counts.tolist(), rows.tolist(), total
-        ([4, 0, 16], [0, 1, 2, 4, 5, 6, 7, 8, 9], 20)
+        ([4, 0, 12], [0, 1, 2, 4, 5, 6, 7, 8, 9], 16)
     """
     E = counts.shape[0]
-    total = -(-(n + E * (block - 1)) // block) * block  # enough for every group's remainder, a multiple of block
+    total = (n + E * (block - 1)) // block * block  # the most that n rows in E rounded-up groups can take
     padded = (counts + block - 1) // block * block  # (E,)
     padded[-1] += total - padded.sum()
     shift = (padded.cumsum(0) - padded) - (counts.cumsum(0) - counts)  # (E,) how far each group's start moves
