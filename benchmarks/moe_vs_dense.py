@@ -14,7 +14,8 @@ backward, fused AdamW) of both models on the same random batch of 8 x 128 tokens
 autocast, one thread (``--threads``), interleaved and rotated after a warm-up, median of ``--repeats``. The
 MoE/dense tokens/s ratio is the routing overhead budget: at least 0.6. What the MoE step pays beyond the dense
 one: the router, sorting the token slots by expert and scattering them back, grouped GEMMs of ~T/E rows per
-expert instead of one GEMM, and AdamW (and, under autocast, the bf16 weight casts) over ~2.8x the parameters.
+expert instead of one GEMM (on a CPU in bf16, each expert's rows padded to whole blocks of 32), and AdamW (and,
+under autocast, the bf16 weight casts) over ~2.8x the parameters.
 
 **Quality** (``--work DIR``): two runs of ``lmforge pretrain`` (causal LM) on the same shards, tokenizer, batches,
 schedule and seed; equal steps of equal batches are then equal training FLOPs. Reported per run: the validation

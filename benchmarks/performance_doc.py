@@ -363,12 +363,17 @@ the 384 × 8 routers). The ratio is MoE tokens/s over dense: the routing overhea
 side (validation loss at equal training FLOPs) is `moe_vs_dense.py --work DIR`, in [quality.md](quality.md).
 
 Where the MoE step's extra time goes (torch profiler, one thread): hardly the routing (the router, sorting the
-slots by expert, the gathers and the scatter back are a few percent of the step) but the experts. torch's
-grouped GEMM on a CPU multiplies each expert's ~T/E rows as a GEMM of its own; in bf16 those small GEMMs run far
-below the rate that the dense model's one large GEMM per projection gets from the CPU's bf16 matrix units, and
-their speed swings with the load on a shared host. Under autocast every step also casts all 8 experts' weights to
-bf16 and their gradients back, and AdamW updates ~2.8× the parameters: work that grows with the total parameters,
-not the active ones. In fp32 the dense GEMMs get no such boost, and the MoE step keeps pace."""
+slots by expert, the gathers and the scatter back are a few percent of the step). On a CPU the bf16 GEMMs are
+oneDNN's, which build (compile) a kernel for every new shape, and an expert's share of the rows changes with every
+step's routing: with each expert's rows as a GEMM of their own size, a step built 36 to 162 new kernels for 0.2 to
+0.8 s (`ONEDNN_VERBOSE=all`, on the Xeon host), more than the expert GEMMs themselves and the bulk of the gap.
+`lmforge.nn.moe` therefore rounds each expert's rows up to whole blocks of 32 zero-padded rows within a fixed
+total (`block_groups`), so a few shapes recur and are built once (0 to 12 builds a step after the first). What
+remains is mostly work that grows with the total parameters, not the active ones: under autocast every step casts
+all 8 experts' weights to bf16 and their gradients back (fresh 9 to 19 MB tensors, whose first-touch page faults
+can cost more than the conversion), AdamW updates ~2.8× the parameters, and the padding rows are computed. In fp32 the GEMMs
+build nothing per shape and the dense model gets no bf16 matrix units, and the MoE step keeps pace. On a shared
+host the bf16 ratio moves mostly with the dense step's speed."""
 
 METHODS["serve_load"] = """\
 `benchmarks/serve_load.py`: `lmforge serve` under load. Two random models, the tiny GPT (6 layers × 384) and a

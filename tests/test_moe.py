@@ -11,7 +11,7 @@ import torch
 from lmforge.config import ConfigError, ModelConfig
 from lmforge.models import Transformer
 from lmforge.nn.ffn import FeedForward
-from lmforge.nn.moe import MoEFeedForward, expert_capacity, load_balancing_loss, route
+from lmforge.nn.moe import MoEFeedForward, block_groups, expert_capacity, load_balancing_loss, route
 from tests.helpers import tiny_config
 
 
@@ -173,6 +173,43 @@ def test_grouped_mm_and_padded_bmm_paths_agree(bias, capacity):
     ya.sum().backward(), yb.sum().backward()
     for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
         torch.testing.assert_close(pa.grad, pb.grad, atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_row_blocks_are_whole_and_keep_each_group_in_order():
+    counts = torch.tensor([5, 0, 33, 1, 25])
+    padded, rows, total = block_groups(counts, 64, 8)
+    assert total == 96  # 64 + 5 groups x 7 spare rows at most, down to whole blocks
+    assert padded.tolist() == [8, 0, 40, 8, 40] and int(padded.sum()) == total
+    starts = padded.cumsum(0) - padded  # where each group now begins
+    assert rows.tolist() == [int(starts[e]) + i for e, c in enumerate(counts.tolist()) for i in range(c)]
+
+
+@pytest.mark.parametrize("force_bmm", [False, True])
+@pytest.mark.parametrize("bias, capacity", [(False, None), (True, 1.0)])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_groups_rounded_up_to_row_blocks_give_the_same_outputs_and_gradients(monkeypatch, precision, force_bmm,
+                                                                             bias, capacity):
+    # fp32: blocks of 4 rows forced; bf16 autocast on the CPU: the default blocks. Reference: no blocks.
+    import lmforge.nn.moe as moe_module
+
+    calls = []
+    block_groups = moe_module.block_groups
+    monkeypatch.setattr(moe_module, "block_groups", lambda *a: calls.append(a[2]) or block_groups(*a))
+    blocked, plain = _moe(bias=bias, capacity_factor=capacity), _moe(bias=bias, capacity_factor=capacity)
+    blocked.experts.force_bmm = plain.experts.force_bmm = force_bmm
+    blocked.experts.row_block = 4 if precision == "fp32" else None
+    plain.experts.row_block = 1
+    x = torch.randn(2, 9, 16)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        ya, yb = blocked(xa), plain(xb)
+    assert calls == [4 if precision == "fp32" else moe_module.ROW_BLOCK]  # the blocked model only
+    tol = dict(atol=1e-5, rtol=1e-5) if precision == "fp32" else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(ya, yb, **tol)
+    ya.pow(2).sum().backward(), yb.pow(2).sum().backward()
+    torch.testing.assert_close(xa.grad, xb.grad, **tol)
+    for (name, pa), pb in zip(blocked.named_parameters(), plain.parameters()):
+        torch.testing.assert_close(pa.grad, pb.grad, **tol, msg=name)
 
 
 def test_float64_takes_the_bmm_path():

@@ -38,6 +38,11 @@ GEMM (``torch.nn.functional.grouped_mm``, on CPU in fp32/bf16 and on CUDA in bf1
 rows by its (E, out, in) weights; elsewhere (fp64, fp32 on CUDA) a padded (E, C, D) batch goes through
 ``torch.bmm``. Weights are stored (E, out, in), like a stack of ``nn.Linear`` weights (and HF Mixtral).
 
+On the CPU in bf16/fp16 each group is first rounded up to a multiple of ``ROW_BLOCK`` rows with zero rows (their
+number depends on the shapes only, at most ``E * (ROW_BLOCK - 1)``): those GEMMs build a kernel for each new shape,
+and an expert's share of the tokens changes with every step. The padding rows are computed, dropped, and get no
+gradient.
+
 Example:
     >>> import torch
     >>> moe = MoEFeedForward(16, 32, "swiglu", n_experts=4, top_k=2)
@@ -140,6 +145,9 @@ def _grouped_mm_works(x: torch.Tensor, widths: tuple[int, ...]) -> bool:
             and torch.cuda.get_device_capability(x.device) >= (8, 0))
 
 
+ROW_BLOCK = 32  # rows per block of an expert's group on the CPU in bf16/fp16 (see Experts.forward)
+
+
 class Experts(nn.Module):
     """``E`` feed-forward networks with stacked weights, applied to rows grouped by expert.
 
@@ -160,14 +168,27 @@ class Experts(nn.Module):
         self.gate_bias = nn.Parameter(torch.zeros(n_experts, d_ff)) if bias and self.gate is not None else None
         self.down_bias = nn.Parameter(torch.zeros(n_experts, d_model)) if bias else None
         self.force_bmm = False  # tests: run the padded-bmm path where grouped_mm would be used
+        # Each group rounded up to a multiple of this many rows; None: ROW_BLOCK on the CPU in bf16/fp16, else 1
+        self.row_block: int | None = None
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """x (N, D) rows sorted by expert, counts (E,) rows per expert (summing to N) -> (N, D)."""
         dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
         x = x.to(dtype)
+        # The CPU's bf16/fp16 GEMMs (oneDNN) build a kernel for every new shape, which costs far more than a small
+        # expert GEMM, and group sizes that follow the routing would need new ones at every step. Groups rounded
+        # up to whole blocks of zero rows, within a fixed total, keep the shapes to a few that are built once.
+        block = self.row_block or (ROW_BLOCK if x.device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
+                                   else 1)
+        rows = None
+        if block > 1:
+            counts, rows, total = block_groups(counts, x.shape[0], block)
+            x = x.new_zeros(total, x.shape[1]).index_copy(0, rows, x)  # (N', D)
         if torch.compiler.is_compiling() and dtype != torch.bfloat16:
-            return self._eager(x, counts)  # grouped_mm's tracing (fake) kernel accepts bf16 only
-        return self._grouped(x, counts)
+            y = self._eager(x, counts)  # grouped_mm's tracing (fake) kernel accepts bf16 only
+        else:
+            y = self._grouped(x, counts)
+        return y if rows is None else y.index_select(0, rows)  # (N, D): padding rows dropped
 
     def _grouped(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
@@ -200,6 +221,25 @@ class Experts(nn.Module):
     @torch.compiler.disable
     def _eager(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         return self._grouped(x, counts)
+
+
+def block_groups(counts: torch.Tensor, n: int, block: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Round each of ``E`` groups of rows up to a multiple of ``block`` rows, within a total that depends on
+    ``n`` only (the last group takes the rest): counts (E,) summing to n -> (padded counts (E,), rows (n,) the
+    new place of each row, the total n').
+
+    Example:
+        >>> counts, rows, total = block_groups(torch.tensor([3, 0, 6]), 9, 4)
+        >>> counts.tolist(), rows.tolist(), total
+        ([4, 0, 12], [0, 1, 2, 4, 5, 6, 7, 8, 9], 16)
+    """
+    E = counts.shape[0]
+    total = (n + E * (block - 1)) // block * block  # the most that n rows in E rounded-up groups can take
+    padded = (counts + block - 1) // block * block  # (E,)
+    padded[-1] += total - padded.sum()
+    shift = (padded.cumsum(0) - padded) - (counts.cumsum(0) - counts)  # (E,) how far each group's start moves
+    expert = torch.repeat_interleave(torch.arange(E, device=counts.device), counts, output_size=n)  # (n,)
+    return padded, torch.arange(n, device=counts.device) + shift[expert], total
 
 
 def _padded_bmm(counts: torch.Tensor, n: int):
