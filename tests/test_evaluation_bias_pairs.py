@@ -214,3 +214,6 @@ def test_encoder_decoders_and_headless_encoders_are_refused(tmp_path):
     bert_tok = th.tokenizer(tmp_path, "bert")
     with pytest.raises(UserInputError, match="this model is an encoder with head='none'"):
         bp.score_pairs(th.body("bert", bert_tok, head="none"), bert_tok, pairs)
+    long = [{**pairs[0], "row": 4, "sent_more": "john lives in paris " * 20}]
+    with pytest.raises(UserInputError, match=r"^pairs.csv: row 4: \d+ tokens, more than the model's max_seq_len 64"):
+        bp.score_pairs(th.body("bert", bert_tok), bert_tok, long, where="pairs.csv")

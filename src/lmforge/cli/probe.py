@@ -71,10 +71,11 @@ def run_bias(args) -> int:
     pairs = bias_pairs.read_pairs(args.pairs)  # a bad file is refused before the model is loaded
     body, tokenizer = load_body(args.model, random_init=args.random_init)
     body.to(args.device)
-    scored = bias_pairs.score_pairs(body, tokenizer, pairs, tokens=args.tokens, batch_size=args.batch_size)
+    scored = bias_pairs.score_pairs(body, tokenizer, pairs, tokens=args.tokens, batch_size=args.batch_size,
+                                    where=str(args.pairs))
     summary = bias_pairs.summarize(scored)
     result = {"model": str(args.model), "pairs_file": str(args.pairs), "random_init": args.random_init,
-              "scoring": "pseudo-log-likelihood" if body.config.arch == "encoder" else "log-likelihood",
+              "scoring": bias_pairs.scoring(body),
               "tokens": args.tokens, **summary}
     print(bias_pairs.table(summary))
     if args.out:

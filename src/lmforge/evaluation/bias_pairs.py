@@ -140,6 +140,11 @@ def log_likelihoods(model, rows: Sequence[Sequence[int]], positions: Sequence[Se
     return totals
 
 
+def scoring(model) -> str:
+    """What a model's sentences are scored by: ``pseudo-log-likelihood`` (encoders) or ``log-likelihood``."""
+    return "pseudo-log-likelihood" if model.config.arch == "encoder" else "log-likelihood"
+
+
 def _check_model(model, tokenizer) -> None:
     cfg = model.config
     if cfg.arch == "encoder" and cfg.head == "mlm":
@@ -164,22 +169,24 @@ def encode_sentence(model, tokenizer, text: str) -> list[int]:
 
 
 def score_pairs(model, tokenizer, pairs: Sequence[dict[str, Any]], tokens: str = "shared",
-                batch_size: int = 64) -> list[dict[str, Any]]:
+                batch_size: int = 64, where: str = "pairs") -> list[dict[str, Any]]:
     """Each pair with ``sent_more_score``, ``sent_less_score`` (summed log-probabilities of the scored tokens),
-    ``scored_tokens`` (how many per sentence) and ``preferred`` (``sent_more``, ``sent_less`` or ``tie``)."""
+    ``scored_tokens`` (how many per sentence) and ``preferred`` (``sent_more``, ``sent_less`` or ``tie``).
+    ``where`` names the pairs' file in errors."""
     if tokens not in TOKENS:
         raise UserInputError(f"tokens={tokens!r}: choose {' or '.join(TOKENS)}")
     _check_model(model, tokenizer)
     model.eval()
     cfg = model.config
     roles = tokenizer.special_token_ids()
-    specials = {v for k, v in roles.items() if k.endswith("_token_id") and v is not None}
+    # the template's tokens ([CLS], [SEP], BOS, ...) are never scored; an unknown token is a word, and is
+    specials = {v for k, v in roles.items() if k.endswith("_token_id") and k != "unk_token_id" and v is not None}
     rows, positions = [], []
     for pair in pairs:
         more, less = (encode_sentence(model, tokenizer, pair[k]) for k in ("sent_more", "sent_less"))
         for ids in (more, less):
             if len(ids) > cfg.max_seq_len:
-                raise UserInputError(f"pair row {pair['row']}: {len(ids)} tokens, more than the model's "
+                raise UserInputError(f"{where}: row {pair['row']}: {len(ids)} tokens, more than the model's "
                                      f"max_seq_len {cfg.max_seq_len}")
         if tokens == "shared":
             at_more, at_less = shared_positions(more, less, specials)
@@ -233,11 +240,3 @@ def table(summary: dict[str, Any]) -> str:
     for name, s in rows:
         lines.append(f"{name:24s} {s['share']:6.3f} {s['preferred']:9d} {s['ties']:5d} {s['pairs']:6d}")
     return "\n".join(lines)
-
-
-def probe(model, tokenizer, path: str | Path, tokens: str = "shared", batch_size: int = 64) -> dict[str, Any]:
-    """Read, score and summarise a pair file: ``{"summary", "pairs", "tokens", "scoring"}``."""
-    pairs = read_pairs(path)
-    scored = score_pairs(model, tokenizer, pairs, tokens=tokens, batch_size=batch_size)
-    scoring = "pseudo-log-likelihood" if model.config.arch == "encoder" else "log-likelihood"
-    return {"summary": summarize(scored), "pairs": scored, "tokens": tokens, "scoring": scoring}
