@@ -12,7 +12,7 @@ import yaml
 from lmforge import checkpoint
 from lmforge.cli.main import main
 from lmforge.errors import InputFileNotFound, UserInputError
-from lmforge.experiments.grid import load_grid
+from lmforge.experiments.grid import GridError, load_grid
 from lmforge.tasks.settings import finetune_settings, parse_eval_sets
 from tests import task_helpers as th
 
@@ -47,7 +47,7 @@ def test_two_eval_sets_are_reported_beside_eval_and_equal_evaluate_on_the_final_
         for name in ("ood1", "ood-2"):
             assert {f"eval_{name}_accuracy", f"eval_{name}_loss"} <= set(record)
     last = evaluations[-1]
-    assert f"eval set ood1 (step 4): " in printed and "eval set ood-2 (step 4): " in printed
+    assert "eval set ood1 (step 4): " in printed and "eval set ood-2 (step 4): " in printed
     assert f"accuracy {last['eval_ood1_accuracy']:.4f}" in printed
     saved = yaml.safe_load((out / "finetune.yaml").read_text())
     assert saved["eval_sets"] == {"ood1": str(files["ood1"]), "ood-2": str(files["ood2"])}
@@ -117,5 +117,5 @@ def test_finetune_grids_accept_eval_sets(files, tmp_path):
     bad = yaml.safe_load(grid.read_text())
     bad["metrics"] = ["finetune_ood9_accuracy"]
     grid.write_text(yaml.safe_dump(bad))
-    with pytest.raises(Exception, match="unknown metric 'finetune_ood9_accuracy'"):
+    with pytest.raises(GridError, match="unknown metric 'finetune_ood9_accuracy'"):
         load_grid(grid)
