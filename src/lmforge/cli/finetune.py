@@ -97,6 +97,8 @@ def _run_baseline(given) -> int:
     for flag in ("model", "tokenizer", "peft", "merge", "random_init", "mixture", "resume"):
         if given.get(flag):
             raise UserError(f"--baseline trains its own small model: drop --{flag.replace('_', '-')}")
+    if given.get("eval_sets"):
+        raise UserError("--baseline scores its --eval only: drop --eval-set")
     bench = benchmarks.resolve_task(given)
     if not given.get("task"):
         raise UserError("missing --task (classify, or a task by name, e.g. rt-sentiment)")
@@ -126,6 +128,8 @@ def _run(given, args) -> int:
     if given.get("task") == "embedding":  # Sentence-BERT: its own recipe (lmforge.embeddings.sbert)
         if any(given.get(k) for k in (*PEFT_FLAGS, "merge")):
             raise UserError("--peft and --merge are not supported with --task embedding (it has its own recipe)")
+        if given.get("eval_sets"):
+            raise UserError("--eval-set is not supported with --task embedding (it has its own recipe)")
         return run_embedding_finetune(args)
     settings = benchmarks.task_settings(given)
     with plain_warnings("finetune"):
@@ -137,6 +141,9 @@ def _run(given, args) -> int:
     if result.best:
         b = result.best
         print(f"best: {b['metric']} {b['value']:.4f} at step {b['step']} -> {result.out / 'best'}")
+    for name, scores in (result.eval_sets or {}).items():
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in scores.items() if k != "step" and isinstance(v, (int, float)))
+        print(f"eval set {name} (step {scores['step']}): {shown}")
     print(f"done: step {result.step}, final model saved to {result.model_dir}")
     if result.train is not None:
         print(result.train.summary())
@@ -208,6 +215,10 @@ def register(subparsers) -> None:
     what.add_argument("--train", default=None, metavar="FILE",
                       help="training data (.tsv .csv .jsonl .conll, or NAME:SPLIT)")
     what.add_argument("--eval", default=None, metavar="FILE", help="evaluation data, for --metric and OUT/best")
+    what.add_argument("--eval-set", dest="eval_sets", action="append", default=None, metavar="NAME=FILE",
+                      help="a further evaluation set (e.g. out-of-domain data), repeatable: scored at every "
+                           "evaluation beside --eval and logged as eval_<NAME>_<metric> (never picks OUT/best); "
+                           "NAME: letters, digits, '.', '-'; FILE: as --eval")
     what.add_argument("--out", default=None, metavar="DIR", help="run folder")
     task = parser.add_argument_group("task format")
     for key, (metavar, text) in TASK_FLAGS.items():

@@ -7,6 +7,11 @@ Files are CoNLL (``token<TAB>tag`` lines, blank line between sentences), e.g. WN
 the object of each fact at the blank, by relation, on the shipped facts or a TSV of your own (relation,
 template with [X] and [Y], subject, object).
 
+``lmforge probe bias``: CrowS-Pairs-style minimal pairs (lmforge.evaluation.bias_pairs): the share of pairs
+whose more stereotyping sentence the model finds more likely (0.5 = no preference), overall, by bias_type and by
+direction, from a CSV with the columns sent_more, sent_less, stereo_antistereo, bias_type. Encoders are scored by
+pseudo-log-likelihood, decoders by log-likelihood, both on the tokens the two sentences share.
+
 Example::
 
     $ lmforge probe --model runs/minilm --task tag --train ner/wnut16_train.conll --eval ner/wnut16_dev.conll \\
@@ -18,6 +23,11 @@ Example::
     relation              P@1   P@10  facts  skipped
     bible/father        0.083  0.333     12        0
     ...
+    $ lmforge probe bias --model runs/quickstart/bert/model --pairs crows_pairs_anonymized.csv --out runs/bias
+    bias_type                 share preferred  ties  pairs
+    age                       0.552        48     0     87
+    ...
+    {"model": "runs/quickstart/bert/model", "scoring": "pseudo-log-likelihood", "tokens": "shared", ...}
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from lmforge import datasets
 from lmforge.checkpoint import load_body
 from lmforge.cli.main import UserError
 from lmforge.datasets import read_conll
+from lmforge.evaluation import bias_pairs
 from lmforge.evaluation.cloze_probe import check_facts, probe, table
 from lmforge.embeddings.encoder import load_encoder
 from lmforge.embeddings.probe import format_table, plot, probe_layers
@@ -53,9 +64,34 @@ def run_cloze(args) -> int:
     return 0
 
 
+def run_bias(args) -> int:
+    if not args.pairs:
+        raise UserError("probe bias needs --pairs FILE (a CSV with the columns sent_more, sent_less, "
+                        "stereo_antistereo, bias_type, as CrowS-Pairs ships it)")
+    pairs = bias_pairs.read_pairs(args.pairs)  # a bad file is refused before the model is loaded
+    body, tokenizer = load_body(args.model, random_init=args.random_init)
+    body.to(args.device)
+    scored = bias_pairs.score_pairs(body, tokenizer, pairs, tokens=args.tokens, batch_size=args.batch_size,
+                                    where=str(args.pairs))
+    summary = bias_pairs.summarize(scored)
+    result = {"model": str(args.model), "pairs_file": str(args.pairs), "random_init": args.random_init,
+              "scoring": bias_pairs.scoring(body),
+              "tokens": args.tokens, **summary}
+    print(bias_pairs.table(summary))
+    if args.out:
+        out = Path(args.out)
+        atomic_write_text(out / "pairs.jsonl", "".join(json.dumps(p) + "\n" for p in scored))
+        atomic_write_text(out / "results.json", json.dumps(result, indent=2) + "\n")
+        print(f"wrote {out / 'results.json'}, {out / 'pairs.jsonl'}")
+    print(json.dumps(result))
+    return 0
+
+
 def run(args) -> int:
     if args.kind == "cloze":
         return run_cloze(args)
+    if args.kind == "bias":
+        return run_bias(args)
     if not args.train or not args.eval:
         raise UserError("probe layers needs --train and --eval (CoNLL files)")
     train, evaluation = read_conll(args.train), read_conll(args.eval)
@@ -79,10 +115,11 @@ def run(args) -> int:
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("probe", help="per-layer linear probes on frozen representations; cloze "
-                                   "knowledge probes (P@1, P@10)",
+                                   "knowledge probes (P@1, P@10); bias probes on minimal pairs (CrowS-Pairs)",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("kind", nargs="?", default="layers", choices=("layers", "cloze"),
-                        help="layers (default): a linear probe per layer; cloze: LAMA-style fact probes")
+    parser.add_argument("kind", nargs="?", default="layers", choices=("layers", "cloze", "bias"),
+                        help="layers (default): a linear probe per layer; cloze: LAMA-style fact probes; bias: "
+                             "which sentence of CrowS-Pairs-style minimal pairs the model prefers")
     parser.add_argument("--model", required=True, metavar="DIR", help="model folder with its tokenizer")
     parser.add_argument("--task", default="tag", choices=("tag",), help="layers: tag, one label per word (CoNLL)")
     parser.add_argument("--train", default=None, metavar="FILE", help="layers: training sentences (CoNLL)")
@@ -90,18 +127,27 @@ def register(subparsers) -> None:
     parser.add_argument("--facts", default=None, metavar="FILE.tsv",
                         help="cloze: facts to probe (columns relation, template with [X] and [Y], subject, object; "
                              "default: the shipped cloze-facts, stated in the KJV and Austen corpora)")
+    parser.add_argument("--pairs", default=None, metavar="FILE.csv",
+                        help="bias: minimal pairs in CrowS-Pairs' format (CSV or TSV with the columns sent_more, "
+                             "sent_less, stereo_antistereo, bias_type; other columns are ignored)")
+    parser.add_argument("--tokens", default="shared", choices=bias_pairs.TOKENS,
+                        help="bias: score only the tokens both sentences share (default, as CrowS-Pairs) or all of "
+                             "each sentence's tokens")
     parser.add_argument("--random-init", action="store_true", default=False,
-                        help="cloze: the same architecture and tokenizer with fresh weights (the chance baseline)")
+                        help="cloze, bias: the same architecture and tokenizer with fresh weights (the chance "
+                             "baseline)")
     parser.add_argument("--out", default=None, metavar="DIR",
-                        help="layers: folder for probe.txt/json/png (default: probe); cloze: for cloze.txt/json "
-                             "(default: print only)")
+                        help="layers: folder for probe.txt/json/png (default: probe); cloze: for cloze.txt/json; "
+                             "bias: for results.json and pairs.jsonl, each pair's scores (default: print only)")
     parser.add_argument("--layers", default=None, help="comma-separated layers to probe (default: all)")
     parser.add_argument("--scalar-mix", action="store_true",
                         help="also probe ELMo's scalar mix of all layers, its weights learned for the task")
     parser.add_argument("--limit", type=int, default=None, help="use only the first N sentences of each file")
     parser.add_argument("--max-iter", type=int, default=300, help="LogisticRegression max_iter (default: 300)")
     parser.add_argument("-C", type=float, default=1.0, help="inverse L2 strength (default: 1.0)")
-    parser.add_argument("--batch-size", type=int, default=32, help="sentences per forward pass (default: 32)")
+    parser.add_argument("--batch-size", type=int, default=32,
+                        help="sentences per forward pass; bias: masked copies (encoders) or sentences (decoders) "
+                             "per forward pass (default: 32)")
     parser.add_argument("--max-length", type=int, default=None, help="truncate to this many tokens")
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     parser.set_defaults(func=run)

@@ -113,7 +113,8 @@ def finetune_stage(run: Path, settings: dict[str, Any], seed: int, model: str | 
     if outcome.stopped_by in ("SIGINT", "SIGTERM"):
         raise CellInterrupted(outcome.stopped_by)
     records = read_metrics(out / METRICS_FILE)
-    evaluation = _last(records, "eval_loss")
+    # The last evaluation: of --eval and the eval sets, or of the eval sets alone (eval_<NAME>_loss).
+    evaluation = next((r for r in reversed(records) if any(k.startswith("eval_") for k in r)), {})
     metrics = {f"finetune_{k[len('eval_'):]}": v for k, v in evaluation.items() if k.startswith("eval_")}
     return {"metrics": metrics, "steps": outcome.step, "tokens": sum(r.get("tokens", 0) for r in records)}
 

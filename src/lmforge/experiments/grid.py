@@ -22,6 +22,7 @@ to collect; the cells are the cross product of the axes::
       task: classify
       train: rt-sentiment:train
       eval: rt-sentiment:dev
+      eval_sets: {news: news_dev.tsv}  # further sets, metrics finetune_<NAME>_<metric> (finetune_news_accuracy)
       max_steps: 100
     resources: {num_cpus: 1, num_gpus: 0}   # per cell, for --backend ray
     sizes:                             # named reductions: `--size small` replaces these fields
@@ -103,8 +104,8 @@ PROMPT_METRICS = tuple(f"prompt_{m}" for m in PROMPT_SCORES)
 # Keys of a prompt cell: `lmforge prompt generate`'s settings; the runner sets seeds and out.
 PROMPT_KEYS = tuple(k for k in PROMPT_DEFAULTS if k not in ("seeds", "out"))
 # Keys of a fine-tuning stage: the `lmforge finetune` settings (lmforge.tasks.settings), peft as a mapping.
-FINETUNE_KEYS = ("model", "tokenizer", "random_init", "train", "eval", "task", "label_map", "peft", "merge",
-                 *TASK_KEYS, *RECIPE_KEYS, *TRAINER_KEYS)
+FINETUNE_KEYS = ("model", "tokenizer", "random_init", "train", "eval", "eval_sets", "task", "label_map", "peft",
+                 "merge", *TASK_KEYS, *RECIPE_KEYS, *TRAINER_KEYS)
 CELL_DEFAULTS = {"progress": False, "tensorboard": False}  # a cell logs to files, not to a terminal
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
@@ -433,9 +434,29 @@ def _label(variant: dict[str, Any]) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]", "_", "-".join(leaves))
 
 
+def _eval_set_names(settings: Any) -> list[str]:
+    """The names of a fine-tuning stage's ``eval_sets`` (a mapping NAME: FILE, or a list of ``NAME=FILE``)."""
+    sets = settings.get("eval_sets") if isinstance(settings, dict) else None
+    if isinstance(sets, dict):
+        return [str(k) for k in sets]
+    return [str(e).partition("=")[0].strip() for e in sets] if isinstance(sets, list) else []
+
+
+def _set_metrics(names: list[str]) -> tuple[str, ...]:
+    """What further evaluation sets report, as a grid asks for them: ``finetune_<NAME>_<metric>``."""
+    return tuple(f"finetune_{name}_{m}" for name in names for m in TASK_METRICS)
+
+
 def _metrics(path: Path, spec: GridFile, stages: list[str]) -> list[str]:
+    names = []  # the eval sets of the fine-tuning stage, its own or any variant's
+    if "finetune" in stages:
+        stage = spec.finetune if spec.command == "pretrain" else spec.settings
+        names += _eval_set_names(stage)
+        for axis in spec.axes:
+            for variant in (axis.get("variants") or []) if isinstance(axis, dict) else []:
+                names += _eval_set_names(variant.get("finetune") if spec.command == "pretrain" else variant)
     known = (PRETRAIN_METRICS if "pretrain" in stages else ()) + (FINETUNE_METRICS if "finetune" in stages else ()) \
-        + (PROMPT_METRICS if "prompt" in stages else ())
+        + _set_metrics(list(dict.fromkeys(names))) + (PROMPT_METRICS if "prompt" in stages else ())
     metrics = spec.metrics or (["eval_loss", "eval_ppl"] if "pretrain" in stages else [])
     if not metrics:
         raise GridError(f"{path}: metrics: name at least one of {', '.join(known)}")
@@ -451,10 +472,16 @@ def _metrics(path: Path, spec: GridFile, stages: list[str]) -> list[str]:
 def _resolve_paths(folder: Path, settings: dict[str, Any]) -> dict[str, Any]:
     """Relative file paths in settings, taken relative to the grid file's folder when they exist there."""
     out = dict(settings)
-    for key in ("data", "tokenizer", "model", "train", "eval", "pool"):
-        value = out.get(key)
+    def resolved(value):
         if isinstance(value, str) and value and not Path(value).is_absolute() and (folder / value).exists():
-            out[key] = str((folder / value).resolve())
+            return str((folder / value).resolve())
+        return value
+
+    for key in ("data", "tokenizer", "model", "train", "eval", "pool"):
+        if key in out:
+            out[key] = resolved(out[key])
+    if isinstance(out.get("eval_sets"), dict):
+        out["eval_sets"] = {name: resolved(file) for name, file in out["eval_sets"].items()}
     return out
 
 
@@ -605,8 +632,13 @@ def _finetune_settings(where: str, given: dict[str, Any], steps: int | None, met
         TrainConfig.from_dict(settings["trainer"], source="trainer")
     except (LmforgeError, ValueError, TypeError) as exc:
         raise GridError(f"{where}: {exc}") from exc
-    if any(m.startswith("finetune_") for m in metrics) and not given.get("eval"):
+    if any(m in FINETUNE_METRICS for m in metrics) and not given.get("eval"):
         raise GridError(f"{where}: eval: the metrics ask for fine-tuning scores; give eval: data to score on")
+    sets = _set_metrics(_eval_set_names(given))
+    missing = [m for m in metrics if m.startswith("finetune_") and m not in FINETUNE_METRICS and m not in sets]
+    if missing:
+        raise GridError(f"{where}: eval_sets: the metrics ask for {', '.join(missing)}, but this cell has no such "
+                        "evaluation set; give it under eval_sets: {NAME: FILE}")
     if not given.get("eval_every", 1):
         raise GridError(f"{where}: eval_every=0: the fine-tuning stage is scored by its last evaluation")
     return {**{k: v for k, v in given.items() if k != "model" or not chained}, "peft": peft}

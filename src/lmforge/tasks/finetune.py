@@ -17,6 +17,11 @@ Run folder: the Trainer's ``checkpoints/``, ``metrics.jsonl``, ``tensorboard/``,
 task folder of the best evaluation; its ``task.json`` records metric, value and step) and ``model/`` (the
 final task folder).
 
+Further evaluation sets (``eval_sets={"news": "news_dev.tsv"}``, e.g. out-of-domain data) are scored at every
+evaluation beside ``eval``, with the same task, ``eval_limit`` and batch size, and logged as
+``eval_<NAME>_<metric>``; only ``eval`` picks ``best/``. The last evaluation is of the final model (the Trainer
+evaluates at the last step), so ``FinetuneResult.eval_sets`` equals ``lmforge evaluate`` of ``model/`` on them.
+
 Parameter-efficient fine-tuning (``peft=PeftConfig(...)``): the body gets a PEFT adapter and freezes, the head
 trains in full (:mod:`lmforge.tasks.peft`). ``best/`` and ``model/`` are then PEFT task folders: adapter, head
 and the path of the base model's folder (a base that lives in no folder, e.g. a preset or random weights, is
@@ -38,7 +43,7 @@ from lmforge.config import ConfigError
 from lmforge.peft.config import PeftConfig
 from lmforge.tasks.data import ExampleBatches, Table
 from lmforge.tasks.gpt1_transforms import add_transform_tokens, grow_token_embeddings
-from lmforge.tasks.mixture import mixture_rates, task_tables
+from lmforge.tasks.mixture import as_table, mixture_rates, task_tables
 from lmforge.tasks.model import build_task_model
 from lmforge.tasks.optim import ScaledAdamW, build_finetune_optimizer, layer_groups
 from lmforge.tasks.peft import PEFT_BASE_DIR, PEFT_FILE, apply_task_peft, parameter_report, peft_base, record_peft_run
@@ -61,7 +66,8 @@ __all__ = ["FinetuneResult", "FinetuneTrainer", "Recipe", "ScaledAdamW", "build_
 class FinetuneResult:
     """What :func:`finetune` did: the Trainer's result, the task model, and the best evaluation.
 
-    ``counts``: training and evaluation examples; ``params``: ``trainable`` and ``total`` parameters.
+    ``counts``: training and evaluation examples (``eval_<NAME>`` per further set); ``params``: ``trainable`` and
+    ``total`` parameters; ``eval_sets``: {NAME: the last evaluation's scores, with its ``step``}.
     """
 
     train: TrainResult
@@ -71,6 +77,7 @@ class FinetuneResult:
     out: Path | None = None
     counts: dict[str, int] = field(default_factory=dict)
     params: dict[str, int] = field(default_factory=dict)
+    eval_sets: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def best_value(self) -> float | None:
@@ -84,7 +91,8 @@ def finetune(model, spec: TaskSpec, train, eval=None, *, config: TrainConfig, re
              warmup_ratio: float | None = None, peft: PeftConfig | None = None,
              wrap: Callable[[nn.Module], nn.Module] | None = None,
              log: Callable[[str], None] | None = None,
-             on_start: Callable[[], None] | None = None, loss=None) -> FinetuneResult:
+             on_start: Callable[[], None] | None = None, loss=None,
+             eval_sets: dict[str, Any] | None = None) -> FinetuneResult:
     """Fine-tune ``model`` on a task and return the result (see :class:`FinetuneResult`).
 
     Args:
@@ -106,6 +114,8 @@ def finetune(model, spec: TaskSpec, train, eval=None, *, config: TrainConfig, re
         on_start: writes the caller's run files once the Trainer has checked and locked ``out`` (see
             :class:`~lmforge.training.Trainer`).
         loss: the Trainer's ``loss(model, batch)`` in place of the task model's own (task distillation).
+        eval_sets: further evaluation data {NAME: file, ``NAME:SPLIT`` or Table}, scored at every evaluation as
+            ``eval_<NAME>_<metric>`` (see the module docstring); not with a mixture.
     """
     # Everything initialised here (a from-scratch body, the new head, PEFT weights) draws from the global
     # generators: seed them, or the same command gives a different model in every process.
@@ -127,14 +137,17 @@ def finetune(model, spec: TaskSpec, train, eval=None, *, config: TrainConfig, re
         if peft is not None and config.resume and (out / PEFT_BASE_DIR / "config.json").is_file():
             source, random_init = out / PEFT_BASE_DIR, False  # the snapshot this run's base was saved to
         return _finetune(source, spec, train, eval, config, recipe, out, tokenizer, random_init, epochs,
-                         warmup_ratio, peft, wrap, log, on_start, lock, loss)
+                         warmup_ratio, peft, wrap, log, on_start, lock, loss, eval_sets or {})
     finally:
         if lock is not None:
             lock.release()  # a no-op once the Trainer's fit has released it
 
 
 def _finetune(source, spec, train, eval, config, recipe, out, tokenizer, random_init, epochs, warmup_ratio, peft,
-              wrap, log, on_start, lock, loss=None) -> FinetuneResult:
+              wrap, log, on_start, lock, loss=None, eval_sets=None) -> FinetuneResult:
+    if eval_sets and spec.mixture:
+        raise ConfigError("eval_sets: a mixture evaluates each of its tasks on its own eval file")
+    set_tables = {name: as_table(data) for name, data in (eval_sets or {}).items()}  # read (checked) before loading
     body, tok = load_body(source, tokenizer, random_init)
     cfg = body.config
     if spec.input_transform != "plain":  # GPT-1's [start], [delim], [extract]: new tokens, learned from here on
@@ -151,6 +164,7 @@ def _finetune(source, spec, train, eval, config, recipe, out, tokenizer, random_
         task = build_task(spec, tok, cfg)
     # The limit applies per task, so that every task of a mixture is scored.
     eval_examples = [e for n in eval_tables for e in _encode(task, eval_tables[n], n)[:recipe.eval_limit]]
+    set_examples = {name: _encode(task, table, "")[:recipe.eval_limit] for name, table in set_tables.items()}
     if len(names) > 1:
         rates = mixture_rates(spec, [len(s) for s in train_sets])
         batches = ExampleBatches(train_sets, config.batch_size, seed=config.seed, rates=rates, bucket=recipe.bucket)
@@ -177,14 +191,17 @@ def _finetune(source, spec, train, eval, config, recipe, out, tokenizer, random_
         log(f"{cfg.name} ({cfg.arch}, {total / 1e6:.2f}M parameters"
             f"{', random init' if random_init else ''}) | task {spec.task}"
             + (f" ({len(spec.labels)} labels)" if spec.labels else "")
-            + f" | {sum(len(s) for s in train_sets)} train / {len(eval_examples)} eval examples | "
+            + f" | {sum(len(s) for s in train_sets)} train / {len(eval_examples)} eval examples"
+            + "".join(f" / {len(v)} {name}" for name, v in set_examples.items()) + " | "
             f"{config.max_steps} steps x {config.batch_size} | lr {config.lr:g} {config.schedule} | {trainable}")
     trainer = FinetuneTrainer(task_model, task, batches, config, recipe, out=out, eval_examples=eval_examples or None,
-                              tokenizer=tok, peft_base=base, on_start=on_start, lock=lock, loss=loss)
+                              tokenizer=tok, peft_base=base, on_start=on_start, lock=lock, loss=loss,
+                              eval_sets=set_examples)
     params = {"trainable": report.trainable, "total": report.total} if report else trainer.parameter_counts()
     result = trainer.fit()
-    counts = {"train": sum(len(s) for s in train_sets), "eval": len(eval_examples)}
-    return FinetuneResult(result, trainer.model, task, trainer.best, out, counts, params)
+    counts = {"train": sum(len(s) for s in train_sets), "eval": len(eval_examples),
+              **{f"eval_{name}": len(v) for name, v in set_examples.items()}}
+    return FinetuneResult(result, trainer.model, task, trainer.best, out, counts, params, trainer.set_scores)
 
 
 # ------------------------------------------------------------------------------------------- helpers

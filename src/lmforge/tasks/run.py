@@ -38,7 +38,8 @@ MERGED_DIR = "merged"  # merge: a plain task folder with the PEFT adapter folded
 @dataclass
 class FinetuneRun:
     """What :func:`run_finetune` did: the last step, the final model folder, the best evaluation (task runs
-    with an evaluation set), the signal that stopped it early (``SIGINT``/``SIGTERM``) and the merged folder."""
+    with an evaluation set), the signal that stopped it early (``SIGINT``/``SIGTERM``), the merged folder and the
+    further evaluation sets' last scores ({NAME: {metric: value, "step": step}})."""
 
     out: Path
     step: int
@@ -48,6 +49,7 @@ class FinetuneRun:
     merged: Path | None = None
     merged_from: Path | None = None
     train: TrainResult | None = None  # the Trainer's own result: loop time, tokens, checkpoint sizes
+    eval_sets: dict[str, dict[str, Any]] | None = None
 
 
 def _log_stderr(message: str) -> None:
@@ -62,6 +64,8 @@ def run_finetune(settings: dict[str, Any], *, pack: bool = False,
     if task_name == "instruct":
         if settings["peft"]:
             raise UserInputError("--peft is not supported with --task instruct (it has its own recipe)")
+        if settings.get("eval_sets"):
+            raise UserInputError("--eval-set is not supported with --task instruct (it has its own recipe)")
         result = finetune_instruct_from_settings(settings, pack=pack)
         # An instruct run keeps no finetune.yaml to resume from, so it reports no stopping signal either.
         return FinetuneRun(Path(settings["out"]), result.step, Path(result.model_dir), train=result)
@@ -79,10 +83,10 @@ def run_finetune(settings: dict[str, Any], *, pack: bool = False,
     result = finetune(settings["model"], spec, settings["train"], settings["eval"], config=config, recipe=recipe,
                       out=out, tokenizer=settings["tokenizer"], random_init=settings["random_init"],
                       epochs=epochs, warmup_ratio=warmup_ratio, peft=peft, log=log,
-                      on_start=lambda: save_settings(settings))
+                      on_start=lambda: save_settings(settings), eval_sets=settings.get("eval_sets"))
     train = result.train
     run = FinetuneRun(out, train.step, Path(train.model_dir) if train.model_dir else None, best=result.best,
-                      stopped_by=train.stopped_by, train=train)
+                      stopped_by=train.stopped_by, train=train, eval_sets=result.eval_sets)
     if settings["merge"] and train.stopped_by not in ("SIGINT", "SIGTERM"):
         run.merged_from = out / "best" if result.best else Path(train.model_dir)
         run.merged = Path(merge_task_folder(run.merged_from, out / MERGED_DIR))

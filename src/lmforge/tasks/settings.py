@@ -3,6 +3,7 @@
 A run's settings are plain data in five groups, the shape ``OUT/finetune.yaml`` holds::
 
     model, tokenizer, random_init, train, eval, out    what to fine-tune on what, and where
+    eval_sets   further evaluation sets {NAME: FILE} (out-of-domain), reported as eval_<NAME>_<metric>
     task      TaskSpec fields (task, columns, prefixes, label_map, mixture ...)
     recipe    Recipe fields, plus epochs and warmup_ratio (they set max_steps and warmup)
     trainer   TrainConfig fields (fine-tuning changes some defaults: FINETUNE_DEFAULTS)
@@ -18,12 +19,15 @@ Example:
     (0.0001, 16, {'epochs': 0.5})
     >>> parse_label_map("0=negative,1=positive")
     {'0': 'negative', '1': 'positive'}
+    >>> parse_eval_sets(["reviews=rt-sentiment:test", "news=news.tsv"], check_files=False)
+    {'reviews': 'rt-sentiment:test', 'news': 'news.tsv'}
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +55,7 @@ TASK_KEYS = ("text_column", "text_pair_column", "label_column", "target_column",
 RECIPE_KEYS = ("layer_decay", "unfreeze_every", "freeze_body", "metric", "eval_limit", "eval_batch_size", "epochs",
                "warmup_ratio", "bucket")
 PEFT_FLAGS = ("peft", "peft_option", "peft_config")
+EVAL_SET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*$")  # no "_": eval_<NAME>_<metric> stays readable
 TASK_NAMES = ("classify, regress, multilabel, tag, qa, multiple-choice, seq2seq, text2text, reward, instruct "
               "or embedding")
 
@@ -80,6 +85,41 @@ def parse_label_map(value: str | None) -> dict[str, str]:
     if not isinstance(data, dict):
         raise UserInputError(f"--label-map {value!r}: expected a mapping of label to word")
     return {str(k): str(v) for k, v in data.items()}
+
+
+def parse_eval_sets(value, check_files: bool = True) -> dict[str, str]:
+    """Further evaluation sets: ``["NAME=FILE", ...]`` (``--eval-set``, repeatable) or a mapping {NAME: FILE}
+    -> {NAME: FILE}. A name is letters, digits, ``.`` and ``-``; a file is a data file or ``NAME:SPLIT``.
+
+    Raises:
+        UserInputError: a malformed entry, a bad or repeated name; InputFileNotFound: a file that does not exist.
+    """
+    if not value:
+        return {}
+    if isinstance(value, dict):
+        entries = [(str(k), "" if v is None else str(v), f"{k}={v}") for k, v in value.items()]
+    elif isinstance(value, (list, tuple)):
+        entries = []
+        for text in value:
+            name, sep, file = str(text).partition("=")
+            entries.append((name.strip(), file.strip() if sep else "", str(text)))
+    else:
+        raise UserInputError(f"--eval-set {value!r}: expected NAME=FILE entries (or a mapping of name to file)")
+    sets: dict[str, str] = {}
+    for name, file, text in entries:
+        if not name or not file:
+            raise UserInputError(f"--eval-set {text!r}: expected NAME=FILE, e.g. --eval-set news=news_dev.tsv")
+        if not EVAL_SET_NAME.match(name):
+            raise UserInputError(f"--eval-set {text!r}: the name {name!r} may hold letters, digits, '.' and '-' "
+                                 "(it becomes part of the metric names eval_<NAME>_<metric>)")
+        if name in sets:
+            raise UserInputError(f"--eval-set {text!r}: the name {name!r} is given twice; give each set its own name")
+        path = Path(file)
+        dataset = not path.exists() and ":" in file and "/" not in file and "\\" not in file  # NAME:SPLIT
+        if check_files and not dataset and not path.is_file():
+            raise InputFileNotFound(f"--eval-set {text}: {file}: no such data file")
+        sets[name] = file
+    return sets
 
 
 def read_mixture(path: str | None) -> list[dict]:
@@ -186,11 +226,13 @@ def finetune_settings(given: dict[str, Any]) -> dict[str, Any]:
     absent = not given) over the resumed run's saved settings over the defaults."""
     saved = read_saved_settings(given["out"]) if given.get("resume") and given.get("out") else {}
     settings = {"model": None, "tokenizer": None, "random_init": False, "train": None, "eval": None,
-                "out": None, "task": {}, "recipe": {}, "trainer": dict(FINETUNE_DEFAULTS), "peft": None,
-                "merge": False, **saved}
+                "eval_sets": {}, "out": None, "task": {}, "recipe": {}, "trainer": dict(FINETUNE_DEFAULTS),
+                "peft": None, "merge": False, **saved}
     for key in ("model", "tokenizer", "train", "eval", "out"):
         if given.get(key) is not None:
             settings[key] = given[key]
+    if given.get("eval_sets"):
+        settings["eval_sets"] = parse_eval_sets(given["eval_sets"])
     if given.get("random_init"):
         settings["random_init"] = True
     task = dict(settings["task"])
@@ -224,4 +266,7 @@ def finetune_settings(given: dict[str, Any]) -> dict[str, Any]:
         raise UserInputError(f"missing --task ({TASK_NAMES})")
     if not settings["train"] and not task.get("mixture"):
         raise UserInputError("missing --train FILE (or --mixture FILE for a text2text mixture)")
+    if settings["eval_sets"] and task.get("mixture"):
+        raise UserInputError("--eval-set: a mixture evaluates each of its tasks on its own eval file; give the "
+                             "further sets as mixture tasks instead")
     return settings

@@ -4,6 +4,8 @@ and best-checkpoint selection.
 Everything else is the Trainer's: checkpoints with exact resume, signals, metrics.jsonl/TensorBoard logs. A PEFT
 run checkpoints only its trainable tensors (:class:`~lmforge.tasks.peft.TrainableState`) and writes PEFT task
 folders; ``OUT/best`` is the task folder of the best evaluation, its ``task.json`` recording metric, value and step.
+Further evaluation sets (``eval_sets``, e.g. out-of-domain data) are scored beside the evaluation examples and
+logged as ``eval_<NAME>_<metric>``; they never pick ``OUT/best``.
 """
 
 from __future__ import annotations
@@ -48,16 +50,21 @@ class FinetuneTrainer(Trainer):
             locked). lock: the Trainer's ``lock`` (the folder's lock, taken by a caller that writes first).
         loss: the Trainer's ``loss`` (e.g. task distillation, :mod:`lmforge.distillation.task`); evaluation
             still scores the task model alone.
+        eval_sets: {NAME: encoded examples} scored at each evaluation too, as ``eval_<NAME>_<metric>``; the last
+            scores, with their step, are kept in ``set_scores``.
     """
 
     def __init__(self, model: nn.Module, task, train_data, config: TrainConfig, recipe: Recipe, *,
                  out: str | Path, eval_examples: list | None = None, tokenizer=None,
-                 peft_base: str | Path | None = None, on_start=None, lock=None, loss=None) -> None:
+                 peft_base: str | Path | None = None, on_start=None, lock=None, loss=None,
+                 eval_sets: dict[str, list] | None = None) -> None:
         super().__init__(model, task.collate, train_data, config, out=out, eval_data=None,
                          eval_objective=task.collate, tokenizer=tokenizer, on_start=on_start, lock=lock, loss=loss,
                          job="finetune")
         self.task, self.recipe = task, recipe
         self.eval_examples = eval_examples
+        self.eval_sets = {name: examples for name, examples in (eval_sets or {}).items() if examples}
+        self.set_scores: dict[str, dict[str, Any]] = {}
         self.metric = recipe.metric or task.default_metric
         self.peft = is_peft_task_model(self.model)
         if self.peft and peft_base is None:
@@ -124,17 +131,27 @@ class FinetuneTrainer(Trainer):
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Task metrics on the evaluation examples (``eval_`` + name); saves ``OUT/best`` when the metric improves."""
-        if not self.eval_examples:
-            return {}
+        """Task metrics on the evaluation examples (``eval_`` + name) and on each further set (``eval_<NAME>_`` +
+        name); saves ``OUT/best`` when the evaluation examples' metric improves."""
+        record: dict[str, float | None] = {}
+        if self.eval_examples:
+            scores = self._scores(self.eval_examples)
+            value = scores.get(self.metric)
+            if better(self.metric, value, self.best["value"] if self.best else None):
+                self.best = {"metric": self.metric, "value": value, "step": self.step}
+                self.save_task_folder(self.out / BEST_DIR, extra={"best": self.best})
+            record.update({f"eval_{k}": v for k, v in scores.items()})
+        for name, examples in self.eval_sets.items():
+            scores = self._scores(examples)
+            self.set_scores[name] = {**scores, "step": self.step}
+            record.update({f"eval_{name}_{k}": v for k, v in scores.items()})
+        return record
+
+    def _scores(self, examples: list) -> dict[str, float | None]:
         batch_size = self.recipe.eval_batch_size or self.config.batch_size
         with autocast(self.device, self.autocast_dtype):
-            _, scores = self.task.evaluate(self.model, self.eval_examples, batch_size, device=self.device)
-        value = scores.get(self.metric)
-        if better(self.metric, value, self.best["value"] if self.best else None):
-            self.best = {"metric": self.metric, "value": value, "step": self.step}
-            self.save_task_folder(self.out / BEST_DIR, extra={"best": self.best})
-        return {f"eval_{k}": (v if isinstance(v, float) and math.isfinite(v) else None) for k, v in scores.items()}
+            _, scores = self.task.evaluate(self.model, examples, batch_size, device=self.device)
+        return {k: (v if isinstance(v, float) and math.isfinite(v) else None) for k, v in scores.items()}
 
     def save_model(self) -> Path:
         return self.save_task_folder(self.out / MODEL_DIR)
