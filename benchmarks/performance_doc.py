@@ -271,8 +271,11 @@ def training_jobs_detail(data: dict) -> str:
     ratios = [[job["job"], f"{job['loop_speedup']:.2f}×", f"{job['loop_cpu_speedup']:.2f}×",
                f"{job['wall_speedup']:.2f}×", f"{job['cpu_speedup']:.2f}×",
                f"{job['rss_ratio']:.2f}×", "yes" if job["metric_within_noise"] else "no"] for job in data["jobs"]]
-    sizes = "; ".join(f"{job['job']}: {s['steps']} steps × {s['batch']}, max length {s['length']}, lr {s['lr']:g}, "
-                      f"warmup {s['warmup']}" for job in data["jobs"] for s in [job["settings"]])
+    # Pre-training jobs read blocks of a fixed length and train their own tokenizer (of s["vocab"] tokens).
+    sizes = "; ".join(f"{job['job']}: {s['steps']} steps × {s['batch']}, "
+                      f"{'sequence length' if job['job'] in ('mlm', 'clm') else 'max length'} {s['length']}, "
+                      f"lr {s['lr']:g}, warmup {s['warmup']}" + (f", vocabulary {s['vocab']:,}" if "vocab" in s else "")
+                      for job in data["jobs"] for s in [job["settings"]])
     header = ["job", "tool", "loop s", "loop CPU s", "wall s", "CPU s", "peak RSS MB",
               "metric (mean ± std over seeds)", "disturbed runs"]
     return (table(header, rows) +
@@ -399,7 +402,10 @@ METHODS["training_jobs"] = """\
 `benchmarks/training_jobs.py`: whole training jobs, each in a fresh process, as a user runs them: lmforge's
 command line (`lmforge finetune`) against `transformers.Trainer` (full fine-tuning of all-MiniLM-L6-v2 on
 rt-sentiment), `Trainer` + `peft` (LoRA r=8 on q, v) and sentence-transformers' `SentenceTransformerTrainer` with
-`MultipleNegativesRankingLoss` (the bundled bible triplets), with the same steps, batch, length, learning rate,
+`MultipleNegativesRankingLoss` (the bundled bible triplets); and, from scratch, `lmforge pretrain` of bert-tiny (MLM)
+and gpt-tiny (CLM) on the bundled corpus against `Trainer` with `BertForMaskedLM` + `DataCollatorForLanguageModeling`
+and `GPT2LMHeadModel` on the same token sequences, and `lmforge finetune --task seq2seq` of t5-tiny on kjv-rv1909
+against `Seq2SeqTrainer` (metrics: held-out loss, BLEU), with the same steps, batch, length, learning rate,
 schedule, weight decay, clipping, bf16 autocast, seed and threads; the differences that remain are listed in the
 script's docstring. Wall time runs from the process's start to its saved model; the loop is each tool's own
 training-loop time; CPU seconds are the process's user + system time, which a busy neighbour moves less than wall

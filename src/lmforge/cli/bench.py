@@ -9,7 +9,8 @@ table of lmforge against its reference, each ratio measured side by side in the 
     attention_scaling.py  one layer's time vs length: Linformer (k=256)         full attention (SDPA; matmul)
     moe_vs_dense.py   training tokens/s of gpt-tiny-moe (8 experts, top-1)  dense gpt-tiny (equal active weights)
     training_jobs.py  whole jobs, process start to saved model: loop, wall,  HF Trainer, Trainer + peft,
-                      peak RSS, final metric (fine-tune, LoRA, embeddings)   sentence-transformers
+                      peak RSS, final metric (fine-tune, LoRA, embeddings,   sentence-transformers,
+                      MLM and CLM pre-training, seq2seq fine-tuning)         Seq2SeqTrainer
     price_tag_overhead.py  the price tag's per-step accounting time       the training loop's time
     serve_load.py     lmforge serve's generated tokens/s at concurrency 4, 16   the same load one request at a time
 
@@ -143,7 +144,8 @@ def _moe_vs_dense(data: dict) -> list[Row]:
             for r in data.get("results", [])]
 
 
-JOB_REFERENCES = {"finetune": "HF Trainer", "lora": "Trainer + peft", "embedding": "sentence-transformers"}
+JOB_REFERENCES = {"finetune": "HF Trainer", "lora": "Trainer + peft", "embedding": "sentence-transformers",
+                  "mlm": "HF Trainer, MLM collator", "clm": "HF Trainer, GPT-2", "seq2seq": "HF Seq2SeqTrainer"}
 
 
 def _training_jobs(data: dict) -> list[Row]:

@@ -63,6 +63,7 @@ from lmforge import generation, model_folder
 from lmforge.config import ModelConfig
 from lmforge.models.heads import LMHead, MLMHead, NSPHead, Pooler, RTDHead
 from lmforge.models.stack import TransformerStack
+from lmforge.nn.compile_disable import compile_disable
 from lmforge.nn.block import Block
 from lmforge.nn.kv_cache import KVCache
 from lmforge.nn.labels import IGNORE_INDEX, shift_right
@@ -335,7 +336,7 @@ class Transformer(nn.Module):
                 out.loss_terms[0].loss = out.loss_terms[0].loss + out.aux_loss
         return out
 
-    @torch.compiler.disable  # selecting the labelled pairs has a data-dependent shape, as in _labelled_loss
+    @compile_disable  # selecting the labelled pairs has a data-dependent shape, as in _labelled_loss
     def _add_nsp_loss(self, out: ModelOutput, label: torch.Tensor) -> None:
         """NSP mean CE over the pairs with label != -100, added to ``out.loss`` as HF does (see module doc)."""
         if out.nsp_logits is None:
@@ -353,7 +354,7 @@ class Transformer(nn.Module):
     # Selecting the labelled rows has a data-dependent shape, which torch.compile cannot trace
     # without a break; excluding this method keeps the whole body in one compiled graph, and the
     # head's matmul runs just as fast eagerly. A compiled model asks for the fused (compiled) loss.
-    @torch.compiler.disable
+    @compile_disable
     def _labelled_loss(
         self, h: torch.Tensor, labels: torch.Tensor, fused: bool = False, weights: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, int]:

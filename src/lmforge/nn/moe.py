@@ -60,6 +60,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.config import GATED_ACTIVATIONS
+from lmforge.nn.compile_disable import compile_disable
 from lmforge.nn.activations import activation_fn
 from lmforge.nn.ffn import FeedForward
 
@@ -218,7 +219,7 @@ class Experts(nn.Module):
             h = F.dropout(h, self.dropout, training=True)
         return project(h, self.down, self.down_bias)  # (N, D)
 
-    @torch.compiler.disable
+    @compile_disable
     def _eager(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         return self._grouped(x, counts)
 
