@@ -30,7 +30,7 @@ second from the compiled step, so the compile shows there), with an empty compil
 ``lmforge generate``.
 
 CTranslate2 and llama.cpp are optional (``pip install 'lmforge[engines]'``; ``make bench-engines`` installs them
-and fetches ``convert_hf_to_gguf.py``): an engine that is missing is skipped with the reason printed and kept in
+and clones llama.cpp for its ``convert_hf_to_gguf.py``): an engine that is missing is skipped with the reason printed and kept in
 the JSON (``skipped``), and ``lmforge bench`` runs this script only when the extra is installed.
 
 Usage:
@@ -81,7 +81,7 @@ TINY = dict(vocab_size=50257, n_embd=64, n_layer=2, n_head=2)  # --tiny: the smo
 ENGINES = ("lmforge", "hf", "ctranslate2", "llama.cpp")
 INSTALL = "pip install 'lmforge[engines]' (or make bench-engines)"
 CONVERTER_ENV = "LLAMA_CPP_CONVERT"  # path of llama.cpp's convert_hf_to_gguf.py
-DEFAULT_CONVERTER = ROOT / "build" / "engines" / "convert_hf_to_gguf.py"  # where make bench-engines puts it
+DEFAULT_CONVERTER = ROOT / "build" / "engines" / "llama.cpp" / "convert_hf_to_gguf.py"  # make bench-engines' clone
 CHECKED = ("fp32", "int8")  # precisions whose tokens are compared with HF fp32's
 
 
@@ -201,6 +201,9 @@ def external(args, ref, work: Path, skipped: dict[str, str]) -> list[Impl]:
     hf_dir = work / "hf"
     ref.save_pretrained(hf_dir)
     tokenizer.save_pretrained(hf_dir)
+    config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+    config.setdefault("n_ctx", config["n_positions"])  # GPT-2's own config has it, and the GGUF converter reads it
+    (hf_dir / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     impls = []
     converter = Path(args.gguf_converter)
     reasons = {"ctranslate2": missing("ctranslate2"),
