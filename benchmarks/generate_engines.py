@@ -30,8 +30,8 @@ second from the compiled step, so the compile shows there), with an empty compil
 ``lmforge generate``.
 
 CTranslate2 and llama.cpp are optional (``pip install 'lmforge[engines]'``; ``make bench-engines`` installs them
-and clones llama.cpp for its ``convert_hf_to_gguf.py``): an engine that is missing is skipped with the reason printed and kept in
-the JSON (``skipped``), and ``lmforge bench`` runs this script only when the extra is installed.
+and clones llama.cpp for its ``convert_hf_to_gguf.py``): an engine that is missing is skipped with the reason
+printed and kept in the JSON (``skipped``), and ``lmforge bench`` runs this script only when the extra is there.
 
 Usage:
     make bench-engines                                    # install the extra, fetch the converter, run this
@@ -287,7 +287,7 @@ def fresh_process(folder: Path, prompt: str, new_tokens: int, threads: int, cach
     proc = subprocess.Popen(cmd + (["--compile"] if cache else []), env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL)
     marks = []
-    while chunk := os.read(proc.stdout.fileno(), 65536):  # each streamed piece is flushed as it is chosen
+    while os.read(proc.stdout.fileno(), 65536):  # each streamed piece is flushed as it is chosen
         marks.append(time.perf_counter() - start)
     if proc.wait() != 0:
         raise RuntimeError(f"lmforge generate exited with {proc.returncode}")
@@ -358,8 +358,8 @@ def main() -> None:
         if compile:
             result["ttft"] = ttft(ours, prompt, args.new_tokens, args.threads, work)
             for name, t in result["ttft"].items():
-                print(f"fresh process, {name}: first text {t['first_output_s']:.2f} s, second {t['second_output_s']:.2f} s, "
-                      f"all {args.new_tokens} tokens {t['total_s']:.2f} s", flush=True)
+                print(f"fresh process, {name}: first text {t['first_output_s']:.2f} s, second "
+                      f"{t['second_output_s']:.2f} s, all {args.new_tokens} tokens {t['total_s']:.2f} s", flush=True)
     result.update({"skipped": skipped, "load_before": round(load, 2), "load_after": round(os.getloadavg()[0], 2)})
     print(json.dumps(result))
 

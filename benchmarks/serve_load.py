@@ -7,10 +7,10 @@ Two random models, each served by a ``lmforge serve`` subprocess on loopback:
     gpt2-shape  an HF ``GPT2LMHeadModel`` of GPT-2's shape (12 layers, d_model 768), converted by ``lmforge.from_hf``
 
 Each model is served in each of ``--modes`` (fp32 and ``--quantize int8`` by default: one ``lmforge serve`` per
-mode, all running at once) and each gets ``--requests`` streamed completions of ``--prompt-tokens``-token prompts and exactly ``--new-tokens``
-new tokens (``ignore_eos``, greedy), sent by a bounded asyncio client (``c`` workers, so exactly ``c`` requests
-are in flight until the last ones: the concurrency) at concurrency 1 (the same load served one request at a
-time), 4 and 16, against a server with ``--max-batch`` equal to the highest concurrency. The levels and modes
+mode, all running at once) and each gets ``--requests`` streamed completions of ``--prompt-tokens``-token
+prompts and exactly ``--new-tokens`` new tokens (``ignore_eos``, greedy), sent by a bounded asyncio client
+(``c`` workers, so exactly ``c`` requests are in flight until the last ones: the concurrency) at concurrency 1
+(the same load served one request at a time), 4 and 16, against a server with ``--max-batch`` equal to the highest concurrency. The levels and modes
 take turns: the requests are split into ``--rounds`` parts (4: 16 requests each), and each round runs every
 (mode, level) on its part, so a shared host's drift reaches every level and mode alike. Per request: time to
 first token (TTFT: sending the request to the first streamed text) and per-token latency ((end - first token)
@@ -283,7 +283,8 @@ def main() -> None:
         raise SystemExit(f"--rounds {rounds}: give 1 to --requests ({n})")
     args.rounds = rounds
     modes = list(dict.fromkeys(args.modes))
-    result = {"benchmark": "serve_load", "modes": modes, "requests": n, "prompt_tokens": args.prompt_tokens, "new_tokens": new_tokens,
+    result = {"benchmark": "serve_load", "modes": modes, "requests": n, "prompt_tokens": args.prompt_tokens,
+              "new_tokens": new_tokens,
               "threads": args.threads, "compile": args.compile, "rounds": rounds, "target_speedup": TARGET_SPEEDUP,
               "target_ttft_p99_s": TARGET_TTFT_P99, "models": {}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -300,7 +301,8 @@ def main() -> None:
                              args.timeout)
                 for row in rows:
                     print(f"{name:10s} {row['mode']:9s} concurrency={row['concurrency']:<2d} "
-                          f"{row['req_s']:6.2f} req/s {row['tok_s']:8.1f} tok/s  TTFT p50/p99 {row['ttft_p50']:.3f}/{row['ttft_p99']:.3f} s  "
+                          f"{row['req_s']:6.2f} req/s {row['tok_s']:8.1f} tok/s  "
+                          f"TTFT p50/p99 {row['ttft_p50']:.3f}/{row['ttft_p99']:.3f} s  "
                           f"per token p50/p99 {row['token_ms_p50']:.1f}/{row['token_ms_p99']:.1f} ms  "
                           f"(load average {row['load_before']} -> {row['load_after']})", flush=True)
             finally:

@@ -51,7 +51,8 @@ RESULTS = {
         {"batch": 1, "impl": "HF generate fp32", "engine": "hf", "precision": "fp32", "tok_s": {"median": 20.0},
          "checked": True, "identical": True, "quiet": True},
         {"batch": 1, "impl": "CTranslate2 fp32", "engine": "ctranslate2", "precision": "fp32",
-         "tok_s": {"median": 60.0}, "checked": True, "identical": False, "quiet": True, "partner": "lmforge fp32 eager"}],
+         "tok_s": {"median": 60.0}, "checked": True, "identical": False, "quiet": True,
+         "partner": "lmforge fp32 eager"}],
         "ttft": {"compiled_cold": {"second_output_s": 40.0}, "compiled_warm": {"second_output_s": 10.0}},
         "skipped": {"llama.cpp": "llama_cpp is not installed: pip install 'lmforge[engines]'"}},
 }

@@ -235,8 +235,9 @@ def _serve_load(data: dict) -> list[Row]:
             for r in (mine[0], mine[-1]) if len(mine) > 1 else mine:
                 b = base[r["concurrency"]]
                 streams = f"{r['concurrency']} concurrent streams" if r["concurrency"] > 1 else "one stream"
-                rows.append(Row("serve_load", f"{model} {mode} vs {first[0]}, {streams}{compiled}", f"{r['tok_s']:,.1f} tok/s",
-                                f"{first[0]} {b['tok_s']:,.1f} tok/s", r["tok_s"] / b["tok_s"], "higher"))
+                rows.append(Row("serve_load", f"{model} {mode} vs {first[0]}, {streams}{compiled}",
+                                f"{r['tok_s']:,.1f} tok/s", f"{first[0]} {b['tok_s']:,.1f} tok/s",
+                                r["tok_s"] / b["tok_s"], "higher"))
     return rows
 
 
