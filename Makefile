@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.lmforge-installed
 TORCH  := torch==2.13.0
 
-.PHONY: demo test install browser bench bench-docs check-report clean
+.PHONY: demo test install browser bench bench-docs bench-engines check-report clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,19 @@ bench: $(STAMP)
 bench-docs: $(STAMP)
 	$(VENV)/bin/lmforge bench --json > docs/bench.json.new && mv docs/bench.json.new docs/bench.json
 	$(PY) -m benchmarks.performance_doc docs/bench.json
+
+# Opt-in: greedy decoding of lmforge's modes against HF generate, CTranslate2 and llama.cpp
+# (benchmarks/generate_engines.py). Installs the engines extra (llama-cpp-python may build from source: minutes)
+# and a shallow clone of llama.cpp at LLAMA_CPP_REF for its convert_hf_to_gguf.py (with the gguf-py beside it; set
+# LLAMA_CPP_REF to the llama.cpp commit your llama-cpp-python vendors if the GGUF it writes does not load).
+# Not part of `make test`.
+LLAMA_CPP_REF ?= master
+LLAMA_CPP := build/engines/llama.cpp
+bench-engines: $(STAMP)
+	$(PY) -m pip install -q -e '.[engines]'
+	@test -f $(LLAMA_CPP)/convert_hf_to_gguf.py || git clone -q --depth 1 --branch $(LLAMA_CPP_REF) \
+		https://github.com/ggml-org/llama.cpp $(LLAMA_CPP)
+	LLAMA_CPP_CONVERT=$(LLAMA_CPP)/convert_hf_to_gguf.py $(VENV)/bin/lmforge bench --only generate_engines
 
 # Opt-in: render the quickstart report in headless Chromium (apt-get install chromium) and check the screenshot
 # is not blank. Writes $(QUICKSTART)/report.png.

@@ -1,5 +1,5 @@
-"""What every benchmark script shares: the interleaved timer, device sync, memory readings, the bf16 matmul
-peak and the machine record.
+"""What every benchmark script shares: the interleaved timer, device sync, memory readings, other processes'
+CPU use during a run, the bf16 matmul peak and the machine record.
 
 Nothing here imports torch at module level: scripts that cap the BLAS/OpenMP thread pools must be able to set
 their environment variables after importing this module and before torch starts those pools.
@@ -65,18 +65,78 @@ def run_interleaved(steps: list[Step], device: str = "cpu", warmup: int = 0, rep
             step()
     times: list[list[float]] = [[] for _ in steps]
     faults: list[list[int]] = [[] for _ in steps]
-    order = list(range(len(steps)))
-    for r in range(repeats):
-        turn = order[r % len(order):] + order[:r % len(order)] if rotate else order
-        for i in turn:
-            sync(device)
-            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            t0 = time.perf_counter()
-            steps[i]()
-            sync(device)
-            times[i].append(time.perf_counter() - t0)
-            faults[i].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+    for i in turns(len(steps), repeats, rotate):
+        sync(device)
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        t0 = time.perf_counter()
+        steps[i]()
+        sync(device)
+        times[i].append(time.perf_counter() - t0)
+        faults[i].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
     return times, faults
+
+
+def turns(n: int, repeats: int, rotate: bool = False) -> list[int]:
+    """The order :func:`run_interleaved` runs ``n`` steps in, ``repeats`` rounds (each one step later with ``rotate``).
+
+    >>> turns(3, 2), turns(3, 2, rotate=True)
+    ([0, 1, 2, 0, 1, 2], [0, 1, 2, 1, 2, 0])
+    """
+    order = list(range(n))
+    return [i for r in range(repeats) for i in (order[r % n:] + order[:r % n] if rotate else order)]
+
+
+# ------------------------------------------------------------------------------------------- other processes
+def cpu_snapshot() -> tuple[float, float, float]:
+    """(wall clock, busy CPU seconds of the whole machine since boot, this process's CPU seconds) now: two of
+    them bracket a run for :func:`others_share`. The machine's figure is /proc/stat's (all but idle and iowait;
+    Linux), in clock ticks, so runs much shorter than a tick or two read noisily."""
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    busy = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+    return time.perf_counter(), busy, usage.ru_utime + usage.ru_stime
+
+
+def others_share(start: tuple[float, float, float], end: tuple[float, float, float], cores: int | None = None) -> float:
+    """The share of the machine's cores that other processes kept busy between two :func:`cpu_snapshot` s:
+    0.0 when this process had the machine to itself, 0.5 when others used half of its cores.
+
+    >>> round(others_share((0.0, 10.0, 1.0), (2.0, 13.0, 2.5), cores=2), 3)  # 3 s busy, 1.5 s of it ours
+    0.375
+    """
+    wall = max(end[0] - start[0], 1e-9)
+    others = (end[1] - start[1]) - (end[2] - start[2])
+    return max(0.0, others) / (wall * (cores or os.cpu_count() or 1))
+
+
+def run_watched(steps: list[Step], repeats: int = 5, rotate: bool = True) -> list[list[tuple[float, float]]]:
+    """Like :func:`run_interleaved` (CPU steps, no warm-up): per step, ``(seconds, others)`` of every timed run,
+    ``others`` being :func:`others_share` during it, so runs that other processes slowed can be left out.
+
+    >>> [[(s >= 0, 0 <= o <= 1) for s, o in runs] for runs in run_watched([lambda: None], repeats=2)]
+    [[(True, True), (True, True)]]
+    """
+    runs: list[list[tuple[float, float]]] = [[] for _ in steps]
+    for i in turns(len(steps), repeats, rotate):
+        start = cpu_snapshot()
+        steps[i]()
+        end = cpu_snapshot()
+        runs[i].append((end[0] - start[0], others_share(start, end)))
+    return runs
+
+
+def quiet_spread(runs: list[tuple[float, float]], max_others: float = 0.1) -> dict[str, Any]:
+    """Median, min and max seconds over the runs during which other processes used at most ``max_others`` of the
+    machine (all runs when fewer than two were that quiet, with ``quiet`` False); ``disturbed`` counts the others.
+
+    >>> quiet_spread([(1.0, 0.0), (3.0, 0.5), (2.0, 0.05)])
+    {'median': 1.5, 'min': 1.0, 'max': 2.0, 'runs': 3, 'disturbed': 1, 'quiet': True}
+    """
+    calm = [s for s, o in runs if o <= max_others]
+    used = calm if len(calm) >= 2 else [s for s, _ in runs]
+    return {"median": statistics.median(used), "min": min(used), "max": max(used), "runs": len(runs),
+            "disturbed": len(runs) - len(calm), "quiet": len(calm) >= 2}
 
 
 def time_steps(steps: list[Step], device: str = "cpu", warmup: int = 0, repeats: int = 5,

@@ -52,9 +52,10 @@ PROMPT_LEN = 32
 SHAPE = dict(vocab_size=8192, n_embd=384, n_layer=6, n_head=6)
 
 
-def build(device: str):
+def build(device: str, shape: dict = SHAPE, n_positions: int = 256):
+    """A random HF GPT-2 of ``shape`` (no BOS/EOS: generation runs to its length) and its lmforge conversion."""
     torch.manual_seed(0)
-    config = hf.GPT2Config(**SHAPE, n_positions=256, bos_token_id=None, eos_token_id=None)
+    config = hf.GPT2Config(**shape, n_positions=n_positions, bos_token_id=None, eos_token_id=None)
     ref = hf.GPT2LMHeadModel(config).eval().to(device)
     ours = lmforge.from_hf(ref).eval().to(device)
     return ref, ours

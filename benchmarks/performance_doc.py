@@ -75,6 +75,8 @@ def summary(record: dict) -> str:
             for entry in record["benchmarks"].values() for r in entry.get("rows", [])]
     failed = [f"{name}: FAILED ({entry['error']})" for name, entry in record["benchmarks"].items()
               if entry.get("error")]
+    failed += [f"{name}: not run ({entry['skipped']})" for name, entry in record["benchmarks"].items()
+               if entry.get("skipped")]
     return "\n\n".join([table(["benchmark", "case", "lmforge", "reference", "ratio"], rows)] + failed)
 
 
@@ -290,34 +292,71 @@ def training_jobs_detail(data: dict) -> str:
 
 
 def serve_load_detail(data: dict) -> str:
-    rows = []
+    # Records from before the precision modes have rows without a "mode": one unnamed mode, no mode column.
+    moded = any("mode" in r for entry in data["models"].values() for r in entry["rows"])
+    rows, verdicts = [], []
     for model, entry in data["models"].items():
-        one = entry["rows"][0]["tok_s"]
+        ones = {}
         for r in entry["rows"]:
-            rows.append([model, r["concurrency"], f"{r['req_s']:.2f}", _n(r["tok_s"], 1),
-                         f"{r['ttft_p50']:.3f} / {r['ttft_p99']:.3f}",
-                         f"{r['token_ms_p50']:.1f} / {r['token_ms_p99']:.1f}",
-                         "(one at a time)" if r["concurrency"] == 1 else f"{r['tok_s'] / one:.2f}×",
-                         f"{r['load_before']} → {r['load_after']}"])
-    header = ["model", "concurrency", "requests/s", "generated tok/s", "TTFT p50 / p99 (s)",
-              "per token p50 / p99 (ms)", "tok/s vs one at a time", "load average"]
-    verdicts = []
-    for model, entry in data["models"].items():
-        top = entry["rows"][-1]
-        verdicts.append(f"{model}: {entry['speedup_vs_one_at_a_time']:.2f}× and p99 TTFT {top['ttft_p99']:.2f} s at "
-                        f"concurrency {top['concurrency']} ({'met' if entry['target_met'] else 'missed'})")
+            one = ones.setdefault(r.get("mode"), r["tok_s"])
+            rows.append([model] + ([r["mode"]] if moded else []) + [
+                r["concurrency"], f"{r['req_s']:.2f}", _n(r["tok_s"], 1),
+                f"{r['ttft_p50']:.3f} / {r['ttft_p99']:.3f}", f"{r['token_ms_p50']:.1f} / {r['token_ms_p99']:.1f}",
+                "(one at a time)" if r["concurrency"] == 1 else f"{r['tok_s'] / one:.2f}×",
+                f"{r['load_before']} → {r['load_after']}"])
+        for mode, verdict in (entry.get("modes") or {None: entry}).items():
+            top = [r for r in entry["rows"] if r.get("mode") == mode][-1]
+            verdicts.append(f"{model}{f' {mode}' if mode else ''}: {verdict['speedup_vs_one_at_a_time']:.2f}× and p99 "
+                            f"TTFT {top['ttft_p99']:.2f} s at concurrency {top['concurrency']} "
+                            f"({'met' if verdict['target_met'] else 'missed'})")
+    header = ["model"] + (["mode"] if moded else []) + [
+        "concurrency", "requests/s", "generated tok/s", "TTFT p50 / p99 (s)", "per token p50 / p99 (ms)",
+        "tok/s vs one at a time", "load average"]
+    modes = (f" Each mode ({', '.join(data['modes'])}) had its own server, all running at once, the modes taking "
+             "turns with the concurrencies." if moded and data.get("modes") else "")
     return (table(header, rows) +
             f"\n\n{data['requests']} requests of {data['prompt_tokens']}-token prompts and {data['new_tokens']} new "
             f"tokens per load, {data['threads']} server threads, "
-            f"{'compiled' if data.get('compile') else 'eager'} decode steps. Target: at concurrency 16, generated "
-            f"tokens/s at least {data['target_speedup']:g}× concurrency 1, with p99 TTFT under "
+            f"{'compiled' if data.get('compile') else 'eager'} decode steps.{modes} Target: at concurrency 16, "
+            f"generated tokens/s at least {data['target_speedup']:g}× concurrency 1, with p99 TTFT under "
             f"{data['target_ttft_p99_s']:g} s: " + "; ".join(verdicts) + ".")
+
+
+def generate_engines_detail(data: dict) -> str:
+    def cell(r: dict) -> str:
+        t = r["tok_s"]
+        return f"{_n(t['median'], 1)} ({_n(t['min'], 1)}–{_n(t['max'], 1)})"
+
+    def tokens(r: dict) -> str:
+        if not r.get("checked"):
+            return "-"
+        return "identical" if r["identical"] else f"{r['agree']:.0%} equal, equal prefix {r['prefix']:.0f}"
+
+    rows = [[r["batch"], r["impl"], cell(r), f"{r['ms_per_token']:.2f}", f"{r['first_call_s']:.1f} s",
+             f"{r['runs'] - r['disturbed']} of {r['runs']}" + ("" if r["quiet"] else " (all used)"), tokens(r)]
+            for r in data["results"]]
+    text = table(["batch", "engine and precision", "tok/s median (min–max)", "ms per token", "first call",
+                  "quiet runs", "tokens vs HF fp32"], rows)
+    if data.get("ttft"):
+        names = {"eager": "eager", "compiled_cold": "compiled, empty compile cache",
+                 "compiled_warm": "compiled, the cache the cold run left"}
+        text += "\n\n" + table(["`lmforge generate` in a fresh process", "first text", "second text",
+                                 f"all {data['new_tokens']} tokens"],
+                                [[names.get(k, k), f"{t['first_output_s']:.1f} s", f"{t['second_output_s']:.1f} s",
+                                  f"{t['total_s']:.1f} s"] for k, t in data["ttft"].items()])
+    shape = data["shape"]
+    skipped = "".join(f" {engine} did not run: {why}." for engine, why in data.get("skipped", {}).items())
+    return (text + f"\n\n{shape['n_layer']} layers × {shape['n_embd']}, vocabulary {shape['vocab_size']:,}; "
+            f"{data['prompt_len']}-token prompts, {data['new_tokens']} new tokens, {data['threads']} threads, median "
+            f"of {data['repeats']}, runs with other processes above {data['max_others']:.0%} of the cores left out; "
+            f"load average {data['load_before']} before, {data['load_after']} after.{skipped}")
 
 
 DETAILS = {"train_step": train_step_detail, "generate": generate_detail, "data_pipeline": data_pipeline_detail,
            "peft_memory": peft_memory_detail, "verify_cost": verify_cost_detail,
            "attention_scaling": attention_scaling_detail, "moe_vs_dense": moe_vs_dense_detail,
-           "training_jobs": training_jobs_detail, "serve_load": serve_load_detail}
+           "training_jobs": training_jobs_detail, "serve_load": serve_load_detail,
+           "generate_engines": generate_engines_detail}
 ATTENTION_PLOT = "img/attention_scaling.png"  # beside the page; drawn from the record's rows by main()
 
 # What each benchmark runs and against what: the method, which the figures above do not carry.
@@ -390,6 +429,18 @@ against the same server: the 64 requests are split into 4 rounds of 16, and each
 on its 16 (rotating which goes first), so a shared host's drift reaches them alike; each row's load average
 is the host's at its first and last round. Prompts of one length are prefilled in one forward, so a wave of
 16 new requests gets its first tokens together: p99 TTFT at 16 streams is one (16, 32) prefill plus waiting."""
+
+METHODS["generate_engines"] = """\
+`benchmarks/generate_engines.py` (opt-in: `make bench-engines`): greedy decoding of one random GPT-2-shaped model
+(12 layers × 768, GPT-2's byte-level BPE and vocabulary) by lmforge in each mode (fp32 eager, fp32 compiled, bf16,
+weight-only int8 and int4) and by other engines on the same weights: HF `generate` (fp32), CTranslate2 (its own
+`TransformersConverter`, fp32 and int8) and llama.cpp through llama-cpp-python (GGUF from llama.cpp's
+`convert_hf_to_gguf.py`: f32, q8_0, and q4_0 by `llama_model_quantize`; batch 1 only). 32-token prompts from the
+bundled corpus, exactly 128 new tokens, batch 1 and 8, every engine on the same threads, the rows taking turns.
+**Reference**: HF `generate` fp32 for every lmforge mode; for CTranslate2 and llama.cpp, the ratio is lmforge's
+row of the same precision over theirs. Runs during which other processes used the CPU are left out. The
+fresh-process rows time `lmforge generate --compile` from process start to its second streamed text (the first
+compiled token) with an empty and then a warm compile cache."""
 
 METHODS["verify_cost"] = """\
 `benchmarks/verify_cost.py`: what integrity checking adds to loading a model folder. A randomly initialised
@@ -496,6 +547,9 @@ def page(record: dict, note: str | None = None, gpu: dict | None = None) -> str:
         if name in METHODS:
             parts.append(METHODS[name])
         data = _result(record, name)
+        if entry.get("skipped"):
+            parts.append(f"Not run in this run: {entry['skipped']}.")
+            continue
         if data is None:
             parts.append(f"This benchmark failed in this run: {entry.get('error', 'no result')}.")
         elif name in DETAILS:

@@ -6,12 +6,13 @@ Two random models, each served by a ``lmforge serve`` subprocess on loopback:
     gpt-tiny    lmforge's preset (6 layers, d_model 384), built directly
     gpt2-shape  an HF ``GPT2LMHeadModel`` of GPT-2's shape (12 layers, d_model 768), converted by ``lmforge.from_hf``
 
-Each gets ``--requests`` streamed completions of ``--prompt-tokens``-token prompts and exactly ``--new-tokens``
-new tokens (``ignore_eos``, greedy), sent by a bounded asyncio client (``c`` workers, so exactly ``c`` requests
-are in flight until the last ones: the concurrency) at concurrency 1 (the same load served one request at a
-time), 4 and 16, against one server with ``--max-batch`` equal to the highest concurrency. The levels take
-turns: the requests are split into ``--rounds`` parts (4: 16 requests each), and each round runs every level
-on its part, so a shared host's drift reaches every level alike. Per request: time to
+Each model is served in each of ``--modes`` (fp32 and ``--quantize int8`` by default: one ``lmforge serve`` per
+mode, all running at once) and each gets ``--requests`` streamed completions of ``--prompt-tokens``-token
+prompts and exactly ``--new-tokens`` new tokens (``ignore_eos``, greedy), sent by a bounded asyncio client
+(``c`` workers, so exactly ``c`` requests are in flight until the last ones: the concurrency) at concurrency 1
+(the same load served one request at a time), 4 and 16, against a server with ``--max-batch`` equal to the highest concurrency. The levels and modes
+take turns: the requests are split into ``--rounds`` parts (4: 16 requests each), and each round runs every
+(mode, level) on its part, so a shared host's drift reaches every level and mode alike. Per request: time to
 first token (TTFT: sending the request to the first streamed text) and per-token latency ((end - first token)
 / (tokens - 1)). The client reads the server-sent events off raw HTTP/1.1 (asyncio streams, chunked transfer
 decoded), so it costs the shared CPU little.
@@ -21,10 +22,12 @@ Target: at concurrency 16, generated tokens/s at least 4x that of concurrency 1,
 Usage:
     python benchmarks/serve_load.py                  # both models, 64 requests, 32 + 64 tokens, concurrency 1 4 16
     python benchmarks/serve_load.py --compile        # lmforge serve --compile: compiled decode steps
+    python benchmarks/serve_load.py --modes fp32 int8 int4 bf16-int8   # more precisions side by side
     python benchmarks/serve_load.py --quick          # gpt-tiny, 8 requests, 16 new tokens, concurrency 1 4
 
-Output: one line per (model, concurrency), then one JSON line (``speedup_vs_one_at_a_time``: tokens/s at the
-highest concurrency over concurrency 1, per model).
+Output: one line per (model, mode, concurrency), then one JSON line (each row names its ``mode``;
+``speedup_vs_one_at_a_time``: tokens/s at the highest concurrency over concurrency 1, per model and mode, the
+first mode's also per model).
 """
 
 from __future__ import annotations
@@ -56,6 +59,9 @@ from lmforge.datasets import load as load_dataset  # noqa: E402
 from lmforge.tokenization import train_tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+# ``lmforge serve`` flags of each precision mode (the shared --dtype/--quantize of the inference commands)
+MODES = {"fp32": [], "int8": ["--quantize", "int8"], "int4": ["--quantize", "int4"], "bf16": ["--dtype", "bf16"],
+         "bf16-int8": ["--dtype", "bf16", "--quantize", "int8"]}
 
 
 def _corpus(folder: Path) -> tuple[Path, list[str]]:
@@ -101,9 +107,9 @@ def prompts(folder: Path, texts: list[str], n: int, length: int) -> list[str]:
 
 
 class Server:
-    """``lmforge serve`` of one folder on a free loopback port, with ``threads`` torch threads."""
+    """``lmforge serve`` of one folder on a free loopback port, with ``threads`` torch threads (and ``flags``)."""
 
-    def __init__(self, folder: Path, max_batch: int, threads: int, compile: bool = False):
+    def __init__(self, folder: Path, max_batch: int, threads: int, compile: bool = False, flags: tuple = ()):
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
@@ -111,7 +117,7 @@ class Server:
                "OMP_NUM_THREADS": str(threads)}
         self.proc = subprocess.Popen([sys.executable, "-m", "lmforge.cli.main", "serve", "--model", f"m={folder}",
                                       "--port", str(self.port), "--max-batch", str(max_batch), "--max-queue", "1024",
-                                      *(["--compile"] if compile else [])],
+                                      *(["--compile"] if compile else []), *flags],
                                      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.url = f"http://127.0.0.1:{self.port}"
         start = time.monotonic()
@@ -212,33 +218,36 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
-def loads(port: int, ps: list[str], new_tokens: int, levels: list[int], rounds: int,
+def loads(ports: dict[str, int], ps: list[str], new_tokens: int, levels: list[int], rounds: int,
           timeout: float = 1800) -> list[dict]:
-    """The load of ``ps`` at each concurrency in ``levels``, taking turns: the prompts are split into ``rounds``
-    parts, and in each round every level serves its part (the order rotating from round to round), so a host
-    that gets busier or quieter meanwhile moves every level alike. Per level: requests/s and generated tokens/s
-    over all its rounds, TTFT and per-token percentiles over all its requests."""
-    asyncio.run(one_request(port, ps[0], 2))  # warm-up: the first forward pays one-off costs
+    """The load of ``ps`` at each concurrency in ``levels`` against each server of ``ports`` (mode -> port),
+    taking turns: the prompts are split into ``rounds`` parts, and in each round every (mode, level) serves its
+    part (the order rotating from round to round), so a host that gets busier or quieter meanwhile moves every
+    level and mode alike. Per (mode, level), mode-major: requests/s and generated tokens/s over all its rounds,
+    TTFT and per-token percentiles over all its requests."""
+    for port in ports.values():
+        asyncio.run(one_request(port, ps[0], 2))  # warm-up: the first forward pays one-off costs
     parts = [ps[r::rounds] for r in range(rounds)]
-    walls, results = {c: 0.0 for c in levels}, {c: [] for c in levels}
+    turns = [(mode, c) for c in levels for mode in ports]
+    walls, results = {t: 0.0 for t in turns}, {t: [] for t in turns}
     load_first, load_last = {}, {}
     for r, part in enumerate(parts):
-        for c in levels[r % len(levels):] + levels[:r % len(levels)]:
-            load_first.setdefault(c, os.getloadavg()[0])
+        for t in turns[r % len(turns):] + turns[:r % len(turns)]:
+            load_first.setdefault(t, os.getloadavg()[0])
             t0 = time.perf_counter()
-            results[c] += asyncio.run(_bounded(port, part, new_tokens, c, timeout))
-            walls[c] += time.perf_counter() - t0
-            load_last[c] = os.getloadavg()[0]
+            results[t] += asyncio.run(_bounded(ports[t[0]], part, new_tokens, t[1], timeout))
+            walls[t] += time.perf_counter() - t0
+            load_last[t] = os.getloadavg()[0]
     rows = []
-    for c in levels:
-        done, wall = results[c], walls[c]
+    for t in sorted(turns, key=lambda t: (list(ports).index(t[0]), t[1])):
+        (mode, c), done, wall = t, results[t], walls[t]
         ttft = [x["ttft"] for x in done]
         per_token = [x["per_token"] for x in done]
-        rows.append({"concurrency": c, "requests": len(done), "wall_s": wall, "req_s": len(done) / wall,
+        rows.append({"mode": mode, "concurrency": c, "requests": len(done), "wall_s": wall, "req_s": len(done) / wall,
                      "tok_s": sum(x["tokens"] for x in done) / wall, "ttft_p50": statistics.median(ttft),
                      "ttft_p99": percentile(ttft, 0.99), "token_ms_p50": 1000 * statistics.median(per_token),
-                     "token_ms_p99": 1000 * percentile(per_token, 0.99), "load_before": round(load_first[c], 2),
-                     "load_after": round(load_last[c], 2)})
+                     "token_ms_p99": 1000 * percentile(per_token, 0.99), "load_before": round(load_first[t], 2),
+                     "load_after": round(load_last[t], 2)})
     return rows
 
 
@@ -257,6 +266,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
                         help="the server's torch threads (default: this process's, one per core)")
     parser.add_argument("--compile", action="store_true", help="serve with lmforge serve --compile")
+    parser.add_argument("--modes", nargs="+", default=["fp32", "int8"], choices=tuple(MODES),
+                        help="precisions served side by side, one server each (lmforge serve --dtype/--quantize): "
+                             "fp32 int8 by default")
     parser.add_argument("--rounds", type=int, default=None,
                         help="parts the requests are split into, the concurrencies taking turns part by part "
                              "(4; quick: 1)")
@@ -270,32 +282,42 @@ def main() -> None:
     if not 1 <= rounds <= n:
         raise SystemExit(f"--rounds {rounds}: give 1 to --requests ({n})")
     args.rounds = rounds
-    result = {"benchmark": "serve_load", "requests": n, "prompt_tokens": args.prompt_tokens, "new_tokens": new_tokens,
+    modes = list(dict.fromkeys(args.modes))
+    result = {"benchmark": "serve_load", "modes": modes, "requests": n, "prompt_tokens": args.prompt_tokens,
+              "new_tokens": new_tokens,
               "threads": args.threads, "compile": args.compile, "rounds": rounds, "target_speedup": TARGET_SPEEDUP,
               "target_ttft_p99_s": TARGET_TTFT_P99, "models": {}}
     with tempfile.TemporaryDirectory() as tmp:
         folders, texts = build_models(Path(tmp), models, vocab=512 if args.quick else 8192)
         for name, folder in folders.items():
             ps = prompts(folder, texts, n, args.prompt_tokens)
-            server = Server(folder, max(levels), args.threads, compile=args.compile)
+            servers = {}
             try:
+                for mode in modes:
+                    servers[mode] = Server(folder, max(levels), args.threads, compile=args.compile,
+                                           flags=tuple(MODES[mode]))
                 # concurrency 1 is the same load served one request at a time
-                rows = loads(server.port, ps, new_tokens, levels, args.rounds, args.timeout)
+                rows = loads({mode: s.port for mode, s in servers.items()}, ps, new_tokens, levels, args.rounds,
+                             args.timeout)
                 for row in rows:
-                    print(f"{name:10s} concurrency={row['concurrency']:<2d} {row['req_s']:6.2f} req/s "
-                          f"{row['tok_s']:8.1f} tok/s  TTFT p50/p99 {row['ttft_p50']:.3f}/{row['ttft_p99']:.3f} s  "
+                    print(f"{name:10s} {row['mode']:9s} concurrency={row['concurrency']:<2d} "
+                          f"{row['req_s']:6.2f} req/s {row['tok_s']:8.1f} tok/s  "
+                          f"TTFT p50/p99 {row['ttft_p50']:.3f}/{row['ttft_p99']:.3f} s  "
                           f"per token p50/p99 {row['token_ms_p50']:.1f}/{row['token_ms_p99']:.1f} ms  "
                           f"(load average {row['load_before']} -> {row['load_after']})", flush=True)
             finally:
-                server.stop()
-            top = rows[-1]
-            speedup = top["tok_s"] / rows[0]["tok_s"]
-            result["models"][name] = {
-                "rows": rows, "startup_s": round(server.startup_s, 1), "speedup_vs_one_at_a_time": speedup,
-                "target_met": speedup >= TARGET_SPEEDUP and top["ttft_p99"] < TARGET_TTFT_P99}
-            print(f"{name:10s} concurrency {top['concurrency']} vs one at a time: {speedup:.2f}x tokens/s, "
-                  f"p99 TTFT {top['ttft_p99']:.2f} s (target: >= {TARGET_SPEEDUP:g}x, < {TARGET_TTFT_P99:g} s)",
-                  flush=True)
+                for server in servers.values():
+                    server.stop()
+            per_mode = {}
+            for mode in modes:
+                mine = [r for r in rows if r["mode"] == mode]
+                top, speedup = mine[-1], mine[-1]["tok_s"] / mine[0]["tok_s"]
+                per_mode[mode] = {"startup_s": round(servers[mode].startup_s, 1), "speedup_vs_one_at_a_time": speedup,
+                                  "target_met": speedup >= TARGET_SPEEDUP and top["ttft_p99"] < TARGET_TTFT_P99}
+                print(f"{name:10s} {mode:9s} concurrency {top['concurrency']} vs one at a time: {speedup:.2f}x "
+                      f"tokens/s, p99 TTFT {top['ttft_p99']:.2f} s (target: >= {TARGET_SPEEDUP:g}x, "
+                      f"< {TARGET_TTFT_P99:g} s)", flush=True)
+            result["models"][name] = {"rows": rows, **per_mode[modes[0]], "modes": per_mode}
     print(json.dumps(result))
 
 

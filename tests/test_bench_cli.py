@@ -43,6 +43,18 @@ RESULTS = {
     "serve_load": {"benchmark": "serve_load", "compile": False, "models": {"gpt-tiny": {"rows": [
         {"concurrency": 1, "tok_s": 50.0, "ttft_p99": 0.1}, {"concurrency": 4, "tok_s": 150.0, "ttft_p99": 0.3},
         {"concurrency": 16, "tok_s": 250.0, "ttft_p99": 1.25}]}}},
+    "generate_engines": {"benchmark": "generate_engines", "results": [
+        {"batch": 1, "impl": "lmforge fp32 eager", "engine": "lmforge", "precision": "fp32",
+         "tok_s": {"median": 30.0}, "checked": True, "identical": True, "quiet": True},
+        {"batch": 1, "impl": "lmforge int8", "engine": "lmforge", "precision": "int8", "tok_s": {"median": 45.0},
+         "checked": True, "identical": False, "quiet": False},
+        {"batch": 1, "impl": "HF generate fp32", "engine": "hf", "precision": "fp32", "tok_s": {"median": 20.0},
+         "checked": True, "identical": True, "quiet": True},
+        {"batch": 1, "impl": "CTranslate2 fp32", "engine": "ctranslate2", "precision": "fp32",
+         "tok_s": {"median": 60.0}, "checked": True, "identical": False, "quiet": True,
+         "partner": "lmforge fp32 eager"}],
+        "ttft": {"compiled_cold": {"second_output_s": 40.0}, "compiled_warm": {"second_output_s": 10.0}},
+        "skipped": {"llama.cpp": "llama_cpp is not installed: pip install 'lmforge[engines]'"}},
 }
 
 
@@ -93,6 +105,13 @@ def test_rows_for_each_benchmark_format():
     assert [(r.case, r.lmforge, r.reference, r.ratio) for r in rows["serve_load"]] == [
         ("gpt-tiny, 4 concurrent streams", "150.0 tok/s, p99 TTFT 0.30 s", "one at a time 50.0 tok/s", 3.0),
         ("gpt-tiny, 16 concurrent streams", "250.0 tok/s, p99 TTFT 1.25 s", "one at a time 50.0 tok/s", 5.0)]
+    assert [(r.case, r.lmforge, r.reference, r.ratio, r.better) for r in rows["generate_engines"]] == [
+        ("batch 1: lmforge fp32 eager", "30.0 tok/s", "HF generate fp32 20.0 tok/s", 1.5, "higher"),
+        ("batch 1: lmforge int8 (machine busy)", "45.0 tok/s", "HF generate fp32 20.0 tok/s", 2.25, "higher"),
+        ("batch 1: lmforge fp32 eager vs CTranslate2 fp32 (tokens DIFFER)", "30.0 tok/s", "CTranslate2 fp32 60.0 tok/s",
+         0.5, "higher"),
+        ("fresh process to the first compiled token, warm compile cache", "10.0 s", "cold cache 40.0 s", 0.25, "lower"),
+        ("llama.cpp: not run", "-", "llama_cpp is not installed: pip install 'lmforge[engines]'", None, "higher")]
     generic = bench.rows_for("new_bench", {"speed_ratio": 2.0, "other": 5, "a_over_b": 0.5})
     assert [(r.case, r.ratio) for r in generic] == [("speed_ratio", 2.0), ("a_over_b", 0.5)]
     with pytest.raises(ValueError, match="train_step: unexpected result format"):
@@ -146,7 +165,8 @@ def test_table_aligns_and_lists_failures():
     assert lines[2][column:].startswith("full fine-tuning") and lines[3][column:].startswith("fp32")
 
 
-def test_bench_runs_every_script_and_prints_one_table(tmp_path, capsys):
+def test_bench_runs_every_script_and_prints_one_table(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(bench, "OPT_IN", {})  # the opt-in benchmark runs too, installed extra or not
     folder = _fake_benchmarks(tmp_path)
     assert main(["bench", "--dir", str(folder), "--quick"]) == 0
     out = capsys.readouterr().out
@@ -154,6 +174,38 @@ def test_bench_runs_every_script_and_prints_one_table(tmp_path, capsys):
         assert case in out
     assert "1.14x (higher is better)" in out
     assert all((folder / f"{n}.args").read_text() == "--quick" for n in RESULTS)
+
+
+def test_opt_in_benchmark_runs_only_with_its_extra_and_else_says_what_to_install(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(bench, "OPT_IN", {"generate_engines": (("lmforge", "no_such_engine_xyz"), "pip install xyz")})
+    folder = _fake_benchmarks(tmp_path)
+    assert main(["bench", "--dir", str(folder), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith("generate_engines: skipped (needs no_such_engine_xyz: pip install xyz)")
+    assert not (folder / "generate_engines.args").exists() and (folder / "generate.args").exists()
+    assert main(["bench", "--dir", str(folder), "--json", "--quiet"]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["benchmarks"]["generate_engines"] == {"skipped": "needs no_such_engine_xyz: pip install xyz",
+                                                        "rows": []}
+    assert main(["bench", "--dir", str(folder), "--only", "generate_engines", "--quiet"]) == 0  # asked for: it runs
+    assert "batch 1: lmforge fp32 eager" in capsys.readouterr().out
+    monkeypatch.setattr(bench, "OPT_IN", {"generate_engines": (("lmforge",), "pip install xyz")})
+    assert main(["bench", "--dir", str(folder), "--quiet"]) == 0  # installed: part of the plain run
+    assert "skipped" not in capsys.readouterr().out
+
+
+def test_serve_load_rows_per_mode_and_each_mode_against_the_first():
+    rows = [{"mode": m, "concurrency": c, "tok_s": t, "ttft_p99": 0.5} for m, c, t in (
+        ("fp32", 1, 50.0), ("fp32", 4, 150.0), ("fp32", 16, 250.0), ("int8", 1, 40.0), ("int8", 4, 100.0),
+        ("int8", 16, 200.0))]
+    got = bench.rows_for("serve_load", {"benchmark": "serve_load", "models": {"gpt-tiny": {"rows": rows}}})
+    assert [(r.case, r.reference, r.ratio) for r in got] == [
+        ("gpt-tiny fp32, 4 concurrent streams", "one at a time 50.0 tok/s", 3.0),
+        ("gpt-tiny fp32, 16 concurrent streams", "one at a time 50.0 tok/s", 5.0),
+        ("gpt-tiny int8, 4 concurrent streams", "one at a time 40.0 tok/s", 2.5),
+        ("gpt-tiny int8, 16 concurrent streams", "one at a time 40.0 tok/s", 5.0),
+        ("gpt-tiny int8 vs fp32, one stream", "fp32 50.0 tok/s", 0.8),
+        ("gpt-tiny int8 vs fp32, 16 concurrent streams", "fp32 250.0 tok/s", 0.8)]
 
 
 def test_bench_json_output(tmp_path, capsys):

@@ -13,6 +13,10 @@ table of lmforge against its reference, each ratio measured side by side in the 
                       MLM and CLM pre-training, seq2seq fine-tuning)         Seq2SeqTrainer
     price_tag_overhead.py  the price tag's per-step accounting time       the training loop's time
     serve_load.py     lmforge serve's generated tokens/s at concurrency 4, 16   the same load one request at a time
+                      (fp32 and --quantize int8 side by side)                 (and int8 against fp32)
+    generate_engines.py  greedy tokens/s of lmforge fp32 eager/compiled, bf16,  HF generate; CTranslate2 and
+                      int8, int4; fresh-process time to first token           llama.cpp at the same precision
+                      (opt-in: runs when the engines extra is installed)
 
 Each script runs in its own process (so one's memory and threads do not disturb the next), prints its own
 lines (shown on stderr as they come) and ends with one JSON line, which this command reads. The quality
@@ -34,6 +38,7 @@ Example::
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -50,7 +55,11 @@ from lmforge.cli.main import UserError
 from lmforge.utils.machine import machine_info
 
 BENCHMARKS = ("train_step", "generate", "data_pipeline", "peft_memory", "verify_cost", "attention_scaling",
-              "moe_vs_dense", "training_jobs", "price_tag_overhead", "serve_load")
+              "moe_vs_dense", "training_jobs", "price_tag_overhead", "serve_load", "generate_engines")
+# Benchmarks a plain ``lmforge bench`` runs only when their optional packages are installed (``--only`` runs them
+# anyway, with whatever of those is there): name -> (modules, how to install them).
+OPT_IN = {"generate_engines": (("ctranslate2", "llama_cpp", "gguf"),
+                               "pip install 'lmforge[engines]', or make bench-engines")}
 # On a GPU (``--device cuda``) one script measures every table, in one process (see benchmarks/gpu.py).
 GPU_BENCHMARKS = ("gpu",)
 QUICK_FLAGS = {name: ["--quick"] for name in BENCHMARKS + GPU_BENCHMARKS}  # every speed benchmark has its own --quick
@@ -205,15 +214,64 @@ def _price_tag_overhead(data: dict) -> list[Row]:
 
 
 def _serve_load(data: dict) -> list[Row]:
-    # Every concurrency above 1 against concurrency 1, which is the same load served one request at a time.
+    # Per mode, every concurrency above 1 against concurrency 1 (the same load served one request at a time);
+    # then each later mode against the first (fp32) at the lowest and highest concurrency. Rows without a mode
+    # (records from before the modes) read as one unnamed mode.
     rows = []
+    compiled = ", compiled" if data.get("compile") else ""
     for model, entry in data.get("models", {}).items():
-        one = entry["rows"][0]
-        for r in entry["rows"][1:]:
-            rows.append(Row("serve_load", f"{model}, {r['concurrency']} concurrent streams"
-                            + (", compiled" if data.get("compile") else ""),
-                            f"{r['tok_s']:,.1f} tok/s, p99 TTFT {r['ttft_p99']:.2f} s",
-                            f"one at a time {one['tok_s']:,.1f} tok/s", r["tok_s"] / one["tok_s"], "higher"))
+        modes: dict[str | None, list[dict]] = {}
+        for r in entry["rows"]:
+            modes.setdefault(r.get("mode"), []).append(r)
+        for mode, mine in modes.items():
+            one = mine[0]
+            for r in mine[1:]:
+                rows.append(Row("serve_load", f"{model}{f' {mode}' if mode else ''}, {r['concurrency']} concurrent "
+                                f"streams{compiled}", f"{r['tok_s']:,.1f} tok/s, p99 TTFT {r['ttft_p99']:.2f} s",
+                                f"one at a time {one['tok_s']:,.1f} tok/s", r["tok_s"] / one["tok_s"], "higher"))
+        first, *others = list(modes.items())
+        for mode, mine in others:
+            base = {r["concurrency"]: r for r in first[1]}
+            for r in (mine[0], mine[-1]) if len(mine) > 1 else mine:
+                b = base[r["concurrency"]]
+                streams = f"{r['concurrency']} concurrent streams" if r["concurrency"] > 1 else "one stream"
+                rows.append(Row("serve_load", f"{model} {mode} vs {first[0]}, {streams}{compiled}",
+                                f"{r['tok_s']:,.1f} tok/s", f"{first[0]} {b['tok_s']:,.1f} tok/s",
+                                r["tok_s"] / b["tok_s"], "higher"))
+    return rows
+
+
+def _generate_engines(data: dict) -> list[Row]:
+    # Every lmforge mode against HF generate fp32 at the same batch; every other engine against the lmforge row of
+    # its precision (``partner``); the fresh-process first compiled token, warm cache against cold; then each
+    # engine that did not run, with what to install.
+    rows: list[Row] = []
+    at = {(r["batch"], r["impl"]): r for r in data.get("results", [])}
+
+    def tok_s(r: dict) -> float:
+        return r["tok_s"]["median"]
+
+    def flags(r: dict) -> str:
+        differ = r.get("checked") and r["precision"] == "fp32" and not r["identical"]
+        return (" (tokens DIFFER)" if differ else "") + ("" if r.get("quiet", True) else " (machine busy)")
+
+    for r in data.get("results", []):
+        hf = at.get((r["batch"], "HF generate fp32"))
+        if r["engine"] == "lmforge" and hf is not None:
+            rows.append(Row("generate_engines", f"batch {r['batch']}: {r['impl']}{flags(r)}", f"{tok_s(r):,.1f} tok/s",
+                            f"HF generate fp32 {tok_s(hf):,.1f} tok/s", tok_s(r) / tok_s(hf), "higher"))
+        elif r.get("partner") in {impl for _, impl in at}:
+            ours = at[(r["batch"], r["partner"])]
+            rows.append(Row("generate_engines", f"batch {r['batch']}: {r['partner']} vs {r['impl']}{flags(r)}",
+                            f"{tok_s(ours):,.1f} tok/s", f"{r['impl']} {tok_s(r):,.1f} tok/s",
+                            tok_s(ours) / tok_s(r), "higher"))
+    ttft = data.get("ttft")
+    if ttft:
+        warm, cold = ttft["compiled_warm"]["second_output_s"], ttft["compiled_cold"]["second_output_s"]
+        rows.append(Row("generate_engines", "fresh process to the first compiled token, warm compile cache",
+                        f"{warm:.1f} s", f"cold cache {cold:.1f} s", warm / cold, "lower"))
+    rows += [Row("generate_engines", f"{engine}: not run", "-", why, None, "higher")
+             for engine, why in data.get("skipped", {}).items()]
     return rows
 
 
@@ -227,7 +285,7 @@ ADAPTERS: dict[str, Callable[[dict], list[Row]]] = {
     "train_step": _train_step, "generate": _generate, "data_pipeline": _data_pipeline, "peft_memory": _peft_memory,
     "verify_cost": _verify_cost, "attention_scaling": _attention_scaling, "moe_vs_dense": _moe_vs_dense,
     "training_jobs": _training_jobs, "gpu": _gpu, "price_tag_overhead": _price_tag_overhead,
-    "serve_load": _serve_load,
+    "serve_load": _serve_load, "generate_engines": _generate_engines,
 }
 
 
@@ -240,8 +298,8 @@ def rows_for(name: str, data: dict) -> list[Row]:
         raise ValueError(f"{name}: unexpected result format ({type(exc).__name__}: {exc})") from None
 
 
-def table(rows: list[Row], failures: dict[str, str]) -> str:
-    """The aligned text table (failed benchmarks listed under it)."""
+def table(rows: list[Row], failures: dict[str, str], skipped: dict[str, str] | None = None) -> str:
+    """The aligned text table (failed and skipped benchmarks listed under it)."""
     header = ("benchmark", "case", "lmforge", "reference", "ratio")
     cells = [(r.benchmark, r.case, r.lmforge, r.reference,
               "-" if r.ratio is None else
@@ -252,6 +310,7 @@ def table(rows: list[Row], failures: dict[str, str]) -> str:
              "  ".join("-" * w for w in widths)]
     lines += ["  ".join(c.ljust(w) for c, w in zip(cell, widths)).rstrip() for cell in cells]
     lines += [f"{name}: FAILED ({why})" for name, why in failures.items()]
+    lines += [f"{name}: skipped ({why})" for name, why in (skipped or {}).items()]
     return "\n".join(lines)
 
 
@@ -306,9 +365,14 @@ def run(args) -> int:
     results: dict[str, dict[str, Any]] = {}
     rows: list[Row] = []
     failures: dict[str, str] = {}
+    skipped = {} if args.only else {name: why for name in names if (why := opt_in_missing(name))}
     began, start = datetime.now(timezone.utc), time.perf_counter()
     probe_start = probe_machine(folder, args.timeout) if args.json else None  # the record describes the machine
     for name in names:
+        if name in skipped:
+            print(f"lmforge bench: {name}.py skipped ({skipped[name]})", file=sys.stderr, flush=True)
+            results[name] = {"skipped": skipped[name], "rows": []}
+            continue
         flags = QUICK_FLAGS.get(name, []) if args.quick else []
         if name in GPU_BENCHMARKS:
             flags = flags + ["--device", args.device] + (["--nanogpt", args.nanogpt] if args.nanogpt else [])
@@ -338,8 +402,17 @@ def run(args) -> int:
                           "machine": machine_record(probe_start, probe_end), "benchmarks": results}))
     else:
         print(f"lmforge vs reference, measured side by side ({'--quick, ' if args.quick else ''}{_machine_line()})")
-        print(table(rows, failures))
+        print(table(rows, failures, skipped))
     return 1 if failures else 0
+
+
+def opt_in_missing(name: str) -> str | None:
+    """Why a plain ``lmforge bench`` leaves out the opt-in benchmark ``name`` (its packages are missing), or None."""
+    if name not in OPT_IN:
+        return None
+    modules, install = OPT_IN[name]
+    lacking = [m for m in modules if importlib.util.find_spec(m) is None]
+    return f"needs {', '.join(lacking)}: {install}" if lacking else None
 
 
 def command_line(args) -> str:

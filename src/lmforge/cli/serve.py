@@ -4,12 +4,14 @@ Example::
 
     $ lmforge serve --model runs/gpt/model                      # http://127.0.0.1:8000, playground at /
     $ lmforge serve --model gpt=runs/gpt/model --model enc=runs/minilm --port 8080 --api-key s3cret
+    $ lmforge serve --model runs/gpt/model --quantize int8 --dtype bf16   # weight-only int8, bf16 compute
     $ curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
           -d '{"model": "model", "prompt": "Once upon a time", "max_tokens": 20, "temperature": 0}'
 
 Decoders serve /v1/completions (and /v1/chat/completions when the folder has a chat template),
 encoders /v1/embeddings, fine-tuned task folders /v1/classify, index folders of ``lmforge index build``
-/v1/search (see :mod:`lmforge.serve`). SIGTERM drains:
+/v1/search (see :mod:`lmforge.serve`). ``--quantize`` and ``--dtype`` apply to every model loaded (as in
+``lmforge generate``); a folder written by ``lmforge quantize`` serves as saved. SIGTERM drains:
 running requests finish, new ones get 503, then the server exits.
 """
 
@@ -18,8 +20,11 @@ from __future__ import annotations
 import os
 import sys
 
-from lmforge.cli._load_args import add_load_flags
+import torch
+
+from lmforge.cli._load_args import add_load_flags, add_precision_flags
 from lmforge.cli.main import UserError, plain_warnings
+from lmforge.models.quantize import quantization_of
 from lmforge.serve.limits import Limits
 
 API_KEY_ENV = "LMFORGE_API_KEY"
@@ -59,6 +64,7 @@ def register(subparsers) -> None:
                         "near what requests need; decoders with learned/sinusoidal/RoPE positions only")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu (default) or cuda")
     add_load_flags(parser)
+    add_precision_flags(parser)
     parser.set_defaults(func=run)
 
 
@@ -71,6 +77,16 @@ def _require_extra() -> None:
     except ImportError as exc:
         raise UserError(f"lmforge serve needs the serve extra ({exc.name} is missing): "
                         "pip install 'lmforge[serve]'") from None
+
+
+def _traits(m) -> list[str]:
+    """What the startup line says of a served model: its kind, chat, its quantisation and a non-fp32 dtype."""
+    traits = [m.kind] + (["chat"] if m.chat_template is not None else [])
+    if m.model is None:
+        return traits
+    record = quantization_of(m.model)
+    bf16 = next(m.model.parameters()).dtype == torch.bfloat16
+    return traits + ([record["mode"]] if record else []) + (["bf16"] if bf16 else [])
 
 
 def run(args) -> int:
@@ -102,7 +118,7 @@ def _run(args) -> int:
         raise
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     app = create_app(served, limits, api_key=api_key, metrics=metrics)
-    kinds = ", ".join(f"{m.name} ({m.kind}{', chat' if m.chat_template is not None else ''})" for m in served.values())
+    kinds = ", ".join(f"{m.name} ({', '.join(_traits(m))})" for m in served.values())
     print(f"lmforge serve: {kinds} on http://{args.host}:{args.port} (playground at /; Ctrl-C or SIGTERM to stop)",
           file=sys.stderr, flush=True)
     serve_forever(app, args.host, args.port)

@@ -1,0 +1,368 @@
+"""Greedy decoding across engines: lmforge in each precision mode against HF generate, CTranslate2 and llama.cpp.
+
+One random GPT-2-shaped model (12 layers, d_model 768, 12 heads, GPT-2's vocabulary of 50,257) and OpenAI's
+GPT-2 byte-level BPE (tests/fixtures/gpt2): prompts are 32-token spans of the bundled corpus, and every engine
+greedily generates exactly ``--new-tokens`` (128) tokens after them, at batch 1 and 8 where the engine batches:
+
+    lmforge fp32 eager      ``model.generate``                       (benchmarks/generate.py's runners)
+    lmforge fp32 compiled   ``model.generate(..., compile=True)``    (its first call, which compiles, timed alone)
+    lmforge bf16/int8/int4  ``--dtype bf16``; ``--quantize int8`` (per row), ``int4`` (groups of 32), weight-only
+    HF generate fp32        ``GPT2LMHeadModel.generate``: the reference of every lmforge row
+    CTranslate2 fp32/int8   the HF folder converted by ``ctranslate2.converters.TransformersConverter``
+                            (``quantization=None`` / ``"int8"``), ``Generator.generate_batch`` with top-k 1
+    llama.cpp fp32/q8_0/q4_0  GGUF written by llama.cpp's own ``convert_hf_to_gguf.py`` (``--outtype f32`` /
+                            ``q8_0``; q4_0 by ``llama_model_quantize`` from the f32 file), run by llama-cpp-python's
+                            ``Llama(model_path, n_threads=...).generate(ids, temp=0, top_k=1)``: batch 1 only
+
+Each external engine's row is paired with lmforge's row of the same precision (fp32: the compiled path when it
+ran). Every engine gets ``--threads`` threads. Per batch size, the rows take turns (rotated each repeat) for
+``--repeats`` timed runs after one untimed run each (which also gives the tokens); a run during which other
+processes kept more than ``--max-others`` of the machine's cores busy (/proc/stat against this process's own
+CPU time) is left out, unless fewer than two quiet runs remain (then all count and the row says the machine
+was busy). Figures are the median (and min, max) over the kept runs. Token agreement with HF's fp32 tokens
+is checked for the fp32 and int8 rows (fp32 should be identical; int8 shows how far rounding moves greedy
+choices: the share of equal tokens and the mean length of the equal prefix).
+
+Time to first token in a fresh process, for lmforge compiled: ``lmforge generate --compile`` as a user runs it,
+from process start to its first and second streamed text (the first token comes from the eager prompt pass, the
+second from the compiled step, so the compile shows there), with an empty compile cache
+(``LMFORGE_COMPILE_CACHE`` pointing at a new folder) and then with the cache that run left, against the eager
+``lmforge generate``.
+
+CTranslate2 and llama.cpp are optional (``pip install 'lmforge[engines]'``; ``make bench-engines`` installs them
+and clones llama.cpp for its ``convert_hf_to_gguf.py``): an engine that is missing is skipped with the reason
+printed and kept in the JSON (``skipped``), and ``lmforge bench`` runs this script only when the extra is there.
+
+Usage:
+    make bench-engines                                    # install the extra, fetch the converter, run this
+    python benchmarks/generate_engines.py                 # GPT-2 shape, 32 + 128 tokens, batch 1 and 8, 5 repeats
+    python benchmarks/generate_engines.py --quick         # 32 new tokens, 3 repeats, no compile
+    python benchmarks/generate_engines.py --engines lmforge hf ctranslate2 --gguf-converter PATH
+
+Output: one line per (batch, row), then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import importlib.util
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+if __package__ in (None, ""):  # run as a file: the checkout root is the import root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import _version, quiet_spread, quiet_transformers, run_watched  # noqa: E402
+
+quiet_transformers()
+
+import torch  # noqa: E402
+import transformers as hf  # noqa: E402
+
+import lmforge  # noqa: E402
+from benchmarks.generate import build, runners  # noqa: E402
+from lmforge import datasets  # noqa: E402
+from lmforge.models.quantize import apply_precision  # noqa: E402
+from lmforge.tokenization import Tokenizer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+GPT2_BPE = ROOT / "tests" / "fixtures" / "gpt2"  # OpenAI's encoder.json + vocab.bpe
+PROMPT_LEN = 32
+GPT2 = dict(vocab_size=50257, n_embd=768, n_layer=12, n_head=12)
+TINY = dict(vocab_size=50257, n_embd=64, n_layer=2, n_head=2)  # --tiny: the smoke test's size
+ENGINES = ("lmforge", "hf", "ctranslate2", "llama.cpp")
+INSTALL = "pip install 'lmforge[engines]' (or make bench-engines)"
+CONVERTER_ENV = "LLAMA_CPP_CONVERT"  # path of llama.cpp's convert_hf_to_gguf.py
+DEFAULT_CONVERTER = ROOT / "build" / "engines" / "llama.cpp" / "convert_hf_to_gguf.py"  # make bench-engines' clone
+CHECKED = ("fp32", "int8")  # precisions whose tokens are compared with HF fp32's
+
+
+@dataclass
+class Impl:
+    """One row: ``run(ids (B, T)) -> new tokens (B, new)``; ``max_batch`` None when the engine batches."""
+
+    name: str
+    engine: str
+    precision: str
+    run: Callable[[torch.Tensor], torch.Tensor]
+    max_batch: int | None = None
+
+
+def missing(module: str) -> str | None:
+    return None if importlib.util.find_spec(module) is not None else f"{module} is not installed: {INSTALL}"
+
+
+# ------------------------------------------------------------------------------------------- the model, prompts
+def hf_tokenizer():
+    vocab = json.loads((GPT2_BPE / "encoder.json").read_text(encoding="utf-8"))
+    merges = [tuple(line.split(" ")) for line in (GPT2_BPE / "vocab.bpe").read_text(encoding="utf-8").splitlines()[1:]
+              if line]
+    return hf.GPT2TokenizerFast(vocab=vocab, merges=merges)
+
+
+def prompt_ids(n: int) -> tuple[torch.Tensor, str]:
+    """``n`` prompts of PROMPT_LEN GPT-2 tokens (spans of the bundled corpus), and the text of the first, which
+    encodes back to exactly its ids (for the fresh-process runs, which take text)."""
+    tok = Tokenizer.load(GPT2_BPE)
+    text = gzip.decompress(datasets.path("corpus").read_bytes()).decode("utf-8")[:200_000]
+    ids = tok.encode(text, add_special_tokens=False)
+    spans = [ids[i:i + PROMPT_LEN] for i in range(0, len(ids) - PROMPT_LEN, PROMPT_LEN)]
+    first = next(s for s in spans if tok.encode(tok.decode(s), add_special_tokens=False) == s)
+    rows = [first] + [s for s in spans if s is not first][:n - 1]
+    return torch.tensor(rows), tok.decode(first)
+
+
+# ------------------------------------------------------------------------------------------- engines
+def lmforge_impls(ref, ours, new_tokens: int, compile: bool) -> list[Impl]:
+    def mode(dtype: str | None, quantize: str | None):
+        model = apply_precision(lmforge.from_hf(ref).eval(), dtype, quantize)
+        return lambda ids: model.generate(ids, max_new_tokens=new_tokens, ignore_eos=True).sequences
+
+    # the fp32 paths as benchmarks/generate.py runs them (its runners take the prompt: bind it per call)
+    def path(key: str):
+        return lambda ids: runners(ref, ours, ids, new_tokens)[key]()
+
+    impls = [Impl("lmforge fp32 eager", "lmforge", "fp32", path("lmforge"))]
+    if compile:
+        impls.append(Impl("lmforge fp32 compiled", "lmforge", "fp32", path("compiled")))
+    impls += [Impl("lmforge bf16", "lmforge", "bf16", mode("bf16", None)),
+              Impl("lmforge int8", "lmforge", "int8", mode(None, "int8")),
+              Impl("lmforge int4", "lmforge", "int4", mode(None, "int4"))]
+    return impls
+
+
+def hf_impl(ref, ours, new_tokens: int) -> Impl:
+    return Impl("HF generate fp32", "hf", "fp32", lambda ids: runners(ref, ours, ids, new_tokens)["hf"]())
+
+
+def ctranslate2_impls(hf_dir: Path, work: Path, tokenizer, new_tokens: int, threads: int) -> list[Impl]:
+    import ctranslate2
+
+    impls = []
+    for precision, quantization, compute in (("fp32", None, "float32"), ("int8", "int8", "int8")):
+        out = work / f"ct2-{precision}"
+        ctranslate2.converters.TransformersConverter(str(hf_dir)).convert(str(out), quantization=quantization,
+                                                                          force=True)
+        generator = ctranslate2.Generator(str(out), device="cpu", compute_type=compute, intra_threads=threads,
+                                          inter_threads=1)
+
+        def run(ids, generator=generator):
+            # token strings, as generate_batch takes them (the conversion is a dictionary lookup per token)
+            start = [tokenizer.convert_ids_to_tokens(row) for row in ids.tolist()]
+            out = generator.generate_batch(start, max_length=new_tokens, min_length=new_tokens, sampling_topk=1,
+                                           beam_size=1, include_prompt_in_result=False)
+            return torch.tensor([r.sequences_ids[0] for r in out])
+
+        impls.append(Impl(f"CTranslate2 {precision}", "ctranslate2", precision, run))
+    return impls
+
+
+def llama_cpp_impls(hf_dir: Path, work: Path, converter: Path, new_tokens: int, threads: int) -> list[Impl]:
+    import llama_cpp
+
+    files = {}
+    for outtype in ("f32", "q8_0"):
+        files[outtype] = work / f"model-{outtype}.gguf"
+        subprocess.run([sys.executable, str(converter), str(hf_dir), "--outfile", str(files[outtype]), "--outtype",
+                        outtype], check=True, capture_output=True, text=True)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0
+    files["q4_0"] = work / "model-q4_0.gguf"
+    if llama_cpp.llama_model_quantize(str(files["f32"]).encode(), str(files["q4_0"]).encode(), params) != 0:
+        raise RuntimeError("llama_model_quantize to q4_0 failed")
+    impls = []
+    for outtype, precision in (("f32", "fp32"), ("q8_0", "int8"), ("q4_0", "int4")):
+        llm = llama_cpp.Llama(model_path=str(files[outtype]), n_threads=threads, n_threads_batch=threads,
+                              n_ctx=PROMPT_LEN + new_tokens + 8, seed=0, verbose=False)
+
+        def run(ids, llm=llm):
+            llm.reset()  # no reuse of the previous run's prompt in the KV cache: every run prefills
+            tokens = llm.generate(ids[0].tolist(), top_k=1, temp=0.0, top_p=1.0, min_p=0.0, repeat_penalty=1.0)
+            return torch.tensor([list(itertools.islice(tokens, new_tokens))])
+
+        impls.append(Impl(f"llama.cpp {outtype}", "llama.cpp", precision, run, max_batch=1))
+    return impls
+
+
+def external(args, ref, work: Path, skipped: dict[str, str]) -> list[Impl]:
+    """The CTranslate2 and llama.cpp rows that can run here; the others go to ``skipped`` with the reason."""
+    wanted = [e for e in ("ctranslate2", "llama.cpp") if e in args.engines]
+    if not wanted:
+        return []
+    tokenizer = hf_tokenizer()
+    hf_dir = work / "hf"
+    ref.save_pretrained(hf_dir)
+    tokenizer.save_pretrained(hf_dir)
+    config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+    config.setdefault("n_ctx", config["n_positions"])  # GPT-2's own config has it, and the GGUF converter reads it
+    (hf_dir / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    impls = []
+    converter = Path(args.gguf_converter)
+    reasons = {"ctranslate2": missing("ctranslate2"),
+               "llama.cpp": missing("llama_cpp") or missing("gguf") or (
+                   None if converter.is_file() else f"no llama.cpp converter at {converter}: make bench-engines "
+                   f"fetches convert_hf_to_gguf.py, or pass --gguf-converter (or set ${CONVERTER_ENV})")}
+    for engine in wanted:
+        if reasons[engine]:
+            skipped[engine] = reasons[engine]
+            continue
+        try:
+            if engine == "ctranslate2":
+                impls += ctranslate2_impls(hf_dir, work, tokenizer, args.new_tokens, args.threads)
+            else:
+                impls += llama_cpp_impls(hf_dir, work, converter, args.new_tokens, args.threads)
+        except Exception as exc:  # a converter or engine that fails here: say why, measure the others
+            detail = getattr(exc, "stderr", None) or str(exc)
+            skipped[engine] = f"failed: {type(exc).__name__}: {detail.strip().splitlines()[-1][:200] if detail else ''}"
+    for engine, why in skipped.items():
+        print(f"skipping {engine}: {why}", flush=True)
+    return impls
+
+
+# ------------------------------------------------------------------------------------------- measuring
+def agreement(expected: torch.Tensor, got: torch.Tensor) -> dict:
+    """How far ``got`` (B, N) follows ``expected``: identical, the share of equal tokens, the mean equal prefix.
+
+    >>> agreement(torch.tensor([[1, 2, 3, 4]]), torch.tensor([[1, 2, 9, 4]]))
+    {'identical': False, 'agree': 0.75, 'prefix': 2.0}
+    """
+    same = expected == got
+    prefix = same.long().cumprod(dim=1).sum(dim=1).float().mean()
+    return {"identical": bool(same.all()), "agree": round(float(same.float().mean()), 4),
+            "prefix": round(float(prefix), 1)}
+
+
+def bench_batch(impls: list[Impl], ids: torch.Tensor, new_tokens: int, repeats: int, max_others: float) -> list[dict]:
+    batch = ids.shape[0]
+    mine = [i for i in impls if i.max_batch is None or batch <= i.max_batch]
+    tokens, first = {}, {}
+    for impl in mine:  # one untimed run each: the warm-up (the compiled path compiles here), and the tokens
+        t0 = time.perf_counter()
+        tokens[impl.name] = impl.run(ids)
+        first[impl.name] = round(time.perf_counter() - t0, 2)
+    runs = run_watched([lambda impl=impl: impl.run(ids) for impl in mine], repeats=repeats, rotate=True)
+    expected = tokens.get("HF generate fp32")
+    rows = []
+    for impl, timed in zip(mine, runs):
+        spread = quiet_spread(timed, max_others)
+        row = {"batch": batch, "impl": impl.name, "engine": impl.engine, "precision": impl.precision,
+               "tok_s": {k: round(batch * new_tokens / spread[s], 1) for k, s in
+                         (("median", "median"), ("min", "max"), ("max", "min"))},
+               "ms_per_token": round(1000 * spread["median"] / new_tokens, 2), "first_call_s": first[impl.name],
+               "runs": spread["runs"], "disturbed": spread["disturbed"], "quiet": spread["quiet"],
+               "checked": impl.precision in CHECKED and expected is not None}
+        if expected is not None:
+            row.update(agreement(expected, tokens[impl.name]))
+        rows.append(row)
+    return rows
+
+
+def pair(rows: list[dict]) -> None:
+    """Give each external engine's row the lmforge row of its precision to be compared with (``partner``)."""
+    lm: dict[tuple[int, str], str] = {}
+    for r in rows:  # fp32: the compiled path when it ran (it comes after the eager one)
+        if r["engine"] == "lmforge":
+            lm[(r["batch"], r["precision"])] = r["impl"]
+    for r in rows:
+        if r["engine"] not in ("lmforge", "hf") and (r["batch"], r["precision"]) in lm:
+            r["partner"] = lm[(r["batch"], r["precision"])]
+
+
+def fresh_process(folder: Path, prompt: str, new_tokens: int, threads: int, cache: Path | None) -> dict:
+    """``lmforge generate`` (``--compile`` when ``cache`` is given, compiling into it) in a new process: seconds
+    from its start to its first and second streamed text, and to its end."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+           "LMFORGE_COMPILE_CACHE": str(cache) if cache else "off"}
+    cmd = [sys.executable, "-m", "lmforge.cli.main", "generate", "--model", str(folder), "--prompt", prompt,
+           "--max-new-tokens", str(new_tokens), "--ignore-eos", "--threads", str(threads)]
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd + (["--compile"] if cache else []), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL)
+    marks = []
+    while os.read(proc.stdout.fileno(), 65536):  # each streamed piece is flushed as it is chosen
+        marks.append(time.perf_counter() - start)
+    if proc.wait() != 0:
+        raise RuntimeError(f"lmforge generate exited with {proc.returncode}")
+    total = time.perf_counter() - start
+    return {"first_output_s": round(marks[0], 2), "second_output_s": round(marks[1] if len(marks) > 1 else total, 2),
+            "total_s": round(total, 2)}
+
+
+def ttft(ours, prompt: str, new_tokens: int, threads: int, work: Path) -> dict:
+    folder = lmforge.save(ours, work / "lmforge", tokenizer=Tokenizer.load(GPT2_BPE))
+    cache = work / "compile-cache"  # empty: the first compiled run is cold, the second finds what it left
+    return {"eager": fresh_process(folder, prompt, new_tokens, threads, None),
+            "compiled_cold": fresh_process(folder, prompt, new_tokens, threads, cache),
+            "compiled_warm": fresh_process(folder, prompt, new_tokens, threads, cache)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="32 new tokens, 3 repeats, no compile")
+    parser.add_argument("--tiny", action="store_true", help="a 2-layer, d_model 64 model of GPT-2's vocabulary")
+    parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES),
+                        help="engines to run (all; the missing ones are skipped with the reason)")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--new-tokens", type=int, default=None, help="tokens generated per prompt (128; quick: 32)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed runs per row (5; quick: 3)")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                        help="threads of every engine (default: torch's, one per core)")
+    parser.add_argument("--no-compile", action="store_true", help="skip lmforge's compiled path and its fresh-process "
+                        "time to first token")
+    parser.add_argument("--max-others", type=float, default=0.1,
+                        help="leave out runs during which other processes kept more than this share of the cores "
+                             "busy (0.1)")
+    parser.add_argument("--gguf-converter", default=os.environ.get(CONVERTER_ENV, str(DEFAULT_CONVERTER)),
+                        help=f"llama.cpp's convert_hf_to_gguf.py (default: ${CONVERTER_ENV}, else {DEFAULT_CONVERTER})")
+    args = parser.parse_args()
+    args.new_tokens = args.new_tokens or (32 if args.quick else 128)
+    repeats = args.repeats or (3 if args.quick else 5)
+    compile = not (args.no_compile or args.quick) and "lmforge" in args.engines
+    torch.set_num_threads(args.threads)
+    shape = TINY if args.tiny else GPT2
+    ref, ours = build("cpu", shape, n_positions=max(256, PROMPT_LEN + args.new_tokens))
+    ids, prompt = prompt_ids(max(args.batch_sizes))
+    load = os.getloadavg()[0]
+    skipped: dict[str, str] = {}
+    result = {"benchmark": "generate_engines", "shape": shape, "prompt_len": PROMPT_LEN, "new_tokens": args.new_tokens,
+              "repeats": repeats, "threads": args.threads, "max_others": args.max_others, "compile": compile,
+              "versions": {p: _version(p) for p in ("torch", "transformers", "ctranslate2", "llama_cpp_python",
+                                                     "gguf")}}
+    print(f"greedy generation, {PROMPT_LEN}-token prompts, {args.new_tokens} new tokens, {args.threads} threads, "
+          f"median of {repeats}; load average {load:.1f} on {os.cpu_count()} CPUs", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        impls = lmforge_impls(ref, ours, args.new_tokens, compile) if "lmforge" in args.engines else []
+        impls += [hf_impl(ref, ours, args.new_tokens)] if "hf" in args.engines else []
+        impls += external(args, ref, work, skipped)
+        rows = []
+        for batch in args.batch_sizes:
+            for row in bench_batch(impls, ids[:batch], args.new_tokens, repeats, args.max_others):
+                rows.append(row)
+                t = row["tok_s"]
+                check = (f" | tokens {'identical' if row['identical'] else 'DIFFER'} (agree {row['agree']:.0%}, "
+                         f"prefix {row['prefix']:.0f})" if row["checked"] else "")
+                print(f"batch {batch}: {row['impl']:22s} {t['median']:8.1f} tok/s (min {t['min']:.1f}, max "
+                      f"{t['max']:.1f}; {row['runs'] - row['disturbed']} of {row['runs']} runs quiet){check}",
+                      flush=True)
+        pair(rows)
+        result["results"] = rows
+        if compile:
+            result["ttft"] = ttft(ours, prompt, args.new_tokens, args.threads, work)
+            for name, t in result["ttft"].items():
+                print(f"fresh process, {name}: first text {t['first_output_s']:.2f} s, second "
+                      f"{t['second_output_s']:.2f} s, all {args.new_tokens} tokens {t['total_s']:.2f} s", flush=True)
+    result.update({"skipped": skipped, "load_before": round(load, 2), "load_after": round(os.getloadavg()[0], 2)})
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
