@@ -12,7 +12,8 @@ folders are not touched), failed ones too unless ``retry_failed``; the rest run,
 ``results.jsonl`` is rewritten as each one ends. A killed runner leaves the cells it was running with their
 checkpoints; the next run resumes them.
 
-A row: ``cell, seed, axes, settings, metrics, steps, tokens, flops, seconds, threads, status, error, run``. Wall-
+A row: ``cell, seed, axes, settings, metrics, steps, tokens, flops, params, labels, seconds, threads, status, error,
+run`` (``params``: the model's non-embedding parameters; ``labels``: its variants' ``labels:``). Wall-
 clock fields (``seconds``) differ between runs; with the same thread count, everything else is reproducible.
 """
 
@@ -92,6 +93,7 @@ def _row(grid: Grid, out: Path, cell, seed: int, result: dict[str, Any], threads
     return {"cell": cell.id, "seed": seed, "axes": cell.axes, "settings": cell.stages,
             "metrics": {m: result.get("metrics", {}).get(m) for m in grid.metrics},
             "steps": result.get("steps"), "tokens": result.get("tokens"), "flops": result.get("flops"),
+            "params": cell.params, "labels": cell.labels,
             "seconds": result.get("seconds"), "threads": threads, "status": result["status"],
             "error": result.get("error"), "run": str(run_folder(out, cell.id, seed).relative_to(out))}
 
