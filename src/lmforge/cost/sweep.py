@@ -12,8 +12,11 @@ the settings every cell shares, and one axis ``cell`` whose variants are the cel
 (steps), model overrides and ``labels`` (its planned budget, N and D, copied into its ``results.jsonl`` row for
 ``lmforge scaling fit``).
 
-Sizes (documented for ``lmforge scaling sweep --size``): ``small`` (4 budgets from 1e11, x3 apart, 5 sizes:
-2e13 FLOPs in all, about an hour at the ~5 GFLOP/s two CPU cores reach on such tiny models) and ``medium`` (5 budgets from 1e15, x4 apart, 7 sizes: a GPU or a Ray cluster).
+Sizes (documented for ``lmforge scaling sweep --size``): ``small`` (4 budgets from 3e11, x2 apart, 5 sizes from
+12.8k to 619k non-embedding parameters: 2.25e13 FLOPs (C = 6ND) in all, 115,270 steps of 8 x 64 tokens, about an
+hour of a shared 2-core machine, where a step of these models costs tens of milliseconds whatever their size: the
+smallest budget starts above 1e11, whose five sizes would round to repeated shapes) and ``medium`` (5 budgets from
+1e15, x4 apart, 7 sizes: a GPU or a Ray cluster).
 
 Example:
     >>> grid = isoflop_grid("gpt-tiny", budgets=[1e13], sizes=3, batch_size=4, seq_len=32, head_dim=16)
@@ -63,7 +66,8 @@ def isoflop_grid(base: str, budgets: list[float], sizes: int = 5, size_step: flo
             n = shape["n"]
             if variants and variants[-1]["labels"]["budget"] == c and variants[-1]["labels"]["n"] == n:
                 raise UserInputError(f"--sizes: at {c:.3g} FLOPs two sizes round to the same {n:,}-parameter shape "
-                                     "(the smallest shapes are few); raise the smallest budget or lower --head-dim")
+                                     "(shapes round to whole heads and layers); raise the smallest budget or lower "
+                                     "--head-dim")
             d = c / (6 * n)
             steps = math.ceil(d / tokens_per_step)
             if d < tokens_per_step:
@@ -87,7 +91,8 @@ def sweep_cells(grid: dict[str, Any]) -> list[dict[str, Any]]:
     """The planned cells of a grid from :func:`isoflop_grid`: name, budget, N, D and steps of each.
 
     Example:
-        >>> cells = sweep_cells(isoflop_grid("gpt-tiny", budgets=[1e13], sizes=3, batch_size=4, seq_len=32))
+        >>> grid = isoflop_grid("gpt-tiny", budgets=[1e13], sizes=3, batch_size=4, seq_len=32, head_dim=16)
+        >>> cells = sweep_cells(grid)
         >>> [sorted(cells[0]), len(cells)]
         [['budget', 'd', 'n', 'name', 'steps'], 3]
     """

@@ -31,8 +31,8 @@ A variant is a mapping of the base command's settings (``overrides`` and ``objec
 with the base's), plus ``name`` (the cell's label; default: its values), ``finetune`` (settings of the second
 stage), ``resources`` (what its cells ask of Ray, over the grid's), ``budget`` (its cells' own budget, in place of
 the grid's, which may then be left out: an IsoFLOP sweep gives each model size its own steps) and ``labels`` (plain
-values copied into each of its cells' result rows, for the analysis: a sweep cell's planned FLOPs). Budgets convert to optimizer steps per
-cell: ``tokens`` / (batch_size x grad_accum x seq_len), and
+values copied into each of its cells' result rows, for the analysis: a sweep cell's planned FLOPs). Budgets
+convert to optimizer steps per cell: ``tokens`` / (batch_size x grad_accum x seq_len), and
 ``flops`` / (the model's :meth:`~lmforge.models.Transformer.train_flops` x batch_size x grad_accum), so cells of
 different shapes get the same tokens or compute.
 
@@ -221,7 +221,8 @@ class Grid:
     def listing(self) -> str:
         """One line per cell: id, steps, what the budget converts to (for ``--dry-run``)."""
         lines = [f"{self.path}: {self.command}, {len(self.cells)} cell(s) x {len(self.seeds)} seed(s) "
-                 f"{self.seeds}, budget {self.budget.kind if self.budget else 'per cell'}, metrics {', '.join(self.metrics)}"]
+                 f"{self.seeds}, budget {self.budget.kind if self.budget else 'per cell'}, "
+                 f"metrics {', '.join(self.metrics)}"]
         for cell in self.cells:
             extra = [f"{cell.steps} steps"]
             if cell.tokens_per_step:
@@ -270,8 +271,8 @@ def load_grid(path: str | Path, size: str | None = None, raw: dict[str, Any] | N
         raise GridError(f"{path}: command={spec.command!r} is not a grid command; supported: {', '.join(COMMANDS)} "
                         "(distill and prompt grids are not supported yet)")
     try:
-        budget = _budget(f"{path}: budget", spec.command, spec.budget) if spec.budget or not _every_cell_budgeted(spec.axes) \
-            else None
+        budget = None if not spec.budget and _every_cell_budgeted(spec.axes) else \
+            _budget(f"{path}: budget", spec.command, spec.budget)
         resources = Resources.from_dict(spec.resources, source=f"{path}: resources")
     except ConfigError as exc:
         raise GridError(_sourced(path, exc)) from exc
@@ -323,8 +324,9 @@ def _labels(where: str, given: list[Any]) -> dict[str, Any]:
     for mapping in given:
         if mapping is None:
             continue
-        if not isinstance(mapping, dict) or not all(
-                isinstance(k, str) and (v is None or isinstance(v, (int, float, str, bool))) for k, v in mapping.items()):
+        plain = isinstance(mapping, dict) and all(
+            isinstance(k, str) and (v is None or isinstance(v, (int, float, str, bool))) for k, v in mapping.items())
+        if not plain:
             raise GridError(f"{where}: labels: expected a mapping of names to numbers or strings, got {mapping!r}")
         labels.update(mapping)
     return labels

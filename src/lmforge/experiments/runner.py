@@ -30,12 +30,11 @@ from lmforge.errors import UserInputError
 from lmforge.experiments.backends import BACKENDS, run_local, run_ray, threads_per_cell
 from lmforge.experiments.cell import LOG_FILE, RESULT_FILE, TASK_FILE, read_json, write_json
 from lmforge.experiments.grid import Grid, GridError, load_grid
-from lmforge.experiments.report import EXPERIMENT_FILE, RESULTS_FILE, write_report
+from lmforge.experiments.report import CELLS_DIR, EXPERIMENT_FILE, RESULTS_FILE, write_report
 from lmforge.utils.io import atomic_write_text, read_text_file
 from lmforge.utils.lock import RunFolderLock
 
 GRID_COPY = "grid.yaml"
-CELLS_DIR = "cells"
 WALL_CLOCK = ("seconds",)  # row fields that differ between identical runs
 INTERRUPTED = (130, -2, 143, -15)  # the cell stopped on SIGINT/SIGTERM after saving a checkpoint
 
