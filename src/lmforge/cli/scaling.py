@@ -52,7 +52,8 @@ def register(subparsers) -> None:
                     "resumes interrupted ones. Then `lmforge scaling fit OUT`. Sizes: " + "; ".join(
                         f"{k}: {v['budgets']} budgets from {v['smallest']:g} FLOPs x{v['spacing']:g}, {v['sizes']} "
                         "sizes" for k, v in SIZES.items()))
-    sweep.add_argument("--dry-run", action="store_true", help="write OUT/sweep.yaml and list its cells; run nothing")
+    sweep.add_argument("--dry-run", action="store_true", help="write OUT/sweep.yaml (a grid file: "
+                                                               "`lmforge experiment run` takes it too) and stop")
     sweep.add_argument("--size", choices=list(SIZES), default="small", help="preset sweep size (see above)")
     sweep.add_argument("--base", default="gpt-tiny", help="preset whose shape is scaled to each size")
     sweep.add_argument("--smallest-budget", type=float, default=None, help="smallest budget in FLOPs")
