@@ -172,3 +172,22 @@ def test_run_folders_are_read_as_results(tmp_path):
     cfg = read_config(tmp_path / "sweep" / "cells" / "a" / "model")
     assert row["n"] == non_embedding_parameters(cfg) and row["d"] == tag["total_tokens"]
     assert row["c"] == tag["total_flops"] and row["budget"] == 1e9 and row["loss"] > 0
+
+
+def test_a_vertex_outside_the_sizes_measured_is_flagged(tmp_path, capsys):
+    from lmforge.cost.scaling_fit import approach2
+
+    def profile(c, low, high):
+        n_opt, _ = TRUE.parametric_optimum(c)
+        return [{"n": n, "d": c / (6 * n), "c": c, "loss": TRUE.loss(n, c / (6 * n))}
+                for n in n_opt * np.geomspace(low, high, 5)]
+
+    right, around = profile(1e19, 4, 64), profile(1e20, 1 / 4, 4)
+    (fitted,) = approach2(right)["budgets"]
+    assert not fitted["inside"] and fitted["n_opt"] < right[0]["n"]  # the loss only rises: the vertex lies left
+    assert fitted["n_best"] == right[0]["n"] and fitted["loss_best"] == right[0]["loss"]
+    assert approach2(around)["budgets"][0]["inside"]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in right + around))
+    assert main(["scaling", "fit", str(tmp_path), "--bootstrap", "0"]) == 0
+    flagged = [line for line in capsys.readouterr().out.splitlines() if "outside the sizes measured" in line]
+    assert len(flagged) == 1 and flagged[0].startswith("budget 1e+19: the vertex")

@@ -105,6 +105,11 @@ def run_fit(args) -> int:
     print("approach 3: " + ", ".join(show(k, three[k], f"approach3.{k}") for k in ("alpha", "beta", "E"))
           + f", A = {three['A']:.4g}, B = {three['B']:.4g}   (Chinchilla: α = {PUBLISHED.alpha}, β = {PUBLISHED.beta}, "
           f"E = {PUBLISHED.E})")
+    for b in two["budgets"]:
+        if not b["inside"]:
+            print(f"budget {b['c']:.3g}: the vertex N = {b['n_opt']:.3g} lies outside the sizes measured (an "
+                  f"extrapolation, not an optimum); the best measured size: N = {b['n_best']:.3g}, "
+                  f"{b['d_best'] / b['n_best']:.0f} tokens per parameter, loss {b['loss_best']:.4g}")
     print("tokens per parameter at the optimum: " + ", ".join(
         f"{t['ratio']:.1f} at {t['c']:.2g} FLOPs" for t in fitted["tokens_per_param"]) + "   (Chinchilla: ~20)")
     print(f"wrote {out / 'scaling_fit.json'}, {out / 'isoflop.png'}, {out / 'frontier.png'}")
