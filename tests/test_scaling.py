@@ -112,10 +112,12 @@ def test_sweep_grid(tmp_path, capsys):
     assert main(["scaling", "sweep", "--dry-run", "--smallest-budget", "-5", "--out", str(out)]) == 2
     assert main(["scaling", "sweep", "--dry-run", "--smallest-budget", "1e11", "--out", str(out)]) == 2
     assert main(["scaling", "sweep", "--out", str(out)]) == 2  # running needs data
+    assert main(["scaling", "sweep", "--out", str(out), "--workers", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "--budgets" in err[0] and "less than one step" in err[0]
     assert "--sizes" in err[1] and "--smallest-budget" in err[2]
-    assert "--sizes" in err[3] and "round to the same" in err[3] and "--data" in err[4] and len(err) == 5
+    assert "--sizes" in err[3] and "round to the same" in err[3] and "--data" in err[4]
+    assert "--workers 0" in err[5] and len(err) == 6
 
 
 def test_a_microscopic_sweep_runs_on_the_experiment_runner_resumes_and_fits(tmp_path, capsys):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from lmforge.cli.experiment import add_runner_arguments
 from lmforge.cli.main import plain_warnings
 from lmforge.cost import scaling_fit
 from lmforge.cost.chinchilla import PUBLISHED
@@ -22,8 +23,7 @@ from lmforge.cost.scaling_report import plot_frontier, plot_isoflops, read_resul
 from lmforge.cost.sweep import SIZES, SWEEP_FILE, budgets_of, isoflop_grid, sweep_cells
 from lmforge.errors import UserInputError
 from lmforge.experiments import load_grid, run_grid
-from lmforge.experiments.backends import BACKENDS
-from lmforge.experiments.runner import check_grid_copy
+from lmforge.experiments.runner import check_grid_copy, check_runner_options
 from lmforge.utils.io import atomic_write_text
 
 
@@ -68,13 +68,7 @@ def register(subparsers) -> None:
                                                     "required to run")
     sweep.add_argument("--objective", default="clm", help="pre-training objective of every cell")
     sweep.add_argument("--out", required=True, metavar="OUT", help="experiment folder of the sweep")
-    sweep.add_argument("--workers", type=int, default=1, help="cells run at once as local processes (default 1)")
-    sweep.add_argument("--threads", type=int, default=None,
-                       help="torch threads per cell (default: cores // workers, at least 1)")
-    sweep.add_argument("--backend", choices=BACKENDS, default="local",
-                       help="local child processes, or Ray tasks (pip install 'lmforge[ray]')")
-    sweep.add_argument("--address", default=None, help="ray: the cluster to connect to (default: a local one)")
-    sweep.add_argument("--retry-failed", action="store_true", help="run the cells that failed again")
+    add_runner_arguments(sweep)
     sweep.set_defaults(func=run_sweep)
     parser.set_defaults(func=lambda args: parser.print_help() or 0)
 
@@ -122,6 +116,7 @@ def run_sweep(args) -> int:
                          args.budgets or size["budgets"])
     if not args.lr > 0:
         raise UserInputError(f"--lr {args.lr}: must be > 0")
+    check_runner_options(args.workers, args.threads, args.backend)
     if args.data is None and not args.dry_run:
         raise UserInputError("--data: give the prepared shards every cell trains on (lmforge data prepare ...)")
     settings = {"objective": args.objective, "lr": args.lr,

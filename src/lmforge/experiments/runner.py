@@ -88,6 +88,14 @@ def check_grid_copy(grid: Grid, out: Path, extend: bool) -> None:
                              f"{grid.metrics}); choose another --out")
 
 
+def check_runner_options(workers: int, threads: int | None, backend: str) -> None:
+    """Refuse a backend lmforge does not have, or fewer than one worker or thread."""
+    if backend not in BACKENDS:
+        raise UserInputError(f"--backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    if workers < 1 or (threads is not None and threads < 1):
+        raise UserInputError(f"--workers {workers} / --threads {threads}: must be >= 1")
+
+
 def _row(grid: Grid, out: Path, cell, seed: int, result: dict[str, Any], threads: int | None) -> dict[str, Any]:
     return {"cell": cell.id, "seed": seed, "axes": cell.axes, "settings": cell.stages,
             "metrics": {m: result.get("metrics", {}).get(m) for m in grid.metrics},
@@ -125,10 +133,7 @@ def run_grid(grid_path: str | Path, out: str | Path, *, size: str | None = None,
         retry_failed: run the failed cells again (resuming their checkpoints).
         extend: accept a grid that adds cells or seeds to the one ``out`` was run with.
     """
-    if backend not in BACKENDS:
-        raise UserInputError(f"--backend {backend!r}: choose one of {', '.join(BACKENDS)}")
-    if workers < 1 or (threads is not None and threads < 1):
-        raise UserInputError(f"--workers {workers} / --threads {threads}: must be >= 1")
+    check_runner_options(workers, threads, backend)
     grid = load_grid(grid_path, size)
     out = Path(out)
     check_grid_copy(grid, out, extend)  # before the lock creates OUT: a refused grid changes nothing
@@ -197,4 +202,5 @@ def report(out: str | Path) -> list[dict[str, Any]]:
         return write_report(out)
 
 
-__all__ = ["ExperimentRun", "GridError", "check_grid_copy", "report", "run_grid", "write_results"]
+__all__ = ["ExperimentRun", "GridError", "check_grid_copy", "check_runner_options", "report", "run_grid",
+           "write_results"]
