@@ -207,6 +207,10 @@ BAD = {
                                     "cell o=1: objective_options: 'clm' has no option 'p'"),
     "an unknown grid field": ({"axis": []}, "unknown grid field(s) axis (did you mean 'axes'?)"),
     "a seconds budget": ({"budget": {"seconds": 60}}, "budget: seconds is not supported", "steps, tokens or flops"),
+    "a variant's bad budget": ({"axes": [{"name": "b", "variants": [{"name": "x", "budget": {"steps": 0}}]}]},
+                               "cell b=x: budget: ", "steps=0 must be > 0"),
+    "a variant's bad labels": ({"axes": [{"name": "l", "variants": [{"name": "x", "labels": {"n": [1]}}]}]},
+                               "cell l=x: labels: expected a mapping of names to numbers or strings"),
     "an unknown command": ({"command": "distill"}, "command='distill' is not a grid command; supported: pretrain"),
     "finetune metrics without a finetune stage": ({"metrics": ["finetune_accuracy"]}, "unknown metric"),
     "a bad finetune stage": ({"finetune": {"task": "classify", "train": "rt-sentiment:train", "lrr": 1}},
@@ -236,6 +240,19 @@ def test_budgets_convert_to_steps_per_cell(data, tmp_path):
     flops = load_grid(write_grid(tmp_path, grid_text(data, [axis], budget={"flops": 1e9})))
     per_step = flops.cells[0].flops_per_step
     assert flops.cells[0].steps == int(1e9 // per_step) and flops.cells[1].flops_per_step == 2 * per_step
+    # a variant's own budget replaces the grid's, which may then be left out; labels and N go to the rows
+    own = {"name": "n", "variants": [{"name": "a", "budget": {"steps": 7}, "labels": {"budget": 1e9}},
+                                     {"name": "b", "budget": {"steps": 9}, "warmup": 8,
+                                      "overrides": {"d_model": 64, "n_heads": 4}}]}
+    grid = yaml.safe_load(grid_text(data, [own]))
+    del grid["budget"]
+    cells = load_grid(write_grid(tmp_path, yaml.safe_dump(grid))).cells
+    assert [c.steps for c in cells] == [7, 9] and [c.labels for c in cells] == [{"budget": 1e9}, {}]
+    # N: 4d^2 attention + 2 d x d_ff feed-forward weights, their biases and two layer norms; the final norm
+    def n(d, ff):
+        return 4 * d * d + 4 * d + 2 * d * ff + d + ff + 2 * 2 * d + 2 * d
+
+    assert [c.params for c in cells] == [n(32, 64), n(64, 64)]
 
 
 def test_sizes_replace_fields(data, tmp_path):

@@ -246,11 +246,20 @@ def test_report_table_and_html_from_records(tmp_path):
                                    "seconds": 2.0, "budget_seconds": 3.0})
     folder.finish("probing", {"skipped": "scikit-learn is not installed", "summary": "skipped", "seconds": 0.0})
     titles = {s.name: s.title for s in STAGES}
+    tag = {"total_flops": 3e9, "total_tokens": 30, "wall_s": 2.0, "device_s": 1.8, "energy_kwh": 3.25e-5,
+           "energy_method": "estimated: device-seconds x 65 W", "co2e_kg": 1.56e-5, "cost_usd": 2.5e-5}
+    (tmp_path / "runs" / "pretrain-gpt" / "model").mkdir(parents=True)
+    for where in ("runs/pretrain-gpt", "runs/pretrain-gpt/model"):  # the model folder's copy is not counted twice
+        (tmp_path / where / "price_tag.json").write_text(json.dumps(tag))
     result = report.build(folder, titles)
     assert not result["complete"] and list(result["stages"]) == ["pretrain-gpt", "probing"]
+    assert [r["run"] for r in result["price_tags"]["runs"]] == ["runs/pretrain-gpt"]
     text = report.table(result)
     assert "loss 9 -> 7.5" in text and "of a 1:00 budget" in text
+    assert "3e+09 FLOPs, 0.0005 device-h, 3.25e-05 kWh (estimated), 0.0156 g CO2e, $2.5e-05 over 1 training" in text
     page = html.render(result)
+    assert "<h2>Price tags</h2>" in page and "<td>runs/pretrain-gpt</td><td>3e+09</td>" in page.replace(
+        ' class="num"', "")
     assert page.count("data:image/png;base64,") >= 2  # loss curves and timings
     assert "skipped: scikit-learn is not installed" in page
     path = report.write({**result, "x": float("nan")}, folder)
@@ -275,6 +284,10 @@ def _finite(x) -> bool:
 def test_quickstart_one_minute_report(finished_run):
     data = json.loads((finished_run / "report.json").read_text())
     assert data["complete"] and list(data["stages"]) == [s.name for s in STAGES]
+    # every training run's price tag, and their sum
+    tags = data["price_tags"]
+    assert {"runs/pretrain-gpt", "runs/pretrain-bert"} <= {r["run"] for r in tags["runs"]}
+    assert tags["total"]["total_flops"] == sum(r["total_flops"] for r in tags["runs"]) > 0
     stages = data["stages"]
     for name in ("pretrain-gpt", "pretrain-bert", "pretrain-t5"):
         r = stages[name]

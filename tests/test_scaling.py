@@ -89,24 +89,77 @@ def test_plan_bad_input(capsys):
 
 
 def test_sweep_grid(tmp_path, capsys):
-    grid_file = tmp_path / "grid.json"
-    assert main(["scaling", "sweep", "--dry-run", "--smallest-budget", "1e11", "--budgets", "2", "--sizes", "3",
-                 "--out", str(grid_file)]) == 0
-    grid = json.loads(grid_file.read_text())
-    assert grid["command"] == "pretrain" and len(grid["cells"]) == 6
-    assert grid["axes"]["budget"] == [1e11, 3e11]
-    for cell in grid["cells"]:
+    import yaml
+
+    from lmforge.cost.sweep import sweep_cells
+
+    out = tmp_path / "sweep"
+    assert main(["scaling", "sweep", "--dry-run", "--smallest-budget", "3e11", "--budgets", "2", "--sizes", "3",
+                 "--out", str(out)]) == 0
+    grid = yaml.safe_load((out / "sweep.yaml").read_text())
+    assert grid["command"] == "pretrain" and [a["name"] for a in grid["axes"]] == ["cell"]
+    cells = sweep_cells(grid)
+    assert len(cells) == 6 and sorted({c["budget"] for c in cells}) == [3e11, 6e11]
+    for cell in cells:
         assert 6 * cell["n"] * cell["d"] == pytest.approx(cell["budget"], rel=0.2)
-        assert cell["max_steps"] * 8 * 64 == cell["d"]
-    sizes = [c["n"] for c in grid["cells"][:3]]
-    assert sizes == sorted(sizes) and sizes[-1] > 2 * sizes[0]
+        assert cell["steps"] * 8 * 64 == cell["d"]
+    assert [c["steps"] for c in cells] == sorted((c["steps"] for c in cells), reverse=True)  # longest first
+    sizes = sorted(c["n"] for c in cells if c["budget"] == 3e11)
+    assert sizes[-1] > 2 * sizes[0]
     # a budget too small for one step of the smallest model, or a bad size: one line naming the option
-    assert main(["scaling", "sweep", "--dry-run", "--smallest-budget", "1e6", "--out", str(grid_file)]) == 2
-    assert main(["scaling", "sweep", "--dry-run", "--sizes", "2", "--out", str(grid_file)]) == 2
-    assert main(["scaling", "sweep", "--dry-run", "--smallest-budget", "-5", "--out", str(grid_file)]) == 2
+    assert main(["scaling", "sweep", "--dry-run", "--smallest-budget", "1e6", "--out", str(out)]) == 2
+    assert main(["scaling", "sweep", "--dry-run", "--sizes", "2", "--out", str(out)]) == 2
+    assert main(["scaling", "sweep", "--dry-run", "--smallest-budget", "-5", "--out", str(out)]) == 2
+    assert main(["scaling", "sweep", "--dry-run", "--smallest-budget", "1e11", "--out", str(out)]) == 2
+    assert main(["scaling", "sweep", "--out", str(out)]) == 2  # running needs data
+    assert main(["scaling", "sweep", "--out", str(out), "--workers", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "--budgets" in err[0] and "less than one step" in err[0]
     assert "--sizes" in err[1] and "--smallest-budget" in err[2]
+    assert "--sizes" in err[3] and "round to the same" in err[3] and "--data" in err[4]
+    assert "--workers 0" in err[5] and len(err) == 6
+
+
+def test_a_microscopic_sweep_runs_on_the_experiment_runner_resumes_and_fits(tmp_path, capsys):
+    """1 budget x 3 sizes (888 to 3,312 parameters, 29 to 117 steps) on bundled Austen, end to end."""
+    from test_training_pretrain import prepared
+
+    from lmforge.cost.report import tag_line
+
+    data = prepared(tmp_path, "gpt")
+    out = tmp_path / "sweep"
+    args = ["scaling", "sweep", "--smallest-budget", "2.7e8", "--budgets", "1", "--sizes", "3", "--head-dim", "4",
+            "--lr", "1e-2", "--data", str(data), "--out", str(out), "--workers", "2", "--threads", "1"]
+    assert main(args) == 0
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and {r["status"] for r in rows} == {"ok"}
+    for row in rows:  # what the fit needs: non-embedding N, tokens, FLOPs, the final validation loss, the budget
+        assert row["params"] == row["labels"]["n"] and row["tokens"] == row["labels"]["d"]
+        assert row["labels"]["budget"] == 2.7e8 and row["flops"] > row["labels"]["budget"]  # + attention, vocab
+        assert row["metrics"]["eval_loss"] > 0
+    assert sorted(r["params"] for r in rows) == [888, 1908, 3312]
+    # the experiment report carries each cell's price tag, read from its run's price_tag.json
+    table = (out / "table.md").read_text()
+    for row in rows:
+        tag = json.loads((out / row["run"] / "pretrain" / "price_tag.json").read_text())
+        assert tag["total_flops"] == row["flops"]  # the runner's count per step x steps, and the Trainer's agree
+        assert f"- {row['cell']}: {tag_line(tag)}" in table
+    total = sum(json.loads(p.read_text())["total_flops"] for p in out.glob("cells/*/seed-0/pretrain/price_tag.json"))
+    assert f"- total: {total:.3g} FLOPs" in table and "<h2>Price tags</h2>" in (out / "report.html").read_text()
+    capsys.readouterr()
+    # rerunning the same command resumes: nothing runs again
+    done = {p: p.stat().st_mtime_ns for p in out.rglob("result.json")}
+    assert main(args) == 0
+    assert "3 already done" in capsys.readouterr().out
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("result.json")} == done
+    # the same folder with another sweep is refused in one line, before anything is written
+    assert main([*args[:-4], "--lr", "1e-3", "--workers", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "differs from the grid" in err[0]
+    assert main(["scaling", "fit", str(out), "--bootstrap", "3", "--json"]) == 0
+    fitted = json.loads(capsys.readouterr().out)
+    assert fitted["rows"] == 3 and [b["c"] for b in fitted["approach2"]["budgets"]] == [2.7e8]
+    assert (out / "isoflop.png").stat().st_size > 0 and (out / "frontier.png").stat().st_size > 0
 
 
 def test_run_folders_are_read_as_results(tmp_path):
@@ -121,3 +174,22 @@ def test_run_folders_are_read_as_results(tmp_path):
     cfg = read_config(tmp_path / "sweep" / "cells" / "a" / "model")
     assert row["n"] == non_embedding_parameters(cfg) and row["d"] == tag["total_tokens"]
     assert row["c"] == tag["total_flops"] and row["budget"] == 1e9 and row["loss"] > 0
+
+
+def test_a_vertex_outside_the_sizes_measured_is_flagged(tmp_path, capsys):
+    from lmforge.cost.scaling_fit import approach2
+
+    def profile(c, low, high):
+        n_opt, _ = TRUE.parametric_optimum(c)
+        return [{"n": n, "d": c / (6 * n), "c": c, "loss": TRUE.loss(n, c / (6 * n))}
+                for n in n_opt * np.geomspace(low, high, 5)]
+
+    right, around = profile(1e19, 4, 64), profile(1e20, 1 / 4, 4)
+    (fitted,) = approach2(right)["budgets"]
+    assert not fitted["inside"] and fitted["n_opt"] < right[0]["n"]  # the loss only rises: the vertex lies left
+    assert fitted["n_best"] == right[0]["n"] and fitted["loss_best"] == right[0]["loss"]
+    assert approach2(around)["budgets"][0]["inside"]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in right + around))
+    assert main(["scaling", "fit", str(tmp_path), "--bootstrap", "0"]) == 0
+    flagged = [line for line in capsys.readouterr().out.splitlines() if "outside the sizes measured" in line]
+    assert len(flagged) == 1 and flagged[0].startswith("budget 1e+19: the vertex")

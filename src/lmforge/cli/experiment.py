@@ -53,6 +53,20 @@ def run_report(args) -> int:
     return 0
 
 
+def add_runner_arguments(parser) -> None:
+    """The options of where and how the cells run (``experiment run`` and ``scaling sweep``)."""
+    parser.add_argument("--workers", type=int, default=1, help="cells run at once as local processes (default 1)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads per cell (default: cores // workers, at least 1; ray: the cell's num_cpus)")
+    parser.add_argument("--backend", choices=BACKENDS, default="local",
+                        help="local child processes, or Ray tasks with the grid's per-cell resources "
+                             "(pip install 'lmforge[ray]')")
+    parser.add_argument("--address", default=None,
+                        help="ray: the cluster to connect to (e.g. ray://head:10001 or auto); default: a local one")
+    parser.add_argument("--retry-failed", action="store_true", help="run the cells that failed again (from their "
+                                                                    "checkpoints)")
+
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser("experiment", help="run a grid of runs (axes x seeds) and report it as a table")
     sub = parser.add_subparsers(dest="experiment_command", metavar="SUBCOMMAND")
@@ -66,16 +80,7 @@ def register(subparsers) -> None:
     go.add_argument("--out", metavar="DIR", required=False, default=None,
                     help="experiment folder (required unless --dry-run)")
     go.add_argument("--size", default=None, help="apply one of the grid's sizes (e.g. small)")
-    go.add_argument("--workers", type=int, default=1, help="cells run at once as local processes (default 1)")
-    go.add_argument("--threads", type=int, default=None,
-                    help="torch threads per cell (default: cores // workers, at least 1; ray: the cell's num_cpus)")
-    go.add_argument("--backend", choices=BACKENDS, default="local",
-                    help="local child processes, or Ray tasks with the grid's per-cell resources "
-                         "(pip install 'lmforge[ray]')")
-    go.add_argument("--address", default=None,
-                    help="ray: the cluster to connect to (e.g. ray://head:10001 or auto); default: a local one")
-    go.add_argument("--retry-failed", action="store_true", help="run the cells that failed again (from their "
-                                                                "checkpoints)")
+    add_runner_arguments(go)
     go.add_argument("--extend", action="store_true",
                     help="accept a changed grid that only adds cells or seeds (existing cells may not change)")
     go.add_argument("--dry-run", action="store_true", help="check the grid and list its cells; run nothing")

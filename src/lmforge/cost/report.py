@@ -99,6 +99,45 @@ def price_tag(path: str | Path, region: str | None = None, grid_intensity: float
     return total
 
 
+def run_tags(path: str | Path) -> dict[str, Any] | None:
+    """The sum over the run folders in or below ``path`` (``total``) and each one's tag (``runs``: path relative
+    to ``path``, FLOPs, tokens, seconds, energy and its method, CO2e, cost), for a report's price-tag table; None
+    when no run below it has a price tag yet.
+
+    Example:
+        >>> import tempfile
+        >>> run_tags(tempfile.mkdtemp()) is None
+        True
+    """
+    path = Path(path)
+    try:
+        total = price_tag(path)
+    except UserInputError:
+        return None
+    folders = run_folders(path)
+    runs = []
+    for folder in folders:
+        tag = read_tag(folder)
+        runs.append({"run": folder.relative_to(path).as_posix() or ".", "energy_method": tag.get("energy_method"),
+                     **{k: tag.get(k) for k in (*SUMMED, "energy_kwh", "co2e_kg", "cost_usd")}})
+    return {"total": {k: v for k, v in total.items() if k != "per_run"}, "runs": runs}
+
+
+def tag_line(tag: dict[str, Any]) -> str:
+    """A price tag in one line: FLOPs, device-hours, energy (and how it was obtained), CO2e, cost.
+
+    Example:
+        >>> tag_line({"total_flops": 1.5e12, "device_s": 36.0, "energy_kwh": 6.5e-4, "energy_method": "estimated",
+        ...           "co2e_kg": 3.1e-4, "cost_usd": 5e-4})
+        '1.5e+12 FLOPs, 0.01 device-h, 0.00065 kWh (estimated), 0.31 g CO2e, $0.0005'
+    """
+    kinds = sorted({part.split(":")[0].strip() for part in str(tag.get("energy_method") or "").split(";")} - {""})
+    method = " and ".join(kinds)
+    return (f"{tag.get('total_flops') or 0:.3g} FLOPs, {(tag.get('device_s') or 0) / 3600:.3g} device-h, "
+            f"{tag.get('energy_kwh') or 0:.3g} kWh{f' ({method})' if method else ''}, "
+            f"{(tag.get('co2e_kg') or 0) * 1000:.3g} g CO2e, ${tag.get('cost_usd') or 0:.2g}")
+
+
 def reference_rows(co2e_kg: float) -> list[tuple[str, float]]:
     """('this run', lbs CO2e) followed by the lecture's reference points, in lbs CO2e."""
     return [("this run", co2e_kg * LBS_PER_KG), *STRUBELL_2019]

@@ -5,7 +5,9 @@ final loss}``, optionally with ``"budget"``, the compute budget the row's cell w
 IsoFLOP profile share it; without it rows are grouped by C to two significant digits).
 
 Approach 2 (IsoFLOP profiles). For each budget C, fit a parabola to loss against log N; its vertex is the
-compute-optimal size N_opt(C). A line through the log N_opt against log C gives N_opt ∝ C^a, and with
+compute-optimal size N_opt(C). A vertex outside the sizes measured is flagged (``inside: false``): the profile
+is not a parabola over that range, or the sizes do not bracket the optimum; each budget also records its best
+measured size (``n_best``, ``loss_best``). A line through the log N_opt against log C gives N_opt ∝ C^a, and with
 D_opt = C / (6 N_opt), D_opt ∝ C^b.
 
 Approach 3 (parametric). Fit L(N, D) = E + A/N^α + B/D^β by minimising the Huber loss (δ = 1e-3) of
@@ -22,8 +24,8 @@ Example:
     >>> rows = [{"n": n, "d": 1e17 / (6 * n), "c": 1e17, "loss": 2 + 500 / n**0.35 + 600 / (1e17 / (6 * n))**0.3}
     ...         for n in (1e6, 3e6, 1e7, 3e7, 1e8)]
     >>> fit = approach2(rows)
-    >>> len(fit["budgets"]), bool(1e6 < fit["budgets"][0]["n_opt"] < 1e8)
-    (1, True)
+    >>> len(fit["budgets"]), bool(1e6 < fit["budgets"][0]["n_opt"] < 1e8), fit["budgets"][0]["inside"]
+    (1, True, True)
 """
 
 from __future__ import annotations
@@ -94,8 +96,12 @@ def approach2(rows: list[dict[str, Any]]) -> dict[str, Any]:
                                  "downwards); add sizes on both sides of the best one")
         x_opt = -p1 / (2 * p2)
         n_opt = 10**x_opt
+        best = min(group, key=lambda r: r["loss"])
         budgets.append({"c": c, "n_opt": float(n_opt), "d_opt": c / (6 * n_opt), "loss_opt": p0 - p1 * p1 / (4 * p2),
-                        "tokens_per_param": c / (6 * n_opt) / n_opt, "parabola": [p2, p1, p0]})
+                        "tokens_per_param": c / (6 * n_opt) / n_opt, "parabola": [p2, p1, p0],
+                        # a vertex outside the sizes measured is the parabola's extrapolation, not a measured optimum
+                        "inside": bool(x.min() <= x_opt <= x.max()),
+                        "n_best": best["n"], "d_best": best["d"], "loss_best": best["loss"]})
     result: dict[str, Any] = {"budgets": budgets}
     if len(budgets) >= 2:
         lc = np.log10([b["c"] for b in budgets])

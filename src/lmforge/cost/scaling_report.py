@@ -2,7 +2,9 @@
 
 Results format: ``results.jsonl`` files (in DIR or any folder below it), one JSON object per line with ``n``
 (non-embedding parameters), ``d`` (tokens), ``loss`` (final loss) and optionally ``c`` (FLOPs) and ``budget``;
-upper-case ``N``/``D``/``C``/``L`` and ``final_loss`` are read too. A run folder below DIR that holds
+upper-case ``N``/``D``/``C``/``L`` and ``final_loss`` are read too. An experiment runner's rows (``lmforge scaling
+sweep``, ``lmforge experiment run``) are read as N its ``params``, D its ``tokens``, C its ``flops``, the loss its
+``metrics.eval_loss`` and the budget its ``labels.budget``; failed cells are left out. A run folder below DIR that holds
 ``price_tag.json`` and ``model/config.json`` with no results row of its own counts as one row: N from its model,
 D and C from its price tag, the loss its last evaluation (or training) loss, the budget from its
 ``cell.json`` when the experiment runner wrote one.
@@ -35,6 +37,9 @@ KEYS = {"n": ("n", "N", "params"), "d": ("d", "D", "tokens"), "c": ("c", "C", "f
 
 
 def _row(raw: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(raw.get("metrics"), dict):  # an experiment runner's row: its model's N, labels and metrics
+        raw = {**raw, "n": raw.get("params"), "loss": raw["metrics"].get("eval_loss"),
+               **{k: v for k, v in (raw.get("labels") or {}).items() if k == "budget"}}
     row = {}
     for key, names in KEYS.items():
         for name in names:
@@ -53,9 +58,13 @@ def read_results(folder: str | Path) -> list[dict[str, Any]]:
         for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
             if line.strip():
                 try:
-                    rows.append(_row(json.loads(line)))
+                    raw = json.loads(line)
                 except ValueError:
                     raise UserInputError(f"{path}:{i + 1}: not a JSON object") from None
+                if not isinstance(raw, dict):
+                    raise UserInputError(f"{path}:{i + 1}: not a JSON object")
+                if raw.get("status", "ok") == "ok":  # a failed cell of an experiment has no loss to fit
+                    rows.append(_row(raw))
     if not rows:  # run folders of a sweep run without a results file
         for tag_file in sorted(folder.rglob(PRICE_TAG_FILE)):
             run = tag_file.parent

@@ -30,8 +30,10 @@ to collect; the cells are the cross product of the axes::
 
 A variant is a mapping of the base command's settings (``overrides`` and ``objective_options`` merge key by key
 with the base's), plus ``name`` (the cell's label; default: its values), ``finetune`` (settings of the second
-stage) and ``resources`` (what its cells ask of Ray, over the grid's). Budgets convert to optimizer steps per
-cell: ``tokens`` / (batch_size x grad_accum x seq_len), and
+stage), ``resources`` (what its cells ask of Ray, over the grid's), ``budget`` (its cells' own budget, in place of
+the grid's, which may then be left out: an IsoFLOP sweep gives each model size its own steps) and ``labels`` (plain
+values copied into each of its cells' result rows, for the analysis: a sweep cell's planned FLOPs). Budgets
+convert to optimizer steps per cell: ``tokens`` / (batch_size x grad_accum x seq_len), and
 ``flops`` / (the model's :meth:`~lmforge.models.Transformer.train_flops` x batch_size x grad_accum), so cells of
 different shapes get the same tokens or compute.
 
@@ -204,6 +206,8 @@ class Cell:
     tokens_per_step: int | None = None
     flops_per_step: int | None = None
     resources: Resources = field(default_factory=Resources)
+    params: int | None = None  # non-embedding parameters of the pre-trained model (N as Chinchilla counts it)
+    labels: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> str:
         """What the cell does, for ``--dry-run``: its steps (and tokens, FLOPs), or its prompts."""
@@ -230,7 +234,7 @@ class Grid:
     cells: list[Cell]
     seeds: list[int]
     metrics: list[str]
-    budget: Budget | None  # None: a prompt grid trains nothing
+    budget: Budget | None  # None: a prompt grid trains nothing, or every cell has its variant's own
     resources: Resources
     raw: dict[str, Any]
     models: dict[str, str] = field(default_factory=dict)  # a packaged model's name -> its folder, or why it is absent
@@ -245,7 +249,8 @@ class Grid:
 
     def listing(self) -> str:
         """One line per cell: id, steps, what the budget converts to (for ``--dry-run``)."""
-        budget = f"budget {self.budget.kind}" if self.budget else "no training"
+        budget = (f"budget {self.budget.kind}" if self.budget else
+                  "no training" if self.command == "prompt" else "budget per cell")
         lines = [f"{self.path}: {self.command}, {len(self.cells)} cell(s) x {len(self.seeds)} seed(s) "
                  f"{self.seeds}, {budget}, metrics {', '.join(self.metrics)}"]
         lines += [f"  {cell.id}: {cell.summary()}" for cell in self.cells]
@@ -300,13 +305,11 @@ def load_grid(path: str | Path, size: str | None = None, raw: dict[str, Any] | N
     if spec.command == "prompt" and (spec.budget or spec.finetune is not None):
         raise GridError(f"{path}: {'budget' if spec.budget else 'finetune'}: a prompt grid trains nothing; remove it")
     try:
-        budget = Budget.from_dict(spec.budget, source=f"{path}: budget") if spec.command != "prompt" else None
+        budget = None if spec.command == "prompt" or (not spec.budget and _every_cell_budgeted(spec.axes)) else \
+            _budget(f"{path}: budget", spec.command, spec.budget)
         resources = Resources.from_dict(spec.resources, source=f"{path}: resources")
     except ConfigError as exc:
         raise GridError(_sourced(path, exc)) from exc
-    if spec.command == "finetune" and budget is not None and budget.kind != "steps":
-        raise GridError(f"{path}: budget: {budget.kind} is supported for pretrain grids only; give a finetune "
-                        "grid steps")
     if spec.command == "finetune" and spec.finetune is not None:
         raise GridError(f"{path}: finetune: a finetune grid has no second stage; put its settings under settings")
     seeds = _seeds(path, spec.seeds)
@@ -319,10 +322,16 @@ def load_grid(path: str | Path, size: str | None = None, raw: dict[str, Any] | N
     for combo in itertools.product(*[[(axis, v) for v in variants] for axis, variants in axes]):
         cell_id = ",".join(f"{axis}={v['name']}" for axis, v in combo) or "base"
         where = f"{path}: cell {cell_id}"
-        variants = [{k: val for k, val in v.items() if k != "name"} for _, v in combo]
+        variants = [{k: val for k, val in v.items() if k not in ("name", "budget", "labels")} for _, v in combo]
+        own = [v["budget"] for _, v in combo if "budget" in v]
+        try:
+            cell_budget = _budget(f"{where}: budget", spec.command, own[-1]) if own else budget
+        except ConfigError as exc:
+            raise GridError(_sourced(path, exc)) from exc
         cell = _cell(where, spec.command, cell_id, {a: v["name"] for a, v in combo}, base, second, variants,
-                     budget, metrics, path.parent)
+                     cell_budget, metrics, path.parent)
         cell.resources = _cell_resources(where, spec.resources, variants)
+        cell.labels = _labels(where, [v.get("labels") for _, v in combo])
         cells.append(cell)
     models = _packaged_models(cells)
     return Grid(path, spec.command, size, cells, seeds, metrics, budget, resources, data, models)
@@ -342,6 +351,36 @@ def _packaged_models(cells: list[Cell]) -> dict[str, str]:
             except InputFileNotFound as exc:
                 found[name] = f"not installed ({str(exc).split('; ', 1)[-1]}); a run is refused until it is"
     return found
+
+
+def _budget(where: str, command: str, given: Any) -> Budget:
+    """A checked budget mapping (the grid's or a variant's); a finetune grid's is in steps."""
+    if not isinstance(given, dict):
+        raise ConfigError(f"{where}: expected a mapping of one of {', '.join(BUDGETS)}, got {given!r}")
+    budget = Budget.from_dict(given, source=where)
+    if command == "finetune" and budget.kind != "steps":
+        raise ConfigError(f"{where}: {budget.kind} is supported for pretrain grids only; give a finetune grid steps")
+    return budget
+
+
+def _every_cell_budgeted(axes: list) -> bool:
+    """Whether some axis gives each of its variants a ``budget:`` (then the grid itself needs none)."""
+    return any(isinstance(axis, dict) and isinstance(axis.get("variants"), list) and axis["variants"]
+               and all(isinstance(v, dict) and "budget" in v for v in axis["variants"]) for axis in axes)
+
+
+def _labels(where: str, given: list[Any]) -> dict[str, Any]:
+    """The variants' ``labels:`` merged: a mapping of names to plain values (numbers, strings, booleans)."""
+    labels: dict[str, Any] = {}
+    for mapping in given:
+        if mapping is None:
+            continue
+        plain = isinstance(mapping, dict) and all(
+            isinstance(k, str) and (v is None or isinstance(v, (int, float, str, bool))) for k, v in mapping.items())
+        if not plain:
+            raise GridError(f"{where}: labels: expected a mapping of names to numbers or strings, got {mapping!r}")
+        labels.update(mapping)
+    return labels
 
 
 def _cell_resources(where: str, base: dict[str, Any], variants: list[dict[str, Any]]) -> Resources:
@@ -498,14 +537,17 @@ def _cell(where: str, command: str, cell_id: str, axes: dict[str, str], base: di
                                 "finetune: stage")
             tuned = _merged(tuned, _resolve_paths(folder, variant.pop("finetune")))
         main = _merged(main, variant)
+    if budget is None and command != "prompt":
+        raise GridError(f"{where}: budget: give the grid a budget (exactly one of {', '.join(BUDGETS)}), or every "
+                        "variant of an axis its own")
     if command == "pretrain":
-        config, tokens, flops = _pretrain_config(where, main, budget, metrics)
+        config, tokens, flops, params = _pretrain_config(where, main, budget, metrics)
         # The runner sets these per cell x seed; leaving them out keeps a row's settings the cell's own.
         stages["pretrain"] = {k: v for k, v in config.to_dict().items() if k not in ("out", "resume", "seed")}
         steps = config.max_steps
         if second:
             stages["finetune"] = _finetune_settings(f"{where}: finetune", tuned, None, metrics, chained=True)
-        return Cell(cell_id, axes, stages, steps, tokens, flops)
+        return Cell(cell_id, axes, stages, steps, tokens, flops, params=params)
     if command == "prompt":
         stages["prompt"] = _prompt_settings(where, main, metrics)
         return Cell(cell_id, axes, stages, 0)
@@ -514,8 +556,9 @@ def _cell(where: str, command: str, cell_id: str, axes: dict[str, str], base: di
 
 
 def _pretrain_config(where: str, settings: dict[str, Any], budget: Budget,
-                     metrics: list[str]) -> tuple[TrainConfig, int | None, int | None]:
-    """The cell's TrainConfig with ``max_steps`` from the budget, and its tokens and FLOPs per optimizer step."""
+                     metrics: list[str]) -> tuple[TrainConfig, int | None, int | None, int | None]:
+    """The cell's TrainConfig with ``max_steps`` from the budget, its tokens and FLOPs per optimizer step, and
+    its model's non-embedding parameters."""
     for key in ("out", "resume"):
         if key in settings:
             raise GridError(f"{where}: {key}: set by the runner (each cell has its own run folder)")
@@ -523,6 +566,8 @@ def _pretrain_config(where: str, settings: dict[str, Any], budget: Budget,
     if objective is not None and objective not in OBJECTIVES:
         raise GridError(f"{where}: objective={objective!r}: lmforge has no such objective, so the grid names a "
                         f"method that does not exist yet; known: {', '.join(OBJECTIVES)}")
+    if budget.kind == "steps":  # known already: the schedule's fields (warmup) are checked against it
+        settings = {**settings, "max_steps": budget.steps}
     try:
         config = TrainConfig.from_dict({**CELL_DEFAULTS, **settings}, source=where)
         config.require("model", "objective", "data", source=where)
@@ -540,7 +585,10 @@ def _pretrain_config(where: str, settings: dict[str, Any], budget: Budget,
                         "lower seq_len or set overrides: {max_seq_len: ...}")
     sequences = config.batch_size * config.grad_accum
     tokens = sequences * seq_len
-    flops = _train_flops(model_config, seq_len) * sequences if isinstance(model_config, ModelConfig) else None
+    flops, params = None, None
+    if isinstance(model_config, ModelConfig):
+        per_sequence, params = _train_flops(model_config, seq_len)
+        flops = per_sequence * sequences
     if budget.kind == "steps":
         steps = budget.steps
     elif budget.kind == "tokens":
@@ -559,7 +607,7 @@ def _pretrain_config(where: str, settings: dict[str, Any], budget: Budget,
         raise GridError(_sourced(Path(where), exc)) from exc
     if any(m.startswith("eval_") for m in metrics) and not config.eval_every:
         raise GridError(f"{where}: eval_every=0, but the metrics ask for the validation loss; set eval_every > 0")
-    return config, tokens, flops
+    return config, tokens, flops, params
 
 
 def _model_config(where: str, config: TrainConfig):
@@ -593,11 +641,13 @@ def _check_objective_options(where: str, config: TrainConfig, tokenizer) -> None
                             f"it takes {', '.join(p for p in params if p != 'seed')}")
 
 
-def _train_flops(model_config: ModelConfig, seq_len: int) -> int:
-    """Training FLOPs of one sequence, counted on a model built without memory (the meta device)."""
+def _train_flops(model_config: ModelConfig, seq_len: int) -> tuple[int, int]:
+    """Training FLOPs of one sequence and the non-embedding parameter count, read off a model built without
+    memory (the meta device)."""
     with torch.device("meta"):
         model = Transformer(model_config)
-    return model.train_flops(seq_len, seq_len if model_config.arch == "encoder-decoder" else None)
+    return (model.train_flops(seq_len, seq_len if model_config.arch == "encoder-decoder" else None),
+            model.num_parameters(True))
 
 
 def _finetune_settings(where: str, given: dict[str, Any], steps: int | None, metrics: list[str],

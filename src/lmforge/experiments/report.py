@@ -1,5 +1,8 @@
 """An experiment folder's results as a table with error bars: table.md, table.csv, one PNG per metric, report.html.
 
+Below the table, each cell's price tag (Schwartz et al., 2019, "Green AI"): FLOPs, device-hours, energy, CO2e and
+cost summed over its runs' ``price_tag.json`` files, and the experiment's total.
+
 Each cell's value of a metric is the mean over its seeds that finished, with the sample standard deviation (0 for
 a single seed); the best cell per metric (lowest loss or perplexity, highest score) is marked. Nothing here
 computes a metric: every number comes from ``results.jsonl``.
@@ -26,11 +29,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from lmforge.cost.report import run_tags, tag_line
 from lmforge.experiments.grid import check_finite, lower_is_better
 from lmforge.utils.figures import figure, png
 from lmforge.utils.io import atomic_write_bytes, atomic_write_text
 
 RESULTS_FILE = "results.jsonl"
+CELLS_DIR = "cells"  # OUT/cells/<cell>/seed-<s>/: the run folders
 EXPERIMENT_FILE = "experiment.json"  # what `report` needs: axes, metrics, cell order, seeds
 PLOTS_DIR = "plots"
 TABLE_FILE = "table.md"
@@ -103,6 +108,29 @@ def csv_text(table: list[dict[str, Any]], axes: list[str], metrics: list[str]) -
     return buffer.getvalue()
 
 
+def price_tags(out: str | Path, cells: list[str]) -> dict[str, dict[str, Any]]:
+    """Each cell's price tag, summed over its runs (seeds and stages), from their ``price_tag.json`` files (cells
+    that have none yet are left out), and ``total``: the whole experiment's."""
+    tags = {}
+    for cell in cells:
+        found = run_tags(Path(out) / CELLS_DIR / cell)
+        if found is not None:
+            tags[cell] = found["total"]
+    every = run_tags(Path(out) / CELLS_DIR) if tags else None
+    if every is not None:
+        tags["total"] = every["total"]
+    return tags
+
+
+def price_markdown(tags: dict[str, dict[str, Any]]) -> str:
+    """The price-tag section of table.md: one line per cell and the total (Schwartz et al., 2019)."""
+    if not tags:
+        return ""
+    lines = ["", "Price tags (each cell summed over its runs; `lmforge cost DIR` for the details):", ""]
+    lines += [f"- {cell}: {tag_line(tag)}" for cell, tag in tags.items()]
+    return "\n".join(lines) + "\n"
+
+
 def bar_plot(table: list[dict[str, Any]], metric: str) -> bytes | None:
     """PNG bytes: the metric's mean per cell with its standard deviation as the error bar, the best cell
     coloured; None when no cell has a value."""
@@ -122,7 +150,7 @@ def bar_plot(table: list[dict[str, Any]], metric: str) -> bytes | None:
 
 
 def html_report(title: str, table: list[dict[str, Any]], axes: list[str], metrics: list[str],
-                plots: dict[str, bytes], grid_text: str) -> str:
+                plots: dict[str, bytes], grid_text: str, tags: dict[str, dict[str, Any]] | None = None) -> str:
     """One self-contained page: the table, the plots (inline PNG), failed runs and the grid file."""
     head = ["cell", *axes, "seeds ok", *metrics]
     rows = []
@@ -136,13 +164,16 @@ def html_report(title: str, table: list[dict[str, Any]], axes: list[str], metric
                      f"{base64.b64encode(png).decode('ascii')}'>" for m, png in plots.items())
     failed = "".join(f"<li>{html.escape(e['cell'])} seed {seed}: {html.escape(str(error))}</li>"
                      for e in table for seed, error in e["failed"])
+    prices = "".join(f"<li>{html.escape(cell)}: {html.escape(tag_line(tag))}</li>"
+                     for cell, tag in (tags or {}).items())
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>"
             "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
             "padding:4px 8px;text-align:right}td:first-child{text-align:left}.best{font-weight:bold;"
             "background:#fde9d9}</style></head><body>"
             f"<h1>{html.escape(title)}</h1><p>Mean ± sample standard deviation over seeds; highlighted: the best "
             "cell per metric.</p><table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"
-            + "".join(rows) + "</table>" + (f"<h2>Failed runs</h2><ul>{failed}</ul>" if failed else "") + images
+            + "".join(rows) + "</table>" + (f"<h2>Failed runs</h2><ul>{failed}</ul>" if failed else "")
+            + (f"<h2>Price tags</h2><p>Each cell summed over its runs.</p><ul>{prices}</ul>" if prices else "") + images
             + f"<h2>Grid</h2><pre>{html.escape(grid_text)}</pre></body></html>\n")
 
 
@@ -153,7 +184,8 @@ def write_report(out: str | Path) -> list[dict[str, Any]]:
     meta = json.loads((out / EXPERIMENT_FILE).read_text(encoding="utf-8"))
     axes, metrics = meta["axes"], meta["metrics"]
     table = summarize(read_results(out), meta["cells"], metrics)
-    atomic_write_text(out / TABLE_FILE, markdown(table, axes, metrics))
+    tags = price_tags(out, meta["cells"])
+    atomic_write_text(out / TABLE_FILE, markdown(table, axes, metrics) + price_markdown(tags))
     atomic_write_text(out / "table.csv", csv_text(table, axes, metrics))
     plots = {}
     for metric in metrics:
@@ -164,5 +196,5 @@ def write_report(out: str | Path) -> list[dict[str, Any]]:
     grid = out / "grid.yaml"
     text = grid.read_text(encoding="utf-8") if grid.is_file() else ""
     atomic_write_text(out / "report.html", html_report(meta.get("title") or out.name, table, axes, metrics, plots,
-                                                      text))
+                                                      text, tags))
     return table

@@ -14,7 +14,8 @@ folders are not touched), failed ones too unless ``retry_failed``; the rest run,
 ``results.jsonl`` is rewritten as each one ends. A killed runner leaves the cells it was running with their
 checkpoints; the next run resumes them.
 
-A row: ``cell, seed, axes, settings, metrics, steps, tokens, flops, seconds, threads, status, error, run``. Wall-
+A row: ``cell, seed, axes, settings, metrics, steps, tokens, flops, params, labels, seconds, threads, status, error,
+run`` (``params``: the model's non-embedding parameters; ``labels``: its variants' ``labels:``). Wall-
 clock fields (``seconds``) differ between runs; with the same thread count, everything else is reproducible.
 """
 
@@ -31,12 +32,11 @@ from lmforge.errors import UserInputError
 from lmforge.experiments.backends import BACKENDS, run_local, run_ray, threads_per_cell
 from lmforge.experiments.cell import LOG_FILE, RESULT_FILE, TASK_FILE, read_json, write_json
 from lmforge.experiments.grid import Grid, GridError, load_grid
-from lmforge.experiments.report import EXPERIMENT_FILE, RESULTS_FILE, write_report
+from lmforge.experiments.report import CELLS_DIR, EXPERIMENT_FILE, RESULTS_FILE, write_report
 from lmforge.utils.io import atomic_write_text, read_text_file
 from lmforge.utils.lock import RunFolderLock
 
 GRID_COPY = "grid.yaml"
-CELLS_DIR = "cells"
 WALL_CLOCK = ("seconds",)  # row fields that differ between identical runs
 INTERRUPTED = (130, -2, 143, -15)  # the cell stopped on SIGINT/SIGTERM after saving a checkpoint
 
@@ -90,10 +90,19 @@ def check_grid_copy(grid: Grid, out: Path, extend: bool) -> None:
                              f"{grid.metrics}); choose another --out")
 
 
+def check_runner_options(workers: int, threads: int | None, backend: str) -> None:
+    """Refuse a backend lmforge does not have, or fewer than one worker or thread."""
+    if backend not in BACKENDS:
+        raise UserInputError(f"--backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    if workers < 1 or (threads is not None and threads < 1):
+        raise UserInputError(f"--workers {workers} / --threads {threads}: must be >= 1")
+
+
 def _row(grid: Grid, out: Path, cell, seed: int, result: dict[str, Any], threads: int | None) -> dict[str, Any]:
     return {"cell": cell.id, "seed": seed, "axes": cell.axes, "settings": cell.stages,
             "metrics": {m: result.get("metrics", {}).get(m) for m in grid.metrics},
             "steps": result.get("steps"), "tokens": result.get("tokens"), "flops": result.get("flops"),
+            "params": cell.params, "labels": cell.labels,
             "seconds": result.get("seconds"), "threads": threads, "status": result["status"],
             "error": result.get("error"), "run": str(run_folder(out, cell.id, seed).relative_to(out))}
 
@@ -126,10 +135,7 @@ def run_grid(grid_path: str | Path, out: str | Path, *, size: str | None = None,
         retry_failed: run the failed cells again (resuming their checkpoints).
         extend: accept a grid that adds cells or seeds to the one ``out`` was run with.
     """
-    if backend not in BACKENDS:
-        raise UserInputError(f"--backend {backend!r}: choose one of {', '.join(BACKENDS)}")
-    if workers < 1 or (threads is not None and threads < 1):
-        raise UserInputError(f"--workers {workers} / --threads {threads}: must be >= 1")
+    check_runner_options(workers, threads, backend)
     grid = load_grid(grid_path, size)
     grid.check_models()
     out = Path(out)
@@ -199,4 +205,5 @@ def report(out: str | Path) -> list[dict[str, Any]]:
         return write_report(out)
 
 
-__all__ = ["ExperimentRun", "GridError", "check_grid_copy", "report", "run_grid", "write_results"]
+__all__ = ["ExperimentRun", "GridError", "check_grid_copy", "check_runner_options", "report", "run_grid",
+           "write_results"]

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import lmforge.quickstart.plots as plots
+from lmforge.cost.report import tag_line
 from lmforge.utils.io import atomic_write_text
 
 REPORT_HTML = "report.html"
@@ -234,6 +235,19 @@ def _timings(report: dict[str, Any], figs: dict[str, bytes | None]) -> str:
             + _table(["stage", "budget share (s)", "took (s)"], rows))
 
 
+def _price_tags(report: dict[str, Any]) -> str:
+    tags = report.get("price_tags")
+    if not tags:
+        return ""
+    rows = [[r["run"], f"{r.get('total_flops') or 0:.3g}", f"{r.get('total_tokens') or 0:,}",
+             f"{(r.get('device_s') or 0) / 3600:.3g}", f"{r.get('energy_kwh') or 0:.3g}",
+             f"{(r.get('co2e_kg') or 0) * 1000:.3g}", f"{r.get('cost_usd') or 0:.2g}"] for r in tags["runs"]]
+    return ("<h2>Price tags</h2><p>What each training run cost (Schwartz et al., 2019): FLOPs counted per step, "
+            "device-hours, energy (" + escape(str(tags["total"].get("energy_method"))) + "), CO2e and dollars. In "
+            "all: " + escape(tag_line(tags["total"])) + ".</p>"
+            + _table(["run", "FLOPs", "tokens", "device-h", "kWh", "g CO2e", "$"], rows))
+
+
 def render(report: dict[str, Any], figs: dict[str, bytes | None] | None = None) -> str:
     """The whole page (``figs``: from :func:`figures`, drawn here when not given)."""
     figs = figures(report) if figs is None else figs
@@ -250,7 +264,7 @@ def render(report: dict[str, Any], figs: dict[str, bytes | None] | None = None) 
     body = (head + "<h2>Summary</h2>" + summary + _pretraining(stages, figs) + _finetuning(stages, figs)
             + _peft(stages, figs) + _prompting(stages.get("prompting"), figs) + _generation(stages.get("generation"))
             + _translation(stages.get("translation"), figs) + _retrieval(stages.get("retrieval"))
-            + _probing(stages.get("probing"), figs) + _timings(report, figs)
+            + _probing(stages.get("probing"), figs) + _timings(report, figs) + _price_tags(report)
             + "<p class='meta'>Every number on this page was measured by this run; report.json beside this file "
               "holds all of them.</p>")
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>lmforge quickstart report</title>"

@@ -8,6 +8,7 @@ The report is assembled from the stage records in ``OUT/stages/`` only, so it ca
         settings       minutes, device, when the run started
         timings        budget_seconds, total_seconds, per stage: seconds taken and its budget share
         stages         each stage's record: losses and curves, accuracies, BLEU, probes, samples, plans
+        price_tags     every training run's price tag (FLOPs, device-seconds, energy, CO2e, cost) and their sum
         summary        the rows of the table below
 """
 
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import lmforge
+from lmforge.cost.report import run_tags, tag_line
 from lmforge.quickstart.folder import RunFolder
 from lmforge.utils.io import atomic_write_text
 from lmforge.utils.machine import machine_info
@@ -72,6 +74,7 @@ def build(folder: RunFolder, titles: dict[str, str], report_seconds: float = 0.0
                        for n in ordered},
         },
         "stages": {n: stages[n] for n in ordered},
+        "price_tags": run_tags(folder.root),
         "summary": summary,
         "complete": all(n in stages for n in titles),
     }
@@ -112,4 +115,8 @@ def table(report: dict[str, Any], width: int = 120) -> str:
     lines.append(f"{'-' * first}  {'-' * room}  {'-' * 5}")
     total = f"{_clock(t['total_seconds'])} of a {_clock(t['budget_seconds'])} budget"
     lines.append(f"{'total':<{first}}  {total:<{room}}  {_clock(t['total_seconds']):>5}")
+    tags = report.get("price_tags")
+    if tags:
+        lines.append(f"{'price tag':<{first}}  {tag_line(tags['total'])} over {len(tags['runs'])} training runs "
+                     "(each one's in report.json)")
     return "\n".join(lines)
