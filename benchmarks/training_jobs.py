@@ -294,11 +294,7 @@ def hf_pretrain(job: str, size: dict, seed: int, out: Path, t0: float, setup: Pa
     args = transformers.TrainingArguments(**_reference_arguments(size, seed, out))
     trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[_loop_cpu()],
                                    data_collator=collator)
-    result = trainer.train()
-    trainer.save_model(str(out / "model"))
-    mark = _mark(t0)
-    mark["loop_s"] = result.metrics["train_runtime"]
-    mark["loop_cpu_s"] = _loop_cpu.seconds
+    mark = _train_reference(trainer, trainer.save_model, out, t0)
     mark["metric"] = held_out_loss(job, model, blocks, hf=True)
     return mark
 
@@ -317,11 +313,7 @@ def hf_seq2seq(size: dict, seed: int, out: Path, t0: float, setup: Path) -> dict
     args = transformers.Seq2SeqTrainingArguments(**_reference_arguments(size, seed, out))
     trainer = transformers.Seq2SeqTrainer(model=model, args=args, train_dataset=data, callbacks=[_loop_cpu()],
                                           data_collator=transformers.DataCollatorForSeq2Seq(tok, model=model))
-    result = trainer.train()
-    trainer.save_model(str(out / "model"))
-    mark = _mark(t0)
-    mark["loop_s"] = result.metrics["train_runtime"]
-    mark["loop_cpu_s"] = _loop_cpu.seconds
+    mark = _train_reference(trainer, trainer.save_model, out, t0)
     test = _rows("kjv-rv1909", "test")[:size["eval_limit"]]
     model.eval()
     hypotheses = []
@@ -338,6 +330,17 @@ def hf_seq2seq(size: dict, seed: int, out: Path, t0: float, setup: Path) -> dict
 
 
 # ------------------------------------------------------------------------------------------- the workers
+def _train_reference(trainer, save, out: Path, t0: float) -> dict:
+    """Train with the reference's trainer, ``save(folder)`` its model, and mark the time: :func:`_mark` plus the
+    trainer's own loop seconds and the loop's CPU seconds."""
+    result = trainer.train()
+    save(str(out / "model"))
+    mark = _mark(t0)
+    mark["loop_s"] = result.metrics["train_runtime"]
+    mark["loop_cpu_s"] = _loop_cpu.seconds
+    return mark
+
+
 def _mark(t0: float) -> dict:
     """Wall seconds since the parent started this process, CPU seconds and peak RSS so far."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -439,11 +442,7 @@ def hf_worker(job: str, size: dict, seed: int, threads: int, out: Path, t0: floa
     args = transformers.TrainingArguments(**_reference_arguments(size, seed, out))
     trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[_loop_cpu()],
                                    data_collator=transformers.DataCollatorWithPadding(tok))
-    result = trainer.train()
-    trainer.save_model(str(out / "model"))
-    mark = _mark(t0)
-    mark["loop_s"] = result.metrics["train_runtime"]
-    mark["loop_cpu_s"] = _loop_cpu.seconds
+    mark = _train_reference(trainer, trainer.save_model, out, t0)
     test = _rows("rt-sentiment", "test")[:size["eval_limit"]]
     model.eval()
     correct = 0
@@ -492,11 +491,7 @@ def _sentence_transformers(size: dict, seed: int, out: Path, t0: float) -> dict:
     args = SentenceTransformerTrainingArguments(**_reference_arguments(size, seed, out))
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=data, callbacks=[_loop_cpu()],
                                          loss=losses.MultipleNegativesRankingLoss(model))
-    result = trainer.train()
-    model.save(str(out / "model"))
-    mark = _mark(t0)
-    mark["loop_s"] = result.metrics["train_runtime"]
-    mark["loop_cpu_s"] = _loop_cpu.seconds
+    mark = _train_reference(trainer, model.save, out, t0)
     queries, corpus, gold = retrieval_pairs(size["eval_limit"])
     embed = lambda texts: model.encode(texts, batch_size=32, normalize_embeddings=True)  # noqa: E731
     mark["metric"] = mean_reciprocal_rank(embed(queries), embed(corpus), gold)
