@@ -179,6 +179,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--pair-prompts", type=int, default=None,
                    help="training openings make-pairs samples (default: enough for --steps x --batch-size pairs)")
     p.add_argument("--kl-coef", type=float, default=0.1, help="PPO's (starting) KL penalty coefficient")
+    p.add_argument("--kl-horizon", type=int, default=10000,
+                   help="PPO's adaptive KL horizon: the coefficient moves by up to 0.2 x sequences / horizon a rollout")
     p.add_argument("--ppo-epochs", type=int, default=4, help="PPO/GRPO passes over each rollout")
     p.add_argument("--group", type=int, default=4, help="GRPO's samples per prompt")
     p.add_argument("--kl-beta", type=float, default=0.04, help="GRPO's KL weight")
@@ -246,8 +248,8 @@ def main(argv: list[str] | None = None) -> dict:
             align = AlignConfig(method="dpo", policy=str(policy), train=str(pairs), beta=args.beta)
         elif method == "ppo":
             align = AlignConfig(method="ppo", prompts=str(prompts_file), reward=str(reward_dir), kl_coef=args.kl_coef,
-                                kl_target=args.kl_target, n_prompts=args.batch_size, ppo_epochs=args.ppo_epochs,
-                                **common)
+                                kl_target=args.kl_target, kl_horizon=args.kl_horizon, n_prompts=args.batch_size,
+                                ppo_epochs=args.ppo_epochs, **common)
         else:
             align = AlignConfig(method="grpo", prompts=str(prompts_file), reward=str(reward_dir), group=args.group,
                                 n_prompts=max(1, args.batch_size // args.group), kl_beta=args.kl_beta,
