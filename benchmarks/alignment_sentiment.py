@@ -176,6 +176,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "auto"],
                    help="the methods' training precision")
     p.add_argument("--beta", type=float, default=0.1, help="DPO's beta")
+    p.add_argument("--pairs", help="DPO: train on this pairs file (made by make-pairs) instead of making one")
     p.add_argument("--pair-prompts", type=int, default=None,
                    help="training openings make-pairs samples (default: enough for --steps x --batch-size pairs)")
     p.add_argument("--kl-coef", type=float, default=0.1, help="PPO's (starting) KL penalty coefficient")
@@ -240,11 +241,15 @@ def main(argv: list[str] | None = None) -> dict:
     common = dict(policy=str(policy), max_new_tokens=args.new_tokens)
     for method in [m for m in args.methods.split(",") if m]:
         if method == "dpo":
-            pairs = work / "pairs.jsonl"
-            sources = train[:args.pair_prompts or args.steps * args.batch_size]
-            counts = timed("make_pairs", make_pairs, reference, PromptEncoder(reference, tok), sources, reward, pairs,
-                           k=args.k, max_new_tokens=args.new_tokens, seed=args.seed)
-            result["pairs"] = {**counts, "prompts": len(sources)}
+            if args.pairs:
+                pairs = Path(args.pairs)
+                result["pairs"] = {"file": str(pairs), "pairs": sum(1 for line in open(pairs) if line.strip())}
+            else:
+                pairs = work / "pairs.jsonl"
+                sources = train[:args.pair_prompts or args.steps * args.batch_size]
+                counts = timed("make_pairs", make_pairs, reference, PromptEncoder(reference, tok), sources, reward,
+                               pairs, k=args.k, max_new_tokens=args.new_tokens, seed=args.seed)
+                result["pairs"] = {**counts, "prompts": len(sources)}
             align = AlignConfig(method="dpo", policy=str(policy), train=str(pairs), beta=args.beta)
         elif method == "ppo":
             align = AlignConfig(method="ppo", prompts=str(prompts_file), reward=str(reward_dir), kl_coef=args.kl_coef,
