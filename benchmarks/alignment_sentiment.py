@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--methods", default="ppo,dpo,grpo", help="comma-separated: ppo, dpo, grpo")
     p.add_argument("--arithmetic", action="store_true", help="also GRPO on the arithmetic task (accuracy)")
     p.add_argument("--steps", type=int, default=200, help="optimizer steps of each method")
-    p.add_argument("--lr", type=float, default=1e-5, help="learning rate of each method (unless set below)")
+    p.add_argument("--lr", type=float, default=1e-4, help="learning rate of each method (unless set below)")
     for m in ("ppo", "dpo", "grpo", "arithmetic"):
         p.add_argument(f"--{m}-lr", type=float, default=None, help=f"learning rate of {m} (default: --lr)")
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "auto"],
