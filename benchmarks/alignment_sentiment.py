@@ -13,10 +13,11 @@ For the policy before alignment and after each method (``--methods ppo,dpo,grpo`
 continuations of the test openings, the KL to the reference per sequence (log pi - log pi_ref summed over a
 continuation, averaged over the samples), the perplexity of the continuations under the reference (a fluency
 check: a hacked reward shows as text the reference finds unlikely), a few sample continuations, and the CPU
-seconds of each stage. ``--arithmetic``: GRPO on sums generated on the fly, accuracy (greedy, exact answer)
-before and after on held-out problems.
+seconds of each stage. ``--arithmetic``: GRPO on sums with an exact-answer reward; the distinct problems
+are split once, and the accuracy (greedy, exact answer) before and after is measured on the held-out ones,
+which GRPO never samples.
 
-Prints one JSON object last::
+Prints one JSON object last (and writes it to OUT/result.json)::
 
     $ python benchmarks/alignment_sentiment.py --policy runs/gpt-tiny/model --reward runs/rt-minilm/best \\
           --steps 200 --out /tmp/align
@@ -34,9 +35,10 @@ from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import quiet_transformers  # noqa: E402
+from benchmarks.common import quiet_transformers, single_thread_pools  # noqa: E402
 
 quiet_transformers()
+single_thread_pools()  # a shared CPU: one thread unless OMP_NUM_THREADS says otherwise
 
 import torch  # noqa: E402
 
@@ -96,11 +98,29 @@ def score_policy(model, reference, tok, prompts: list[dict], reward, new_tokens:
 
 @torch.no_grad()
 def arithmetic_accuracy(model, tok, problems: list[dict]) -> float:
+    """Share of ``problems`` whose greedy answer is exact."""
     model.eval()
     encoder = PromptEncoder(model, tok)
     out = generate(model, [encoder.prompt(p["prompt"]) for p in problems], strategy="greedy", max_new_tokens=4)
     texts = tok.decode_batch([s[:int(n)] for s, n in zip(out.sequences.tolist(), out.lengths.tolist())])
     return sum(exact_answer_reward([], texts, problems)) / len(problems)
+
+
+def arithmetic_split(held_out: int, seed: int) -> tuple[list[dict], list[dict]]:
+    """The distinct problems of :func:`arithmetic_prompts` (single digits, + and -), shuffled by ``seed`` and
+    split into training problems and ``held_out`` evaluation problems."""
+    import random
+
+    unique = {row["prompt"]: row for row in arithmetic_prompts(20_000, seed=seed)}
+    rows = sorted(unique.values(), key=lambda r: r["prompt"])
+    random.Random(seed).shuffle(rows)
+    return rows[held_out:], rows[:held_out]
+
+
+def write_problems(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"]}) + "\n" for r in rows),
+                    encoding="utf-8")
+    return path
 
 
 def toy_policy(work: Path, steps: int, seed: int) -> Path:
@@ -150,7 +170,25 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--methods", default="ppo,dpo,grpo", help="comma-separated: ppo, dpo, grpo")
     p.add_argument("--arithmetic", action="store_true", help="also GRPO on the arithmetic task (accuracy)")
     p.add_argument("--steps", type=int, default=200, help="optimizer steps of each method")
-    p.add_argument("--lr", type=float, default=1e-5, help="learning rate of each method")
+    p.add_argument("--lr", type=float, default=1e-4, help="learning rate of each method (unless set below)")
+    for m in ("ppo", "dpo", "grpo", "arithmetic"):
+        p.add_argument(f"--{m}-lr", type=float, default=None, help=f"learning rate of {m} (default: --lr)")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "auto"],
+                   help="the methods' training precision")
+    p.add_argument("--beta", type=float, default=0.1, help="DPO's beta")
+    p.add_argument("--pairs", help="DPO: train on this pairs file (made by make-pairs) instead of making one")
+    p.add_argument("--pair-prompts", type=int, default=None,
+                   help="training openings make-pairs samples (default: enough for --steps x --batch-size pairs)")
+    p.add_argument("--kl-coef", type=float, default=0.1, help="PPO's (starting) KL penalty coefficient")
+    p.add_argument("--kl-horizon", type=int, default=10000,
+                   help="PPO's adaptive KL horizon: the coefficient moves by up to 0.2 x sequences / horizon a rollout")
+    p.add_argument("--ppo-epochs", type=int, default=4, help="PPO/GRPO passes over each rollout")
+    p.add_argument("--group", type=int, default=4, help="GRPO's samples per prompt")
+    p.add_argument("--kl-beta", type=float, default=0.04, help="GRPO's KL weight")
+    p.add_argument("--arithmetic-steps", type=int, default=None, help="steps of the arithmetic GRPO (default --steps)")
+    p.add_argument("--arithmetic-group", type=int, default=8, help="arithmetic GRPO: samples per problem")
+    p.add_argument("--arithmetic-prompts", type=int, default=8, help="arithmetic GRPO: problems per rollout")
+    p.add_argument("--arithmetic-held-out", type=int, default=64, help="problems kept out of training, scored")
     p.add_argument("--batch-size", type=int, default=16, help="pairs (DPO) or sequences (PPO/GRPO) per step")
     p.add_argument("--opening-words", type=int, default=4, help="words of a review that make its prompt")
     p.add_argument("--new-tokens", type=int, default=16, help="tokens per continuation")
@@ -163,7 +201,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.quick:
-        defaults = {"steps": 4, "train_prompts": 16, "eval_prompts": 8, "new_tokens": 6, "batch_size": 4}
+        defaults = {"steps": 4, "train_prompts": 16, "eval_prompts": 8, "new_tokens": 6, "batch_size": 4,
+                    "arithmetic_held_out": 8, "arithmetic_prompts": 2, "group": 2}
         for key, value in defaults.items():
             if p.get_default(key) == getattr(args, key):
                 setattr(args, key, value)
@@ -192,38 +231,54 @@ def main(argv: list[str] | None = None) -> dict:
                     "before": timed("eval_before", score_policy, reference, reference, tok, test, reward,
                                     args.new_tokens, args.seed)}
 
-    def config(name: str) -> TrainConfig:
-        return TrainConfig(out=str(work / name), max_steps=args.steps, lr=args.lr, batch_size=args.batch_size,
-                           warmup=0, schedule="constant", eval_every=0, save_every=args.steps, progress=False,
-                           tensorboard=False, seed=args.seed, weight_decay=0.0)
+    def config(name: str, steps: int | None = None, batch_size: int | None = None) -> TrainConfig:
+        steps = steps or args.steps
+        lr = getattr(args, f"{name}_lr") if getattr(args, f"{name}_lr") is not None else args.lr
+        return TrainConfig(out=str(work / name), max_steps=steps, lr=lr, batch_size=batch_size or args.batch_size,
+                           warmup=0, schedule="constant", eval_every=0, save_every=steps, progress=False,
+                           tensorboard=False, seed=args.seed, weight_decay=0.0, precision=args.precision)
 
     common = dict(policy=str(policy), max_new_tokens=args.new_tokens)
     for method in [m for m in args.methods.split(",") if m]:
         if method == "dpo":
-            pairs = work / "pairs.jsonl"
-            counts = timed("make_pairs", make_pairs, reference, PromptEncoder(reference, tok), train, reward, pairs,
-                           k=args.k, max_new_tokens=args.new_tokens, seed=args.seed)
-            result["pairs"] = counts
-            align = AlignConfig(method="dpo", policy=str(policy), train=str(pairs), beta=0.1)
+            if args.pairs:
+                pairs = Path(args.pairs)
+                result["pairs"] = {"file": str(pairs), "pairs": sum(1 for line in open(pairs) if line.strip())}
+            else:
+                pairs = work / "pairs.jsonl"
+                sources = train[:args.pair_prompts or args.steps * args.batch_size]
+                counts = timed("make_pairs", make_pairs, reference, PromptEncoder(reference, tok), sources, reward,
+                               pairs, k=args.k, max_new_tokens=args.new_tokens, seed=args.seed)
+                result["pairs"] = {**counts, "prompts": len(sources)}
+            align = AlignConfig(method="dpo", policy=str(policy), train=str(pairs), beta=args.beta)
         elif method == "ppo":
-            align = AlignConfig(method="ppo", prompts=str(prompts_file), reward=str(reward_dir),
-                                kl_target=args.kl_target, n_prompts=args.batch_size, **common)
+            align = AlignConfig(method="ppo", prompts=str(prompts_file), reward=str(reward_dir), kl_coef=args.kl_coef,
+                                kl_target=args.kl_target, kl_horizon=args.kl_horizon, n_prompts=args.batch_size,
+                                ppo_epochs=args.ppo_epochs, **common)
         else:
-            align = AlignConfig(method="grpo", prompts=str(prompts_file), reward=str(reward_dir), group=4,
-                                n_prompts=max(1, args.batch_size // 4), **common)
+            align = AlignConfig(method="grpo", prompts=str(prompts_file), reward=str(reward_dir), group=args.group,
+                                n_prompts=max(1, args.batch_size // args.group), kl_beta=args.kl_beta,
+                                ppo_epochs=args.ppo_epochs, **common)
         trained = timed(f"train_{method}", run_align, config(method), align)
         model = checkpoint.load(trained.model_dir)
         result[method] = timed(f"eval_{method}", score_policy, model, reference, tok, test, reward, args.new_tokens,
                                args.seed)
     if args.arithmetic:
-        held_out = arithmetic_prompts(64 if not args.quick else 8, seed=args.seed + 10_000)
-        align = AlignConfig(method="grpo", policy=str(policy), prompts="arithmetic", group=8, max_new_tokens=4,
-                            n_prompts=max(1, args.batch_size // 8))
+        problems, held_out = arithmetic_split(args.arithmetic_held_out, args.seed)
+        align = AlignConfig(method="grpo", policy=str(policy), prompts=str(write_problems(work / "problems.jsonl",
+                            problems)), reward="lmforge.align.grpo:exact_answer_reward", group=args.arithmetic_group,
+                            max_new_tokens=4, n_prompts=args.arithmetic_prompts, kl_beta=args.kl_beta,
+                            ppo_epochs=args.ppo_epochs)
         before = arithmetic_accuracy(reference, tok, held_out)
-        trained = timed("train_arithmetic", run_align, config("arithmetic"), align)
+        trained = timed("train_arithmetic", run_align,
+                        config("arithmetic", args.arithmetic_steps, args.arithmetic_prompts * args.arithmetic_group),
+                        align)
         after = arithmetic_accuracy(checkpoint.load(trained.model_dir), tok, held_out)
-        result["arithmetic"] = {"problems": len(held_out), "accuracy_before": before, "accuracy_after": after}
+        result["arithmetic"] = {"training_problems": len(problems), "held_out_problems": len(held_out),
+                                "accuracy_before": before, "accuracy_after": after}
     result["cpu_seconds"] = cpu
+    result["settings"] = {k: v for k, v in vars(args).items() if k != "out"}
+    (work / "result.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(result))
     return result
 

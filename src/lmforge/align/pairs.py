@@ -5,7 +5,8 @@ as ``rejected``::
 
     for each prompt x:   y_1..y_k ~ pi(. | x)   (batched, KV-cached sampling)
                          s_i = reward(x, y_i)
-                         chosen = y_argmax s, rejected = y_argmin s   (skipped when the scores or texts tie)
+                         chosen = y_argmax s, rejected = y_argmin s   over the non-blank y_i (skipped when the
+                                                                      scores or texts tie)
 
 The file is JSONL (``prompt``, ``chosen``, ``rejected``, ``chosen_score``, ``rejected_score``), the input of
 ``lmforge align --method dpo --train`` and of ``lmforge finetune --task reward``. It is written atomically:
@@ -16,6 +17,8 @@ Example:
     (1, 0)
     >>> best_and_worst(["a", "a"], [0.3, 0.7]) is None       # the same text twice: no preference
     True
+    >>> best_and_worst(["a", "", "c"], [0.1, 0.9, 0.5])      # an empty continuation is never kept
+    (2, 0)
 """
 
 from __future__ import annotations
@@ -34,9 +37,13 @@ from lmforge.utils.io import atomic_write_text
 
 
 def best_and_worst(texts: Sequence[str], scores: Sequence[float]) -> tuple[int, int] | None:
-    """Indices of the highest- and lowest-scoring texts, or None when no two differ in both text and score."""
-    hi = max(range(len(scores)), key=lambda i: scores[i])
-    lo = min(range(len(scores)), key=lambda i: scores[i])
+    """Indices of the highest- and lowest-scoring non-blank texts, or None when no two of them differ in both
+    text and score. A blank continuation (the policy ended at once) is no response: a pairs file refuses it."""
+    kept = [i for i in range(len(texts)) if texts[i].strip()]
+    if len(kept) < 2:
+        return None
+    hi = max(kept, key=lambda i: scores[i])
+    lo = min(kept, key=lambda i: scores[i])
     if scores[hi] == scores[lo] or texts[hi] == texts[lo]:
         return None
     return hi, lo
