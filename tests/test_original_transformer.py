@@ -45,6 +45,17 @@ def test_presets_have_the_papers_shapes_and_size(name, d, d_ff, paper):
     assert abs(n - paper) / paper < 0.04, f"{name}: {n:,} parameters"
 
 
+def test_scaled_token_embeddings_start_at_unit_size():
+    """Vaswani et al. scale the token table by sqrt(d) and initialise it N(0, 1/d) (as fairseq does): scaled
+    token vectors start at unit size, like the sinusoids added to them; unscaled tables keep GPT-2's 0.02."""
+    torch.manual_seed(0)
+    scaled = Transformer(ModelConfig.from_preset("transformer-base").replace(d_model=256, n_heads=4, d_ff=512))
+    assert scaled.embed_tokens.weight.std().item() == pytest.approx(256 ** -0.5, rel=0.02)
+    assert (scaled.embed_tokens.weight * 16).pow(2).mean().sqrt().item() == pytest.approx(1.0, rel=0.02)
+    plain = Transformer(tiny_config(position="sinusoidal"))
+    assert plain.embed_tokens.weight.std().item() == pytest.approx(plain.config.initializer_range, rel=0.1)
+
+
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("eps", [0.1, 0.3])
 def test_label_smoothing_equals_torch(fused, eps):

@@ -170,7 +170,7 @@ class Transformer(nn.Module):
                     else:
                         nn.init.normal_(p, std=linear_std(f"{name}.{pname}", p))
             elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, std=1.0 if t5 else self.config.initializer_range)
+                nn.init.normal_(module.weight, std=self._embedding_std(name, t5))
             elif isinstance(module, nn.LayerNorm):
                 if module.weight is not None:
                     nn.init.ones_(module.weight)
@@ -180,6 +180,16 @@ class Transformer(nn.Module):
                 module.reset_parameters()
             elif isinstance(module, Block) and module.rezero is not None:
                 nn.init.zeros_(module.rezero)  # ReZero: every layer starts as the identity
+
+    def _embedding_std(self, name: str, t5: bool) -> float:
+        """N(0, 1) for T5; with ``scale_embeddings`` the token table of Vaswani et al. (and fairseq): N(0, 1/d),
+        which the sqrt(d) scale in the forward brings to unit size, on a par with the sinusoids it is added to
+        (at GPT-2's 0.02 the fixed sinusoids, of amplitude 1, would swamp the token identities); else GPT-2's."""
+        if t5:
+            return 1.0
+        if name == "embed_tokens" and self.config.scale_embeddings:
+            return self.config.d_model ** -0.5
+        return self.config.initializer_range
 
     def _gpt2_std(self, name: str, module: nn.Linear) -> float:
         cfg = self.config
