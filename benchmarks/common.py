@@ -25,6 +25,17 @@ from typing import Any, Callable
 Step = Callable[[], object]
 
 
+def src_env(src=None, **extra: str) -> dict[str, str]:
+    """This process's environment for a child process the benchmark starts: ``src`` (default: this checkout's
+    ``src``) first on PYTHONPATH, without an empty entry when PYTHONPATH is unset (one would put the working
+    folder on the path), and ``extra`` variables over it."""
+    from pathlib import Path
+
+    src = src or Path(__file__).resolve().parents[1] / "src"
+    path = os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
 def quiet_transformers() -> None:
     """Keep transformers offline and silent: a benchmark measures code, not downloads or a log flood."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -177,19 +188,26 @@ def peak_bytes() -> int:
 
 
 # ------------------------------------------------------------------------------------------- data
+def corpus_text(chars: int | None = None) -> str:
+    """The bundled corpus (Austen), or its first ``chars`` characters."""
+    import gzip
+
+    from lmforge import datasets
+
+    return gzip.decompress(datasets.path("corpus").read_bytes()).decode("utf-8")[:chars]
+
+
 def prepared_corpus(root, chars: int, vocab_size: int):
     """The first ``chars`` characters of the bundled corpus, with a byte-BPE tokenizer of ``vocab_size`` trained on
     them and prepared as ``root/data`` (5% validation): a training run's data, made in a few seconds."""
-    import gzip
     from pathlib import Path
 
-    from lmforge import datasets
     from lmforge.data.prepare import prepare
     from lmforge.tokenization import train_tokenizer
 
     root = Path(root)
     text = root / "corpus.txt"
-    text.write_text(gzip.decompress(datasets.path("corpus").read_bytes()).decode("utf-8")[:chars], encoding="utf-8")
+    text.write_text(corpus_text(chars), encoding="utf-8")
     tok = train_tokenizer([text], kind="byte-bpe", family="gpt", vocab_size=vocab_size, show_progress=False)
     prepare([text], tok, root / "data", val_fraction=0.05, progress=False)
     return root / "data"

@@ -28,7 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if __package__ in (None, ""):  # run as a file: the checkout root is the import root
     sys.path.insert(0, str(ROOT))
-from benchmarks.common import prepared_corpus  # noqa: E402
+from benchmarks.common import prepared_corpus, src_env  # noqa: E402
+from lmforge.training.logging import read_metrics  # noqa: E402
 
 BUDGET = 0.10
 
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=2600, help="training steps of the cell (default %(default)s)")
     args = p.parse_args(argv)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    env = src_env()
     lmforge = [sys.executable, "-m", "lmforge.cli.main"]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -73,16 +74,16 @@ def main(argv: list[str] | None = None) -> int:
         if proc.returncode != 0:
             raise SystemExit(f"the experiment failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
         metrics = sorted((work / "exp").rglob("metrics.jsonl"))
-        records = [json.loads(line) for line in metrics[0].read_text(encoding="utf-8").splitlines()]
-        loop_s = records[-1]["wall_s"]
+        loop_s = read_metrics(metrics[0])[-1]["wall_s"]
     overhead = command_s - loop_s
+    load = os.getloadavg()[0]
     share = overhead / command_s
     print(f"lmforge experiment run, one cell of {args.steps} steps: {command_s:.1f} s; its training steps "
           f"{loop_s:.1f} s; runner and cell overhead {overhead:.1f} s = {share:.1%} of the cell "
-          f"(budget under {BUDGET:.0%}: {'met' if share < BUDGET else 'NOT met'}); load average {os.getloadavg()[0]:.1f}")
+          f"(budget under {BUDGET:.0%}: {'met' if share < BUDGET else 'NOT met'}); load average {load:.1f}")
     print(json.dumps({"benchmark": "experiment_overhead", "steps": args.steps, "command_s": command_s,
                       "loop_s": loop_s, "overhead_s": overhead, "overhead_share": share, "budget": BUDGET,
-                      "met": share < BUDGET, "load_average": os.getloadavg()[0]}))
+                      "met": share < BUDGET, "load_average": load}))
     return 0
 
 

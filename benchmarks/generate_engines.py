@@ -45,7 +45,6 @@ Output: one line per (batch, row), then one JSON line.
 from __future__ import annotations
 
 import argparse
-import gzip
 import importlib.util
 import itertools
 import json
@@ -60,7 +59,7 @@ from typing import Callable
 
 if __package__ in (None, ""):  # run as a file: the checkout root is the import root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import _version, quiet_spread, quiet_transformers, run_watched  # noqa: E402
+from benchmarks.common import _version, corpus_text, quiet_spread, quiet_transformers, run_watched, src_env  # noqa: E402
 
 quiet_transformers()
 
@@ -69,7 +68,6 @@ import transformers as hf  # noqa: E402
 
 import lmforge  # noqa: E402
 from benchmarks.generate import build, runners  # noqa: E402
-from lmforge import datasets  # noqa: E402
 from lmforge.models.quantize import apply_precision  # noqa: E402
 from lmforge.tokenization import Tokenizer  # noqa: E402
 
@@ -112,7 +110,7 @@ def prompt_ids(n: int) -> tuple[torch.Tensor, str]:
     """``n`` prompts of PROMPT_LEN GPT-2 tokens (spans of the bundled corpus), and the text of the first, which
     encodes back to exactly its ids (for the fresh-process runs, which take text)."""
     tok = Tokenizer.load(GPT2_BPE)
-    text = gzip.decompress(datasets.path("corpus").read_bytes()).decode("utf-8")[:200_000]
+    text = corpus_text(200_000)
     ids = tok.encode(text, add_special_tokens=False)
     spans = [ids[i:i + PROMPT_LEN] for i in range(0, len(ids) - PROMPT_LEN, PROMPT_LEN)]
     first = next(s for s in spans if tok.encode(tok.decode(s), add_special_tokens=False) == s)
@@ -279,8 +277,7 @@ def pair(rows: list[dict]) -> None:
 def fresh_process(folder: Path, prompt: str, new_tokens: int, threads: int, cache: Path | None) -> dict:
     """``lmforge generate`` (``--compile`` when ``cache`` is given, compiling into it) in a new process: seconds
     from its start to its first and second streamed text, and to its end."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
-           "LMFORGE_COMPILE_CACHE": str(cache) if cache else "off"}
+    env = src_env(LMFORGE_COMPILE_CACHE=str(cache) if cache else "off")
     cmd = [sys.executable, "-m", "lmforge.cli.main", "generate", "--model", str(folder), "--prompt", prompt,
            "--max-new-tokens", str(new_tokens), "--ignore-eos", "--threads", str(threads)]
     start = time.perf_counter()

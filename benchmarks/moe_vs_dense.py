@@ -36,7 +36,6 @@ JSON line with every number.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import subprocess
 import sys
@@ -60,11 +59,11 @@ def corpus(work: Path, quick: bool) -> Path:
     """The shared corpus; the package's Austen sample (60 kB of it with --quick) where that is absent."""
     if SHARED.exists() and not quick:
         return SHARED
-    from lmforge import datasets
+    from benchmarks.common import corpus_text
 
     text = work / "corpus.txt"
     if not text.is_file():
-        raw = gzip.decompress(datasets.path("corpus").read_bytes()).decode("utf-8")
+        raw = corpus_text()
         text.write_text(raw[:60_000] if quick else raw, encoding="utf-8")
     return text
 
@@ -91,6 +90,8 @@ def flops_per_token(preset: str, seq_len: int, overrides: dict) -> int:
 
 
 def run(work: Path, name: str, data: Path, args) -> dict:
+    from lmforge.training.logging import read_metrics
+
     preset = RUNS[name]
     overrides = {**(QUICK if args.quick else {}), "dropout": 0.0}
     out = work / name
@@ -105,7 +106,7 @@ def run(work: Path, name: str, data: Path, args) -> dict:
     begun = time.perf_counter()
     lmforge(*command)
     wall = time.perf_counter() - begun
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(out / "metrics.jsonl")
     per_token = flops_per_token(preset, args.seq_len, {k: v for k, v in overrides.items() if k != "dropout"})
     seen, curve = 0, []
     for r in records:

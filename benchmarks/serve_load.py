@@ -48,7 +48,7 @@ from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file: the checkout root is the import root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import quiet_transformers  # noqa: E402
+from benchmarks.common import quiet_transformers, src_env  # noqa: E402
 
 quiet_transformers()
 
@@ -113,8 +113,7 @@ class Server:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
-               "OMP_NUM_THREADS": str(threads)}
+        env = src_env(OMP_NUM_THREADS=str(threads))
         self.proc = subprocess.Popen([sys.executable, "-m", "lmforge.cli.main", "serve", "--model", f"m={folder}",
                                       "--port", str(self.port), "--max-batch", str(max_batch), "--max-queue", "1024",
                                       *(["--compile"] if compile else []), *flags],

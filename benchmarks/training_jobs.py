@@ -97,7 +97,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: the checkout root is the import root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import peak_bytes, quiet_transformers  # noqa: E402
+from benchmarks.common import peak_bytes, quiet_transformers, src_env  # noqa: E402
 
 JOBS = ("finetune", "lora", "embedding", "mlm", "clm", "seq2seq")
 METRIC = {"finetune": "accuracy", "lora": "accuracy", "embedding": "mrr", "mlm": "masked loss", "clm": "val loss",
@@ -514,9 +514,7 @@ def worker(args) -> int:
 # ------------------------------------------------------------------------------------------- the parent
 def _worker_process(job: str, tool: str, size: dict, seed: int, threads: int, out: Path, src: str,
                     setup: Path | None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-           "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    env = src_env(src, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
     env["TRAINING_JOBS_T0"] = repr(time.time())
     proc = subprocess.run([sys.executable, __file__, "--worker", job, "--tool", tool, "--seed", str(seed),
                            "--threads", str(threads), "--out", str(out), "--size", json.dumps(size)] +

@@ -26,3 +26,14 @@ def count_causal_halves(monkeypatch) -> list:
 
     monkeypatch.setattr(attention.Attention, "_causal_in_halves", counted)
     return calls
+
+
+def command_args(command: list[str], options: dict, overrides: dict | None = None) -> list[str]:
+    """``command`` followed by ``--key value`` for each option (underscores as dashes) and ``--override k=v`` for
+    each model override: a test's CLI call built from a settings dict."""
+    args = list(command)
+    for key, value in options.items():
+        args += [f"--{key.replace('_', '-')}", str(value)]
+    for key, value in (overrides or {}).items():
+        args += ["--override", f"{key}={value}"]
+    return args

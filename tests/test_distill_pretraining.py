@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import command_args
 import lmforge
 from lmforge.cli.main import main
 from lmforge.data import DocumentDataset
@@ -43,10 +44,7 @@ def distill_args(teacher: Path, data: Path, out: Path, *extra: str, **settings) 
     """A tiny, fp32, one-thread-friendly distillation run; ``settings`` add or replace options."""
     options = {"teacher": teacher, "data": data, "out": out, "max_steps": 4, "batch_size": 4, "seq_len": 32,
                "eval_every": 0, "save_every": 0, "precision": "fp32", "warmup": 0, "lr": 1e-3, **settings}
-    args = ["distill", "--no-progress", "--no-tensorboard"]
-    for key, value in options.items():
-        args += [f"--{key.replace('_', '-')}", str(value)]
-    return [*args, *extra]
+    return [*command_args(["distill", "--no-progress", "--no-tensorboard"], options), *extra]
 
 
 def records(out: Path) -> list[dict]:

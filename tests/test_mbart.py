@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import command_args
 import lmforge
 from lmforge import datasets
 from lmforge.cli.main import main
@@ -153,12 +154,7 @@ def pretrain_args(data, out, **settings):
     options = {"model": "bart-tiny", "objective": "multilingual-denoising", "data": data, "out": out,
                "max_steps": 30, "batch_size": 8, "seq_len": 64, "eval_every": 30, "eval_batches": 2,
                "save_every": 15, "precision": "fp32", "warmup": 3, "lr": 3e-3, **settings}
-    args = ["pretrain", "--no-progress"]
-    for key, value in options.items():
-        args += [f"--{key.replace('_', '-')}", str(value)]
-    for key, value in TINY_BART.items():
-        args += ["--override", f"{key}={value}"]
-    return args
+    return command_args(["pretrain", "--no-progress"], options, TINY_BART)
 
 
 def test_pretrain_then_finetune_en_to_es(bilingual, tmp_path, capsys):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import command_args
 import lmforge
 from lmforge import datasets
 from lmforge.cli.main import main
@@ -58,12 +59,7 @@ def pretrain_args(recipe: str, data: Path, out: Path, **settings) -> list[str]:
     options = {"model": preset, "objective": recipe, "data": data, "out": out, "max_steps": 3,
                "batch_size": 2, "seq_len": 32, "eval_every": 2, "eval_batches": 1, "save_every": 2,
                "precision": "fp32", "warmup": 1, **settings}
-    args = ["pretrain", "--no-progress"]
-    for key, value in options.items():
-        args += [f"--{key.replace('_', '-')}", str(value)]
-    for key, value in overrides.items():
-        args += ["--override", f"{key}={value}"]
-    return args
+    return command_args(["pretrain", "--no-progress"], options, overrides)
 
 
 @pytest.fixture(scope="module")

@@ -133,12 +133,10 @@ def run_sweep(args) -> int:
     with plain_warnings("scaling"):
         checked = load_grid(path, raw=yaml.safe_load(text)) if args.data else None  # before anything is written
         if args.dry_run:
-            out.mkdir(parents=True, exist_ok=True)
             atomic_write_text(path, text)
             print(f"wrote {path}: {summary}")
             return 0
         check_grid_copy(checked, out, extend=False)  # a changed sweep is refused before sweep.yaml is replaced
-        out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, text)
         print(f"{path}: {summary}", file=sys.stderr, flush=True)
         result = run_grid(path, out, workers=args.workers, threads=args.threads, backend=args.backend,

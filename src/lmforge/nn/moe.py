@@ -203,9 +203,8 @@ class Experts(nn.Module):
 
         # Biases as a one-hot product: out + onehot @ b is one addmm whose backward (onehot^T @ grad) is a GEMM,
         # where b[rows] would scatter-add N rows into E in its backward.
-        onehot = None if self.up_bias is None else F.one_hot(torch.repeat_interleave(
-            torch.arange(self.n_experts, device=x.device), counts, output_size=x.shape[0]),
-            self.n_experts).to(dtype)  # (N, E) expert of each row
+        onehot = None if self.up_bias is None else \
+            F.one_hot(row_experts(counts, x.shape[0]), self.n_experts).to(dtype)  # (N, E) expert of each row
 
         def project(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
             out = linear(h, w)
@@ -224,6 +223,11 @@ class Experts(nn.Module):
         return self._grouped(x, counts)
 
 
+def row_experts(counts: torch.Tensor, n: int) -> torch.Tensor:
+    """The expert of each of ``n`` rows grouped by expert: counts (E,) -> (n,), e.g. [2, 0, 1] -> [0, 0, 2]."""
+    return torch.repeat_interleave(torch.arange(counts.shape[0], device=counts.device), counts, output_size=n)
+
+
 def block_groups(counts: torch.Tensor, n: int, block: int) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Round each of ``E`` groups of rows up to a multiple of ``block`` rows, within a total that depends on
     ``n`` only (the last group takes the rest): counts (E,) summing to n -> (padded counts (E,), rows (n,) the
@@ -239,14 +243,14 @@ def block_groups(counts: torch.Tensor, n: int, block: int) -> tuple[torch.Tensor
     padded = (counts + block - 1) // block * block  # (E,)
     padded[-1] += total - padded.sum()
     shift = (padded.cumsum(0) - padded) - (counts.cumsum(0) - counts)  # (E,) how far each group's start moves
-    expert = torch.repeat_interleave(torch.arange(E, device=counts.device), counts, output_size=n)  # (n,)
+    expert = row_experts(counts, n)  # (n,)
     return padded, torch.arange(n, device=counts.device) + shift[expert], total
 
 
 def _padded_bmm(counts: torch.Tensor, n: int):
     """The grouped product as one ``torch.bmm`` over a zero-padded (E, C, in) batch, C = the largest group."""
     E = counts.shape[0]
-    expert = torch.repeat_interleave(torch.arange(E, device=counts.device), counts, output_size=n)  # (N,)
+    expert = row_experts(counts, n)  # (N,)
     slot = torch.arange(n, device=counts.device) - (counts.cumsum(0) - counts)[expert]  # (N,) row within its group
     C = int(counts.max())
 

@@ -40,6 +40,7 @@ from lmforge.tasks.seq2seq import greedy_generate
 from lmforge.tokenization import Tokenizer
 from lmforge.training.config import TrainConfig
 from lmforge.training.trainer import Trainer, TrainResult
+from lmforge.utils.io import read_mapping_file
 
 
 def read_languages(model_dir: str | Path) -> dict[str, int]:
@@ -48,7 +49,10 @@ def read_languages(model_dir: str | Path) -> dict[str, int]:
     if not file.is_file():
         raise UserInputError(f"{model_dir}: no {LANGUAGES_FILE}; pre-train the model with "
                              "--objective multilingual-denoising, which gives it language ids")
-    return {str(k): int(v) for k, v in json.loads(file.read_text(encoding="utf-8")).items()}
+    ids = read_mapping_file(file, "languages")
+    if not isinstance(ids, dict) or not all(isinstance(v, int) for v in ids.values()):
+        raise UserInputError(f"{file}: expected a mapping of language codes to token ids, got {ids!r:.80}")
+    return {str(k): v for k, v in ids.items()}
 
 
 def _direction(languages: dict[str, int], source: str, target: str, where) -> tuple[int, int]:

@@ -152,6 +152,7 @@ class RunLogger:
             self._writer = self._tensorboard(start_step) if tensorboard else None
         self._plot_warned = False
         self._start = time.perf_counter()
+        self._started_s = process_seconds()  # the process's age at the start: total_s follows from the clock
         self._tokens = 0
         from tqdm.auto import tqdm
 
@@ -173,7 +174,7 @@ class RunLogger:
         self._tokens += record.get("tokens", 0)
         elapsed = time.perf_counter() - self._start
         record = {**record, "tokens_per_s": round(self._tokens / elapsed, 1) if elapsed > 0 else None,
-                  "total_s": round(process_seconds(), 3)}
+                  "total_s": round(self._started_s + time.perf_counter() - self._start, 3)}
         with environment_errors(self.metrics_path, "append to"):
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()
