@@ -130,7 +130,7 @@ def encoder_rows(args, peaks: dict) -> list[dict]:
                                              ("t5-base span", t5_case, 32, 512, "t5-base")):
         if args.quick:
             batch, seq, preset = 2, 64, preset.replace("-base", "-tiny")
-        modes = ("eager",) if args.no_compile else ("eager", "compiled")
+        modes = [m for m in args.encoder_modes.split(",") if not (args.no_compile and m == "compiled")]
         for mode in modes:
             case = build(batch, seq, None, preset=preset)
             compile_mode = "default" if mode == "compiled" else None
@@ -174,7 +174,8 @@ def generate_rows(args) -> list[dict]:
             start = time.perf_counter()
             first[name] = (run(), time.perf_counter() - start)
         expected = first["HF generate"][0]
-        timed = time_steps(list(runs.values()), args.device, warmup=1, repeats=args.repeats, rotate=True)
+        timed = time_steps(list(runs.values()), args.device, warmup=1, repeats=args.generate_repeats or args.repeats,
+                           rotate=True)
         for name, (seconds, _) in zip(runs, timed):
             got, again = first[name][0], runs[name]()  # the first call's tokens, and a call after the timed ones
             same = min(float((got == expected).float().mean()), float((again == expected).float().mean()))
@@ -234,11 +235,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=10, help="timed runs per implementation (median; default %(default)s)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (the compile happens here)")
     p.add_argument("--no-compile", action="store_true", help="skip every torch.compile row")
+    p.add_argument("--encoder-modes", default="eager,compiled", help="the encoders section's tables, a comma-separated "
+                   "subset of eager,compiled (default both; each table compares lmforge with HF in that mode)")
+    p.add_argument("--generate-repeats", type=int, help="timed runs per generation row (default: --repeats)")
     p.add_argument("--quick", action="store_true", help="tiny shapes and 3 repeats: checks the script, measures nothing")
     p.add_argument("--profile", metavar="DIR", help="also profile two steps of each train-table implementation (but HF "
                    "eager) and write their kernel tables to DIR")
     args = p.parse_args(argv)
     sections = [s for s in args.sections.split(",") if s]
+    if set(args.encoder_modes.split(",")) - {"eager", "compiled"}:
+        p.error(f"--encoder-modes {args.encoder_modes!r}: choose from eager, compiled")
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:
         p.error(f"--sections: unknown {', '.join(unknown)} (choose from {', '.join(SECTIONS)})")

@@ -24,6 +24,7 @@ Usage:
     python benchmarks/serve_load.py --compile        # lmforge serve --compile: compiled decode steps
     python benchmarks/serve_load.py --modes fp32 int8 int4 bf16-int8   # more precisions side by side
     python benchmarks/serve_load.py --quick          # gpt-tiny, 8 requests, 16 new tokens, concurrency 1 4
+    python benchmarks/serve_load.py --device cuda --models gpt2-shape --modes bf16   # on a GPU
 
 Output: one line per (model, mode, concurrency), then one JSON line (each row names its ``mode``;
 ``speedup_vs_one_at_a_time``: tokens/s at the highest concurrency over concurrency 1, per model and mode, the
@@ -109,13 +110,15 @@ def prompts(folder: Path, texts: list[str], n: int, length: int) -> list[str]:
 class Server:
     """``lmforge serve`` of one folder on a free loopback port, with ``threads`` torch threads (and ``flags``)."""
 
-    def __init__(self, folder: Path, max_batch: int, threads: int, compile: bool = False, flags: tuple = ()):
+    def __init__(self, folder: Path, max_batch: int, threads: int, compile: bool = False, flags: tuple = (),
+                 device: str = "cpu"):
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
         env = src_env(OMP_NUM_THREADS=str(threads))
         self.proc = subprocess.Popen([sys.executable, "-m", "lmforge.cli.main", "serve", "--model", f"m={folder}",
                                       "--port", str(self.port), "--max-batch", str(max_batch), "--max-queue", "1024",
+                                      "--device", device,
                                       *(["--compile"] if compile else []), *flags],
                                      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.url = f"http://127.0.0.1:{self.port}"
@@ -265,6 +268,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
                         help="the server's torch threads (default: this process's, one per core)")
     parser.add_argument("--compile", action="store_true", help="serve with lmforge serve --compile")
+    parser.add_argument("--device", default="cpu", help="the servers' torch device: cpu (default) or cuda")
     parser.add_argument("--modes", nargs="+", default=["fp32", "int8"], choices=tuple(MODES),
                         help="precisions served side by side, one server each (lmforge serve --dtype/--quantize): "
                              "fp32 int8 by default")
@@ -284,7 +288,7 @@ def main() -> None:
     modes = list(dict.fromkeys(args.modes))
     result = {"benchmark": "serve_load", "modes": modes, "requests": n, "prompt_tokens": args.prompt_tokens,
               "new_tokens": new_tokens,
-              "threads": args.threads, "compile": args.compile, "rounds": rounds, "target_speedup": TARGET_SPEEDUP,
+              "threads": args.threads, "compile": args.compile, "device": args.device, "rounds": rounds, "target_speedup": TARGET_SPEEDUP,
               "target_ttft_p99_s": TARGET_TTFT_P99, "models": {}}
     with tempfile.TemporaryDirectory() as tmp:
         folders, texts = build_models(Path(tmp), models, vocab=512 if args.quick else 8192)
@@ -294,7 +298,7 @@ def main() -> None:
             try:
                 for mode in modes:
                     servers[mode] = Server(folder, max(levels), args.threads, compile=args.compile,
-                                           flags=tuple(MODES[mode]))
+                                           flags=tuple(MODES[mode]), device=args.device)
                 # concurrency 1 is the same load served one request at a time
                 rows = loads({mode: s.port for mode, s in servers.items()}, ps, new_tokens, levels, args.rounds,
                              args.timeout)

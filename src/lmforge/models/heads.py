@@ -33,15 +33,17 @@ from lmforge.nn.norms import build_norm
 # On a GPU the vocabulary projection runs over a weight padded to this many rows: with a width like GPT-2's 50257
 # every output row is misaligned, and cuBLAS falls back to kernels that move one element at a time (on an H100 the
 # GPT-2 head and its two backward matmuls took 30 ms of a 66 ms training step; nanoGPT pads its vocabulary to
-# 50304 for the same reason). The padded logits are sliced off, so nothing else sees them.
+# 50304 for the same reason). The padded logits are sliced off, so nothing else sees them. A decode step's few
+# rows are a matrix-vector product, which alignment hardly changes: they skip the copy of the padded weight.
 GPU_VOCAB_MULTIPLE = 64
+GPU_PAD_MIN_ROWS = 64
 
 
 def vocab_projection(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                      multiple: int | None = None) -> torch.Tensor:
     """``linear(h, weight, bias)``: h (..., E), weight (V, E) -> logits (..., V). ``multiple``: pad V up to a
-    multiple of it for the matmul and return a view of the first V columns (default: 64 on a GPU, no padding on
-    a CPU). Values and gradients are those of the unpadded product.
+    multiple of it for the matmul and return a view of the first V columns (default: 64 on a GPU for at least 64
+    rows, no padding on a CPU). Values and gradients are those of the unpadded product.
 
     Example:
         >>> h, w = torch.randn(2, 3, 8), torch.randn(11, 8)
@@ -50,7 +52,8 @@ def vocab_projection(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         (torch.Size([2, 3, 11]), 16, True)
     """
     if multiple is None:
-        multiple = 1 if h.device.type == "cpu" else GPU_VOCAB_MULTIPLE
+        few_rows = h.numel() < GPU_PAD_MIN_ROWS * h.shape[-1]
+        multiple = 1 if h.device.type == "cpu" or few_rows else GPU_VOCAB_MULTIPLE
     V = weight.shape[0]
     pad = -V % multiple
     if pad == 0:

@@ -20,7 +20,8 @@ Forward contract (tasks, PEFT, generation and the Trainer rely on it)::
                             head="rtd" (ELECTRA's discriminator): binary cross-entropy, labels 1 = replaced;
                             an MoE model in training mode adds out.aux_loss to it
     out.aux_loss            MoE, training mode: moe_aux_loss * L_aux + moe_z_loss * L_z (see lmforge.nn.moe)
-    out.n_targets           how many labels out.loss is a mean over
+    out.n_targets           how many labels out.loss is a mean over (a 0-dim tensor, and out.logits every
+                            position's, when a compiled forward keeps the loss in its graph: _loss_in_graph)
     out.nsp_logits          (B, 2) IsNext/NotNext logits, when the model has an NSP head (nsp_head=True)
     out.attentions          [N x (B, H, T, S)] softmax weights when output_attentions=True (alias
                             return_attentions); encoder-decoders add out.encoder_attentions and
@@ -101,7 +102,7 @@ class ModelOutput:
     hidden_states: list[torch.Tensor] | None = None
     past_key_values: KVCache | None = None
     loss: torch.Tensor | None = None
-    n_targets: int | None = None  # labelled tokens behind ``loss`` (for token-weighted accumulation)
+    n_targets: int | torch.Tensor | None = None  # labelled tokens behind ``loss`` (token-weighted accumulation)
     encoder_last_hidden_state: torch.Tensor | None = None
     encoder_hidden_states: list[torch.Tensor] | None = None
     pooler_output: torch.Tensor | None = None
@@ -147,6 +148,7 @@ class Transformer(nn.Module):
             self.pooler = Pooler(cfg.d_model)
         self.nsp_head = NSPHead(cfg.d_model) if cfg.nsp_head else None
         self.label_smoothing = 0.0  # eps of the token cross-entropy (a training setting, not saved)
+        self.loss_in_graph: bool | None = None  # a compiled forward's loss over every position (see _loss_in_graph)
         self.reset_parameters()
 
     # ------------------------------------------------------------------ init
@@ -335,9 +337,11 @@ class Transformer(nn.Module):
                 if label_weights is not None and label_weights.shape != labels.shape:
                     raise ValueError(f"label_weights has shape {tuple(label_weights.shape)}; "
                                      f"labels have {tuple(labels.shape)}")
-                out.logits, out.loss, out.n_targets = self._labelled_loss(
-                    h, labels, torch.compiler.is_compiling(), label_weights
-                )
+                compiling = torch.compiler.is_compiling()
+                if compiling and self._loss_in_graph(h, label_weights):
+                    out.logits, out.loss, out.n_targets = self._every_position_loss(h, labels)
+                else:
+                    out.logits, out.loss, out.n_targets = self._labelled_loss(h, labels, compiling, label_weights)
         if next_sentence_label is not None:
             self._add_nsp_loss(out, next_sentence_label)
         if out.aux_loss is not None and out.loss is not None:
@@ -392,6 +396,27 @@ class Transformer(nn.Module):
         eps = self.label_smoothing if self.training else 0.0
         loss = cross_entropy(logits, target, fused=fused, weight=weights, label_smoothing=eps)
         return logits, loss, int(target.numel())
+
+    def _loss_in_graph(self, h: torch.Tensor, weights: torch.Tensor | None) -> bool:
+        """Whether a compiled forward computes its loss over every position, inside the compiled graph, rather
+        than over the labelled rows (:meth:`_labelled_loss`, which runs outside it). ``self.loss_in_graph``
+        decides when set; by default a decoder or encoder-decoder on a GPU does: its labels cover nearly every
+        position, so projecting them all costs little, while the graph break of the selection costs a host sync
+        and the head's fusion with the loss. An MLM encoder (15% of positions labelled) keeps selecting."""
+        if weights is not None or self.rtd_head is not None:
+            return False
+        if self.loss_in_graph is not None:
+            return self.loss_in_graph
+        return h.is_cuda and self.config.arch != "encoder"
+
+    def _every_position_loss(self, h: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                      torch.Tensor]:
+        """h (B, T, D), labels (B, T) -> logits (B*T, V) at every position, the mean CE over the labelled ones
+        (the same value as :meth:`_labelled_loss`), and their count as a tensor (reading it would sync)."""
+        logits = self._head(h).flatten(0, 1)  # (B*T, V)
+        eps = self.label_smoothing if self.training else 0.0
+        loss = F.cross_entropy(logits.float(), labels.flatten(), ignore_index=IGNORE_INDEX, label_smoothing=eps)
+        return logits, loss, (labels != IGNORE_INDEX).sum()
 
     def generate(self, *args, **kwargs):
         """Greedy / beam / sampled generation; see :func:`lmforge.generation.generate` (same arguments,

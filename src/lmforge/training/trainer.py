@@ -355,7 +355,9 @@ class Trainer:
                     out = self._forward(**batch)
                 if out.loss is None:
                     raise ValueError("the model returned no loss; the objective's batches must carry labels")
-                n = out.n_targets if out.n_targets is not None else self.count_targets(batch)
+                # counts[k] is this batch's count_targets, which a model's n_targets must equal; a compiled
+                # model may return its count as a device tensor, which reading here would sync on
+                n = out.n_targets if isinstance(out.n_targets, int) else counts[k]
                 terms = [((t.labels_key, t.mask), t.loss * t.weight,
                           n if (t.labels_key, t.mask) == ("labels", False) else _count(batch, t.labels_key, t.mask))
                          for t in getattr(out, "loss_terms", None) or ()] or [(("labels", False), out.loss, n)]
