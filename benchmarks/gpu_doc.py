@@ -16,7 +16,10 @@ from benchmarks.performance_doc import table
 TITLES = {"train": "Training step: GPT-2 124M, batch 16 × 1024, bf16 autocast, fused AdamW",
           "encoders": "Training steps: bert-base MLM (32 × 512) and t5-base span corruption (32 × 512 → 114)",
           "generate": "Greedy generation: GPT-2 124M, bf16 weights, 32-token prompt, 128 new tokens",
-          "memory": "Peak GPU memory: llama-1b (random weights), batch 4 × 512, bf16 autocast, AdamW, 3 steps"}
+          "memory": "Peak GPU memory: llama-1b (random weights), batch 4 × 512, bf16 autocast, AdamW, 3 steps",
+          "serve": "`lmforge serve` under load: a GPT-2-shaped model (random weights), 32-token prompts, 64 new tokens"}
+TITLES["encoders compiled"] = TITLES["encoders"] + ", compiled"
+SECTIONS = ("train", "encoders", "encoders compiled", "generate", "memory", "serve")
 
 
 def _speed(rows: list[dict], reference: dict[str, str]) -> str:
@@ -45,15 +48,36 @@ REFERENCE = {"lmforge eager": "HF eager", "lmforge compiled": "HF compiled"}
 GEN_REFERENCE = {"lmforge eager": "HF generate", "lmforge compiled": "HF static+compile"}
 
 
+def _serve(result: dict) -> str:
+    """One row per (model, mode, concurrency) of a benchmarks/serve_load.py record, and each mode's speed-up."""
+    out, speedups = [], []
+    for model, entry in result["models"].items():
+        for r in entry["rows"]:
+            out.append([model, r["mode"], r["concurrency"], f"{r['req_s']:.2f}", f"{r['tok_s']:,.0f}",
+                        f"{r['ttft_p50']:.3f} / {r['ttft_p99']:.3f}", f"{r['token_ms_p50']:.1f} / {r['token_ms_p99']:.1f}"])
+        for mode, m in entry.get("modes", {}).items():
+            speedups.append(f"{model} {mode} {m['speedup_vs_one_at_a_time']:.2f}×")
+    text = table(["model", "mode", "concurrency", "requests/s", "new tokens/s", "TTFT p50 / p99 s",
+                  "per token p50 / p99 ms"], out)
+    if speedups:
+        text += ("\n\nTokens/s at the highest concurrency over one request at a time: " + ", ".join(speedups) + ".")
+    return text
+
+
 def gpu_section(record: dict) -> str:
+    peaks = sorted(run["result"]["measured_tflops"] for run in record["runs"].values()
+                   if run["result"].get("measured_tflops"))
+    measured = (f"{peaks[0]:.0f} to {peaks[-1]:.0f}" if len(peaks) > 1 and round(peaks[0]) != round(peaks[-1])
+                else f"{peaks[0] if peaks else record['measured_tflops']:.0f}")
     parts = [f"## GPU: {record['device']}",
              f"{record['software']}. bf16 peak: {record['datasheet_tflops']} TFLOP/s dense from the datasheet, "
-             f"{record['measured_tflops']:.0f} TFLOP/s measured by the script (8192³ matmul, median of 20). MFU counts "
+             f"{measured} TFLOP/s measured by each run of the script (8192³ matmul, median of 20); each row's "
+             "measured MFU uses its own run's. MFU counts "
              "the model's training FLOPs (6 N + attention, PaLM's appendix B) per second over those peaks. Every table "
-             "interleaves its implementations in one process (median of 10 steps after warm-up, the compiled ones "
-             "warmed up through their compile). `lmforge bench --device cuda` reproduces all of them "
+             "interleaves its implementations in one process (the median of `--repeats` steps, 10 unless its command "
+             "says otherwise, after warm-up; the compiled ones warmed up through their compile). `lmforge bench --device cuda` reproduces all of them "
              "(`--nanogpt DIR` adds nanoGPT)."]
-    for section in ("train", "encoders", "generate", "memory"):
+    for section in SECTIONS:
         run = record["runs"].get(section)
         if run is None:
             continue
@@ -61,7 +85,9 @@ def gpu_section(record: dict) -> str:
         parts.append(f"### {TITLES[section]}")
         parts.append(f"`{run['command']}`, {run['date']}" + (f"; {run['note']}" if run.get("note") else "") + ".")
         rows = result.get("rows", [])
-        if section == "memory":
+        if section == "serve":
+            parts.append(_serve(result))
+        elif section == "memory":
             full = next((r for r in rows if r["impl"] == "full"), None)
             parts.append(table(["method", "trainable parameters", "model loaded GiB", "peak GiB", "peak / full"],
                                 [[r["impl"], f"{r['trainable']:,}", f"{r['loaded_gib']:.2f}", f"{r['peak_gib']:.2f}",
