@@ -176,6 +176,20 @@ def test_bench_runs_every_script_and_prints_one_table(tmp_path, capsys, monkeypa
     assert all((folder / f"{n}.args").read_text() == "--quick" for n in RESULTS)
 
 
+def test_bench_on_a_gpu_runs_the_gpu_tables_and_serves_there(tmp_path, capsys):
+    folder = _fake_benchmarks(tmp_path)
+    _script(folder, "gpu", """
+        import sys
+        from pathlib import Path
+        Path(__file__).with_suffix(".args").write_text(" ".join(sys.argv[1:]))
+        print('{"benchmark": "gpu", "rows": []}')
+        """)
+    main(["bench", "--dir", str(folder), "--device", "cuda", "--nanogpt", "/tmp/nano"])
+    assert (folder / "gpu.args").read_text() == "--device cuda --nanogpt /tmp/nano"
+    assert (folder / "serve_load.args").read_text() == "--device cuda --models gpt2-shape --modes fp32 bf16"
+    assert not (folder / "train_step.args").exists()  # the CPU tables stay out
+
+
 def test_opt_in_benchmark_runs_only_with_its_extra_and_else_says_what_to_install(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(bench, "OPT_IN", {"generate_engines": (("lmforge", "no_such_engine_xyz"), "pip install xyz")})
     folder = _fake_benchmarks(tmp_path)

@@ -118,6 +118,7 @@ def test_the_gpu_records_name_their_commands_and_the_gpu_section_shows_them():
     page = performance_doc.page(RECORD, RECORD.get("note"), GPU)
     assert f"## GPU: {GPU['device']}" in page
     for run in GPU["runs"].values():
-        assert run["command"].startswith("python benchmarks/gpu.py") and run["date"].startswith("20")
+        assert run["command"].startswith(("python benchmarks/gpu.py", "python benchmarks/serve_load.py"))
+        assert run["date"].startswith("20")
         assert f"`{run['command']}`" in page
     assert "## GPU" not in performance_doc.page(RECORD, RECORD.get("note"))  # no records: no section

@@ -60,8 +60,10 @@ BENCHMARKS = ("train_step", "generate", "data_pipeline", "peft_memory", "verify_
 # anyway, with whatever of those is there): name -> (modules, how to install them).
 OPT_IN = {"generate_engines": (("ctranslate2", "llama_cpp", "gguf"),
                                "pip install 'lmforge[engines]', or make bench-engines")}
-# On a GPU (``--device cuda``) one script measures every table, in one process (see benchmarks/gpu.py).
-GPU_BENCHMARKS = ("gpu",)
+# On a GPU (``--device cuda``) one script measures every training, generation and memory table, in one process
+# (see benchmarks/gpu.py), and serve_load serves a GPT-2-shaped model in fp32 and bf16 there.
+GPU_BENCHMARKS = ("gpu", "serve_load")
+GPU_FLAGS = {"serve_load": ["--models", "gpt2-shape", "--modes", "fp32", "bf16"]}
 QUICK_FLAGS = {name: ["--quick"] for name in BENCHMARKS + GPU_BENCHMARKS}  # every speed benchmark has its own --quick
 STEADY_TOLERANCE = 0.15  # the matmul peak may move this much between start and end (as train_step.py allows)
 
@@ -374,8 +376,11 @@ def run(args) -> int:
             results[name] = {"skipped": skipped[name], "rows": []}
             continue
         flags = QUICK_FLAGS.get(name, []) if args.quick else []
-        if name in GPU_BENCHMARKS:
-            flags = flags + ["--device", args.device] + (["--nanogpt", args.nanogpt] if args.nanogpt else [])
+        if args.device == "cuda" and name in GPU_BENCHMARKS:
+            flags = flags + ["--device", "cuda"] + GPU_FLAGS.get(name, [])
+        elif name == "gpu":  # its default device is cuda
+            flags = flags + ["--device", args.device]
+        flags += ["--nanogpt", args.nanogpt] if args.nanogpt and name == "gpu" else []
         print(f"lmforge bench: {name}.py {' '.join(flags)}".rstrip(), file=sys.stderr, flush=True)
         code, output, seconds = run_script(folder / f"{name}.py", flags, echo=not args.quiet, timeout=args.timeout)
         data = last_json(output)
@@ -479,7 +484,8 @@ def register(subparsers) -> None:
     parser.add_argument("--quiet", action="store_true", help="do not echo the benchmarks' own output")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: run the GPU tables instead (benchmarks/gpu.py: GPT-2 124M training against HF "
-                             "and nanoGPT, bert-base and t5-base steps, generation, LoRA/QLoRA memory on llama-1b)")
+                             "and nanoGPT, bert-base and t5-base steps, generation, LoRA/QLoRA memory on llama-1b; "
+                             "benchmarks/serve_load.py: lmforge serve of a GPT-2-shaped model in fp32 and bf16)")
     parser.add_argument("--nanogpt", metavar="DIR", default=None,
                         help="with --device cuda: a karpathy/nanoGPT checkout whose compiled GPT joins the training "
                              "table")
