@@ -329,3 +329,19 @@ def test_variants_may_ask_for_their_own_resources(data, tmp_path, capsys):
     assert main(["experiment", "run", str(path), "--dry-run"]) == 2
     assert f"{path}: cell size=big: resources: unknown resources field(s) num_gpu (did you mean 'num_gpus'?)" \
         in capsys.readouterr().err
+
+
+def test_a_flops_budget_pays_for_electras_generator_too():
+    from lmforge.config import resolve_config
+    from lmforge.experiments.grid import _train_flops
+    from lmforge.models.electra import ElectraPretrainer
+    from lmforge.training.config import TrainConfig
+
+    cfg = resolve_config("bert-tiny").replace(n_layers=2, d_model=64, n_heads=4, d_ff=128, vocab_size=500)
+    settings = {"model": "bert-tiny", "data": "d", "objective_options": {"generator_size": 0.5}}
+    mlm, _ = _train_flops(cfg, 32, TrainConfig.from_dict({**settings, "objective": "mlm"}))
+    electra, params = _train_flops(cfg, 32, TrainConfig.from_dict({**settings, "objective": "electra"}))
+    pair = ElectraPretrainer.from_config(cfg, generator_size=0.5)
+    assert electra == pair.discriminator.train_flops(32) + pair.generator.train_flops(32)
+    assert mlm < electra < 2 * mlm  # a half-width generator: its layers cost about a quarter of the model's
+    assert params == pair.discriminator.num_parameters(True)

@@ -81,6 +81,7 @@ from lmforge.checkpoint import model_source, packaged_model
 from lmforge.config import ConfigBase, ConfigError, ModelConfig, resolve_config
 from lmforge.errors import InputFileNotFound, LmforgeError, UserInputError
 from lmforge.models import Transformer
+from lmforge.models.electra import ElectraPretrainer
 from lmforge.objectives import OBJECTIVES, check_architecture
 from lmforge.peft.config import PeftConfig
 from lmforge.prompting.generative import METRICS as PROMPT_SCORES
@@ -587,7 +588,7 @@ def _pretrain_config(where: str, settings: dict[str, Any], budget: Budget,
     tokens = sequences * seq_len
     flops, params = None, None
     if isinstance(model_config, ModelConfig):
-        per_sequence, params = _train_flops(model_config, seq_len)
+        per_sequence, params = _train_flops(model_config, seq_len, config)
         flops = per_sequence * sequences
     if budget.kind == "steps":
         steps = budget.steps
@@ -641,10 +642,18 @@ def _check_objective_options(where: str, config: TrainConfig, tokenizer) -> None
                             f"it takes {', '.join(p for p in params if p != 'seed')}")
 
 
-def _train_flops(model_config: ModelConfig, seq_len: int) -> tuple[int, int]:
+def _train_flops(model_config: ModelConfig, seq_len: int, config: TrainConfig | None = None) -> tuple[int, int]:
     """Training FLOPs of one sequence and the non-embedding parameter count, read off a model built without
-    memory (the meta device)."""
+    memory (the meta device). ELECTRA trains its generator beside the model: a FLOPs budget pays for both (the
+    parameter count stays the saved discriminator's)."""
     with torch.device("meta"):
+        if config is not None and config.objective == "electra":  # the pair pretrain builds
+            _, options = format_and_options(config.objective, config.objective_options)
+            defaults = inspect.signature(OBJECTIVES["electra"]).parameters
+            size, tie = (options.get(k, defaults[k].default) for k in ("generator_size", "tie_generator_output"))
+            pair = ElectraPretrainer.from_config(model_config, generator_size=size, tie_generator_output=tie)
+            return (pair.discriminator.train_flops(seq_len) + pair.generator.train_flops(seq_len),
+                    pair.discriminator.num_parameters(True))
         model = Transformer(model_config)
     return (model.train_flops(seq_len, seq_len if model_config.arch == "encoder-decoder" else None),
             model.num_parameters(True))
