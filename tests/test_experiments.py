@@ -22,6 +22,7 @@ import yaml
 from experiment_helpers import (
     LR_AXIS,
     POSITION_AXIS,
+    TINY,
     comparable,
     grid_text,
     rows,
@@ -345,3 +346,24 @@ def test_a_flops_budget_pays_for_electras_generator_too():
     assert electra == pair.discriminator.train_flops(32) + pair.generator.train_flops(32)
     assert mlm < electra < 2 * mlm  # a half-width generator: its layers cost about a quarter of the model's
     assert params == pair.discriminator.num_parameters(True)
+
+
+def test_a_flops_budget_counts_each_objectives_real_batches(data, tmp_path):
+    # A causal LM labels every position, so its counted step equals the analytic count; a prefix LM labels the
+    # target half only (only labelled rows reach the vocabulary), so the same budget buys it more steps.
+    import torch
+
+    from lmforge.models import Transformer
+    from lmforge.training.config import TrainConfig
+    from lmforge.training.pretrain import load_tokenizer, model_config_for
+    from lmforge.training.price_tag import batch_flops
+
+    axis = {"name": "obj", "variants": [{"name": "clm"}, {"name": "prefix", "objective": "prefix-lm"}]}
+    clm, prefix = load_grid(write_grid(tmp_path, grid_text(data, [axis], budget={"flops": 1e10}))).cells
+    tokenizer = load_tokenizer(TrainConfig.from_dict({"model": "gpt-tiny", "objective": "clm", "data": str(data)}))
+    model = Transformer(model_config_for("gpt-tiny", tokenizer, dict(TINY)))
+    assert clm.flops_per_step == 2 * model.train_flops(32)  # batch 2 x seq_len 32, every position labelled
+    ids = torch.zeros(2, 32, dtype=torch.long)
+    assert batch_flops(model, {"input_ids": ids, "labels": ids}, 0) < prefix.flops_per_step  # no row labelled
+    assert prefix.flops_per_step < clm.flops_per_step and prefix.steps > clm.steps
+    assert clm.steps == int(1e10 // clm.flops_per_step) and prefix.steps == int(1e10 // prefix.flops_per_step)

@@ -82,7 +82,8 @@ from lmforge.config import ConfigBase, ConfigError, ModelConfig, resolve_config
 from lmforge.errors import InputFileNotFound, LmforgeError, UserInputError
 from lmforge.models import Transformer
 from lmforge.models.electra import ElectraPretrainer
-from lmforge.objectives import OBJECTIVES, check_architecture
+from lmforge.nn.labels import IGNORE_INDEX
+from lmforge.objectives import OBJECTIVES, PermutedLM, check_architecture
 from lmforge.peft.config import PeftConfig
 from lmforge.prompting.generative import METRICS as PROMPT_SCORES
 from lmforge.prompting.generative import PROMPT_DEFAULTS, few_shot_rows, few_shot_task
@@ -91,7 +92,9 @@ from lmforge.tasks.recipe import Recipe
 from lmforge.tasks.settings import RECIPE_KEYS, TASK_KEYS, TRAINER_KEYS, finetune_settings
 from lmforge.tasks.spec import TaskSpec
 from lmforge.training.config import TrainConfig
-from lmforge.training.pretrain import format_and_options, load_tokenizer, model_config_for, objective_kwargs
+from lmforge.training.pretrain import (format_and_options, load_tokenizer, model_config_for, objective_kwargs,
+                                      plan_pretraining)
+from lmforge.training.price_tag import batch_flops
 from lmforge.utils.io import read_mapping_file
 
 COMMANDS = ("pretrain", "finetune", "prompt")  # distill grids are not supported yet
@@ -589,7 +592,7 @@ def _pretrain_config(where: str, settings: dict[str, Any], budget: Budget,
     flops, params = None, None
     if isinstance(model_config, ModelConfig):
         per_sequence, params = _train_flops(model_config, seq_len, config)
-        flops = per_sequence * sequences
+        flops = (_counted_step_flops(where, config) if tokenizer is not None else None) or per_sequence * sequences
     if budget.kind == "steps":
         steps = budget.steps
     elif budget.kind == "tokens":
@@ -640,6 +643,37 @@ def _check_objective_options(where: str, config: TrainConfig, tokenizer) -> None
         if key not in params:
             raise GridError(f"{where}: objective_options: {config.objective!r} has no option {key!r}; "
                             f"it takes {', '.join(p for p in params if p != 'seed')}")
+
+
+def _counted_step_flops(where: str, config: TrainConfig, samples: int = 8) -> int | None:
+    """Training FLOPs of one optimizer step as the run's price tag will count them: the mean over the objective's
+    first ``samples`` training batches of :func:`~lmforge.training.price_tag.batch_flops`, which reads each batch's
+    real lengths (a span-corruption target is about a fifth of its input; a decoder's denoising or prefix-LM
+    sequence carries labels on its target part only, and only labelled rows reach the vocabulary projection).
+    ``seq_len`` alone would charge every objective as if it labelled every position of a full-length target, so
+    a FLOPs budget would not give equal compute. None where the price tag has no formula (ELECTRA's pair, XLNet's
+    two streams: the analytic count of :func:`_train_flops` stands) or the data yields no batch."""
+    if config.objective == "electra" or OBJECTIVES[config.objective] is PermutedLM:
+        return None
+    try:
+        plan = plan_pretraining(config.updated({"num_workers": 0}))
+    except LmforgeError as exc:
+        raise GridError(f"{where}: {exc}") from exc
+    if not isinstance(plan.model_config, ModelConfig):
+        return None
+    with torch.device("meta"):
+        model = Transformer(plan.model_config)
+    cache: dict[Any, int] = {}
+    counts = []
+    for raw in itertools.islice(plan.train_data, samples * config.grad_accum):
+        batch = plan.objective(raw)
+        labels = batch.get("labels")
+        n = int((labels != IGNORE_INDEX).sum()) if isinstance(labels, torch.Tensor) else 0
+        counted = batch_flops(model, batch, n, cache)
+        if counted is None:
+            return None
+        counts.append(counted)
+    return round(sum(counts) / len(counts) * config.grad_accum) if counts else None
 
 
 def _train_flops(model_config: ModelConfig, seq_len: int, config: TrainConfig | None = None) -> tuple[int, int]:

@@ -93,6 +93,20 @@ TOKEN_FIELDS = tuple(f.name for f in fields(ModelConfig) if f.name.endswith("_to
 
 
 @dataclass
+class PretrainPlan:
+    """What :func:`plan_pretraining` checked and assembled: the run's inputs, before any model exists."""
+
+    config: TrainConfig
+    tokenizer: Tokenizer
+    model_config: ModelConfig | BiLMConfig
+    objective: Any
+    eval_objective: Any
+    train_data: Any
+    eval_data: Any
+    languages: dict[str, int]
+
+
+@dataclass
 class PretrainRun:
     """Everything :func:`build_pretraining` assembled (handy for inspecting a run before training it)."""
 
@@ -286,17 +300,10 @@ def build_objective_for(config: TrainConfig, tokenizer: Tokenizer, seed: int, se
     return objective
 
 
-def build_pretraining(config: TrainConfig, *, loss=None, init: Callable[[Transformer], None] | None = None,
-                      run_files: dict[str, str] | None = None) -> PretrainRun:
-    """Check ``config`` and assemble tokenizer, model, objective, data and Trainer (nothing is trained).
-
-    Other recipes on the same data and objective (distillation, :mod:`lmforge.distillation`) pass the Trainer's
-    ``loss``; ``init(model)`` initialises a model that has no weights of its own (a preset or config file);
-    ``run_files`` (name -> text) are written into the run folder beside ``config.yaml`` when the run starts.
-    """
-    config.require("model", "objective", "data", "out")
-    refuse_training(config.model, "pre-training")
-    ctx = distributed.setup(config.strategy, config.device)  # before the datasets: they read rank and world size
+def plan_pretraining(config: TrainConfig, rank: int = 0) -> PretrainPlan:
+    """Check ``config`` and assemble what a pre-training run reads (tokenizer, model config, objectives, data),
+    without building the model: :func:`build_pretraining`'s first half, and what an experiment grid counts a
+    cell's FLOPs per step on. ``rank`` seeds the training objective (each rank masks differently)."""
     tokenizer = load_tokenizer(config)
     check_format(config.objective, config.objective_options.get("format"))
     # An objective's head (NSP: pooler + nsp_head) is switched on, unless weights or the overrides say otherwise.
@@ -345,11 +352,29 @@ def build_pretraining(config: TrainConfig, *, loss=None, init: Callable[[Transfo
         raise ConfigError(f"seq_len={seq_len} leaves no room for {text} token(s) of text besides the {framing} "
                           "framing tokens")
     ends = tokenizer.sentence_end_ids() if sentence_aligned(config) else None
-    objective = build_objective_for(config, tokenizer, distributed.rank_seed(config.seed, ctx.rank), seq_len, ends,
+    objective = build_objective_for(config, tokenizer, distributed.rank_seed(config.seed, rank), seq_len, ends,
                                     static_seed=config.seed)
     eval_objective = build_objective_for(config, tokenizer, config.seed + 1, seq_len, ends)
     # Concatenated, input and target share the model's seq_len: each gets about half of it.
     train_data, eval_data = datasets_for(config, seq_len // 2 if concatenated else seq_len, ends)
+    return PretrainPlan(config, tokenizer, model_config, objective, eval_objective, train_data, eval_data, languages)
+
+
+def build_pretraining(config: TrainConfig, *, loss=None, init: Callable[[Transformer], None] | None = None,
+                      run_files: dict[str, str] | None = None) -> PretrainRun:
+    """Check ``config`` and assemble tokenizer, model, objective, data and Trainer (nothing is trained).
+
+    Other recipes on the same data and objective (distillation, :mod:`lmforge.distillation`) pass the Trainer's
+    ``loss``; ``init(model)`` initialises a model that has no weights of its own (a preset or config file);
+    ``run_files`` (name -> text) are written into the run folder beside ``config.yaml`` when the run starts.
+    """
+    config.require("model", "objective", "data", "out")
+    refuse_training(config.model, "pre-training")
+    ctx = distributed.setup(config.strategy, config.device)  # before the datasets: they read rank and world size
+    plan = plan_pretraining(config, ctx.rank)
+    config, tokenizer, model_config, objective = plan.config, plan.tokenizer, plan.model_config, plan.objective
+    eval_objective, train_data, eval_data, languages = plan.eval_objective, plan.train_data, plan.eval_data, \
+        plan.languages
 
     torch.manual_seed(config.seed)  # the same seed, the same initial weights
     if isinstance(model_config, BiLMConfig):
