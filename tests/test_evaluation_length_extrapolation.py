@@ -123,3 +123,24 @@ def test_benchmark_script_runs_at_toy_sizes(tmp_path):
     assert rope[0]["loss"] > 0 and rope[0]["beyond_loss"] is None
     decay = result["rope_decay"]  # at distance 0 every partial sum S_j = j: the mean of 1..32 for d = 64
     assert rope[1]["beyond_loss"] > 0 and decay[0] == pytest.approx(16.5) and max(decay[len(decay) // 2:]) < decay[0] / 2
+
+
+def test_a_prepared_folder_is_read_as_its_validation_split(tok, tmp_path, capsys):
+    from lmforge.data.loader import PackedDataset
+    from lmforge.data.prepare import prepare
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": t}) + "\n" for t, _ in th.sentiment_rows(120)), encoding="utf-8")
+    data = tmp_path / "data"
+    prepare([docs], tok, data, val_fraction=0.3, progress=False)
+    ids = lx.text_ids(str(data), tok, tok.boundary_id)
+    packed = PackedDataset(data, L, 1, split="val", shuffle=False)  # the Trainer's evaluation blocks, in order
+    want = [packed.get_batch(0, i)[0].tolist() for i in range(len(packed))]
+    assert lx.blocks(ids, L) == want and len(want) > 2
+    torch.manual_seed(0)
+    folder = checkpoint.save(th.body("gpt", tok, position="alibi", max_seq_len=L), tmp_path / "gpt", tokenizer=tok)
+    assert main(["evaluate", "--model", str(folder), "--data", str(data), "--seq-len", str(2 * L)]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["blocks"] == len(lx.blocks(ids, 2 * L))
+    other = th.tokenizer(tmp_path, "bert")
+    with pytest.raises(UserInputError, match="prepared with another tokenizer than the model's"):
+        lx.text_ids(str(data), other, other.boundary_id)

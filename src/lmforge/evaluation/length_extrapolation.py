@@ -23,13 +23,16 @@ Example:
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 
 from lmforge import datasets
-from lmforge.data.sources import iter_documents, resolve_inputs
+from lmforge.data.loader import ShardSet
+from lmforge.data.prepare import read_manifest
+from lmforge.data.sources import DataError, iter_documents, resolve_inputs
 from lmforge.errors import UserInputError
 from lmforge.models.transformer import Transformer
 
@@ -38,8 +41,11 @@ EXTRAPOLATING = ("sinusoidal", "rope", "alibi", "t5-bias", "relative", "none")
 
 
 def text_ids(data: str, tokenizer, eos_id: int | None = None) -> list[int]:
-    """The token ids of ``data`` (a shipped text corpus by name, e.g. ``corpus``, or text files), its documents
-    joined by ``eos_id`` as packing joins them."""
+    """The token ids of ``data`` (a shipped text corpus by name, e.g. ``corpus``, text files, or a prepared data
+    folder: its validation split, the text pre-training held out), its documents joined by ``eos_id`` as packing
+    joins them."""
+    if (Path(data) / "manifest.json").is_file():
+        return validation_ids(Path(data), tokenizer, eos_id)
     if data in datasets.names() and datasets.info(data).format == "text":
         docs = [r["text"] for r in datasets.load(data)]
     else:
@@ -47,6 +53,25 @@ def text_ids(data: str, tokenizer, eos_id: int | None = None) -> list[int]:
     ids: list[int] = []
     for doc in docs:
         ids += tokenizer.encode(doc, add_special_tokens=False) + ([eos_id] if eos_id is not None else [])
+    return ids
+
+
+def validation_ids(folder: Path, tokenizer, eos_id: int | None) -> list[int]:
+    """The validation split of a folder written by ``lmforge data prepare`` with ``tokenizer``, in file order."""
+    manifest = read_manifest(folder)
+    if tokenizer.sha256() != manifest["tokenizer"]["sha256"]:
+        raise UserInputError(f"{folder} was prepared with another tokenizer than the model's: prepare the text with "
+                             "the model's tokenizer, or give the text file instead")
+    try:
+        split = ShardSet(folder, "val")
+    except DataError as exc:
+        raise UserInputError(f"{exc}: length extrapolation reads the validation split of a prepared folder "
+                             "(prepare with a --val-fraction above 0, or give a text file)") from None
+    ids: list[int] = []
+    for shard in range(len(split)):
+        tokens, offsets = split.arrays(shard)
+        for a, b in zip(offsets[:-1], offsets[1:]):
+            ids += tokens[a:b].tolist() + ([eos_id] if eos_id is not None else [])
     return ids
 
 
