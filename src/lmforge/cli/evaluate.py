@@ -129,8 +129,9 @@ def register(subparsers) -> None:
                         "first N blocks)")
     parser.add_argument("--seq-len", type=int, default=None, metavar="N",
                         help="length extrapolation: a decoder folder's next-token loss on --data (a text file, corpus, "
-                        "or a prepared data folder: its validation split) in blocks of N positions, per bucket of --train-len positions; N beyond the model's "
-                        "max_seq_len works for sinusoidal, rope, alibi, t5-bias and relative positions")
+                        "or a prepared data folder: its validation split) in blocks of N positions, per bucket of "
+                        "--train-len positions; N beyond the model's max_seq_len works for sinusoidal, rope, alibi, "
+                        "t5-bias and relative positions")
     parser.add_argument("--forgetting", action="store_true", default=False,
                         help="catastrophic forgetting: the fine-tuned body's pre-training loss (with the pre-trained "
                         "LM head) on the validation split of --data, a prepared data folder (lmforge data prepare), "
