@@ -54,7 +54,8 @@ def _serve(result: dict) -> str:
     for model, entry in result["models"].items():
         for r in entry["rows"]:
             out.append([model, r["mode"], r["concurrency"], f"{r['req_s']:.2f}", f"{r['tok_s']:,.0f}",
-                        f"{r['ttft_p50']:.3f} / {r['ttft_p99']:.3f}", f"{r['token_ms_p50']:.1f} / {r['token_ms_p99']:.1f}"])
+                        f"{r['ttft_p50']:.3f} / {r['ttft_p99']:.3f}",
+                        f"{r['token_ms_p50']:.1f} / {r['token_ms_p99']:.1f}"])
         for mode, m in entry.get("modes", {}).items():
             speedups.append(f"{model} {mode} {m['speedup_vs_one_at_a_time']:.2f}×")
     text = table(["model", "mode", "concurrency", "requests/s", "new tokens/s", "TTFT p50 / p99 s",
@@ -75,8 +76,8 @@ def gpu_section(record: dict) -> str:
              "measured MFU uses its own run's. MFU counts "
              "the model's training FLOPs (6 N + attention, PaLM's appendix B) per second over those peaks. Every table "
              "interleaves its implementations in one process (the median of `--repeats` steps, 10 unless its command "
-             "says otherwise, after warm-up; the compiled ones warmed up through their compile). `lmforge bench --device cuda` reproduces all of them "
-             "(`--nanogpt DIR` adds nanoGPT)."]
+             "says otherwise, after warm-up; the compiled ones warmed up through their compile). "
+             "`lmforge bench --device cuda` reproduces all of them (`--nanogpt DIR` adds nanoGPT)."]
     for section in SECTIONS:
         run = record["runs"].get(section)
         if run is None:

@@ -288,7 +288,8 @@ def main() -> None:
     modes = list(dict.fromkeys(args.modes))
     result = {"benchmark": "serve_load", "modes": modes, "requests": n, "prompt_tokens": args.prompt_tokens,
               "new_tokens": new_tokens,
-              "threads": args.threads, "compile": args.compile, "device": args.device, "rounds": rounds, "target_speedup": TARGET_SPEEDUP,
+              "threads": args.threads, "compile": args.compile, "device": args.device, "rounds": rounds,
+              "target_speedup": TARGET_SPEEDUP,
               "target_ttft_p99_s": TARGET_TTFT_P99, "models": {}}
     with tempfile.TemporaryDirectory() as tmp:
         folders, texts = build_models(Path(tmp), models, vocab=512 if args.quick else 8192)
