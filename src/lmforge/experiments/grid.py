@@ -592,7 +592,8 @@ def _pretrain_config(where: str, settings: dict[str, Any], budget: Budget,
     flops, params = None, None
     if isinstance(model_config, ModelConfig):
         per_sequence, params = _train_flops(model_config, seq_len, config)
-        flops = (_counted_step_flops(where, config) if tokenizer is not None else None) or per_sequence * sequences
+        counted = _counted_step_flops(where, config, tokenizer) if tokenizer is not None else None
+        flops = counted or per_sequence * sequences
     if budget.kind == "steps":
         steps = budget.steps
     elif budget.kind == "tokens":
@@ -645,7 +646,7 @@ def _check_objective_options(where: str, config: TrainConfig, tokenizer) -> None
                             f"it takes {', '.join(p for p in params if p != 'seed')}")
 
 
-def _counted_step_flops(where: str, config: TrainConfig, samples: int = 8) -> int | None:
+def _counted_step_flops(where: str, config: TrainConfig, tokenizer, samples: int = 8) -> int | None:
     """Training FLOPs of one optimizer step as the run's price tag will count them: the mean over the objective's
     first ``samples`` training batches of :func:`~lmforge.training.price_tag.batch_flops`, which reads each batch's
     real lengths (a span-corruption target is about a fifth of its input; a decoder's denoising or prefix-LM
@@ -656,7 +657,7 @@ def _counted_step_flops(where: str, config: TrainConfig, samples: int = 8) -> in
     if config.objective == "electra" or OBJECTIVES[config.objective] is PermutedLM:
         return None
     try:
-        plan = plan_pretraining(config.updated({"num_workers": 0}))
+        plan = plan_pretraining(config.updated({"num_workers": 0}), tokenizer=tokenizer)
     except LmforgeError as exc:
         raise GridError(f"{where}: {exc}") from exc
     if not isinstance(plan.model_config, ModelConfig):

@@ -300,11 +300,12 @@ def build_objective_for(config: TrainConfig, tokenizer: Tokenizer, seed: int, se
     return objective
 
 
-def plan_pretraining(config: TrainConfig, rank: int = 0) -> PretrainPlan:
+def plan_pretraining(config: TrainConfig, rank: int = 0, tokenizer: Tokenizer | None = None) -> PretrainPlan:
     """Check ``config`` and assemble what a pre-training run reads (tokenizer, model config, objectives, data),
     without building the model: :func:`build_pretraining`'s first half, and what an experiment grid counts a
-    cell's FLOPs per step on. ``rank`` seeds the training objective (each rank masks differently)."""
-    tokenizer = load_tokenizer(config)
+    cell's FLOPs per step on. ``rank`` seeds the training objective (each rank masks differently); ``tokenizer``:
+    the data's, when the caller has loaded it already (:func:`load_tokenizer`)."""
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config)
     check_format(config.objective, config.objective_options.get("format"))
     # An objective's head (NSP: pooler + nsp_head) is switched on, unless weights or the overrides say otherwise.
     needs = getattr(OBJECTIVES[config.objective], "model_fields", {})
