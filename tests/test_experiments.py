@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from experiment_helpers import (
     LR_AXIS,
@@ -340,12 +341,39 @@ def test_a_flops_budget_pays_for_electras_generator_too():
 
     cfg = resolve_config("bert-tiny").replace(n_layers=2, d_model=64, n_heads=4, d_ff=128, vocab_size=500)
     settings = {"model": "bert-tiny", "data": "d", "objective_options": {"generator_size": 0.5}}
-    mlm, _ = _train_flops(cfg, 32, TrainConfig.from_dict({**settings, "objective": "mlm"}))
     electra, params = _train_flops(cfg, 32, TrainConfig.from_dict({**settings, "objective": "electra"}))
     pair = ElectraPretrainer.from_config(cfg, generator_size=0.5)
-    assert electra == pair.discriminator.train_flops(32) + pair.generator.train_flops(32)
-    assert mlm < electra < 2 * mlm  # a half-width generator: its layers cost about a quarter of the model's
+    # the generator's vocabulary projection (tied: 500 x 64) runs on the 15% masked positions only
+    disc, gen = pair.discriminator.train_flops(32), pair.generator.train_flops(32)
+    assert electra == disc + gen - round(6 * 500 * 64 * 32 * 0.85)
+    assert disc < electra < 2 * disc  # a half-width generator: its layers cost about a quarter of the model's
     assert params == pair.discriminator.num_parameters(True)
+
+
+def test_electras_planned_flops_match_what_flopcountermode_counts_in_a_step():
+    # The price tag charges ELECTRA the FlopCounterMode count of a real step; a FLOPs budget planned with
+    # _train_flops must agree with it, or ELECTRA's cells get less (or more) compute than the others.
+    from lmforge.config import resolve_config
+    from lmforge.experiments.grid import _train_flops
+    from lmforge.models.electra import ElectraPretrainer
+    from lmforge.objectives import build_objective
+    from lmforge.training.config import TrainConfig
+    from lmforge.training.price_tag import counted_flops
+
+    torch.manual_seed(0)
+    cfg = resolve_config("bert-tiny").replace(n_layers=2, d_model=64, n_heads=4, d_ff=256, vocab_size=2000,
+                                              max_seq_len=64)
+    settings = {"model": "bert-tiny", "data": "d", "objective": "electra", "objective_options": {"generator_size": 0.25}}
+    planned, _ = _train_flops(cfg, 64, TrainConfig.from_dict(settings))
+    pair = ElectraPretrainer.from_config(cfg, generator_size=0.25)
+    objective = build_objective("electra", generator_size=0.25, mask_token_id=3, pad_token_id=0, vocab_size=2000,
+                                special_token_ids=[0, 1, 2, 3], seed=0)
+    batch = objective([torch.randint(5, 2000, (64,)).tolist() for _ in range(32)])
+    with counted_flops() as counter:
+        pair(**{k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "labels")}).loss.backward()
+    masked = (batch["labels"] != -100).float().mean().item()
+    assert 0.12 < masked < 0.18
+    assert counter.get_total_flops() / 32 == pytest.approx(planned, rel=0.05)
 
 
 def test_a_flops_budget_counts_each_objectives_real_batches(data, tmp_path):

@@ -680,15 +680,21 @@ def _counted_step_flops(where: str, config: TrainConfig, tokenizer, samples: int
 def _train_flops(model_config: ModelConfig, seq_len: int, config: TrainConfig | None = None) -> tuple[int, int]:
     """Training FLOPs of one sequence and the non-embedding parameter count, read off a model built without
     memory (the meta device). ELECTRA trains its generator beside the model: a FLOPs budget pays for both (the
-    parameter count stays the saved discriminator's)."""
+    parameter count stays the saved discriminator's). The generator's vocabulary projection runs on the masked
+    positions only (its logits are (N, V)), as a masked LM's does in the price tag, so it is charged for that
+    share of the sequence (``mlm_probability``), not for every position."""
     with torch.device("meta"):
         if config is not None and config.objective == "electra":  # the pair pretrain builds
             _, options = format_and_options(config.objective, config.objective_options)
             defaults = inspect.signature(OBJECTIVES["electra"]).parameters
             size, tie = (options.get(k, defaults[k].default) for k in ("generator_size", "tie_generator_output"))
+            masking = inspect.signature(OBJECTIVES["mlm"]).parameters["mlm_probability"].default
+            share = options.get("mlm_probability", masking)
             pair = ElectraPretrainer.from_config(model_config, generator_size=size, tie_generator_output=tie)
-            return (pair.discriminator.train_flops(seq_len) + pair.generator.train_flops(seq_len),
-                    pair.discriminator.num_parameters(True))
+            gen = pair.generator.config
+            unmasked_head = 6 * gen.vocab_size * gen.embed_dim * seq_len * (1 - share)
+            return (pair.discriminator.train_flops(seq_len) + pair.generator.train_flops(seq_len)
+                    - round(unmasked_head), pair.discriminator.num_parameters(True))
         model = Transformer(model_config)
     return (model.train_flops(seq_len, seq_len if model_config.arch == "encoder-decoder" else None),
             model.num_parameters(True))
