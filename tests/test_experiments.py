@@ -376,6 +376,30 @@ def test_electras_planned_flops_match_what_flopcountermode_counts_in_a_step():
     assert counter.get_total_flops() / 32 == pytest.approx(planned, rel=0.05)
 
 
+def test_the_permuted_lms_planned_flops_count_both_streams():
+    # XLNet's two streams double the rows the stack runs; the price tag counts a real step with FlopCounterMode.
+    from lmforge.config import resolve_config
+    from lmforge.experiments.grid import _train_flops
+    from lmforge.models.transformer import Transformer
+    from lmforge.models.two_stream import TwoStreamLM
+    from lmforge.objectives import build_objective
+    from lmforge.training.config import TrainConfig
+    from lmforge.training.price_tag import counted_flops
+
+    torch.manual_seed(0)
+    cfg = resolve_config("bert-tiny").replace(n_layers=2, d_model=128, n_heads=4, d_ff=512, vocab_size=2000,
+                                              max_seq_len=64)
+    planned, _ = _train_flops(cfg, 64, TrainConfig.from_dict({"model": "bert-tiny", "data": "d",
+                                                              "objective": "permuted-lm"}))
+    model = TwoStreamLM(Transformer(cfg))
+    batch = build_objective("permuted-lm", pad_token_id=0, seed=0)([torch.randint(5, 2000, (64,)).tolist()
+                                                                    for _ in range(8)])
+    with counted_flops() as counter:
+        model(**batch).loss.backward()
+    # within 5%: the analytic 6N also charges biases and norms, and the MLM head's transform on every row
+    assert counter.get_total_flops() / 8 == pytest.approx(planned, rel=0.05)
+
+
 def test_a_flops_budget_counts_each_objectives_real_batches(data, tmp_path):
     # A causal LM labels every position, so its counted step equals the analytic count; a prefix LM labels the
     # target half only (only labelled rows reach the vocabulary), so the same budget buys it more steps.

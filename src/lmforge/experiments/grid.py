@@ -696,6 +696,13 @@ def _train_flops(model_config: ModelConfig, seq_len: int, config: TrainConfig | 
             return (pair.discriminator.train_flops(seq_len) + pair.generator.train_flops(seq_len)
                     - round(unmasked_head), pair.discriminator.num_parameters(True))
         model = Transformer(model_config)
+    if config is not None and OBJECTIVES[config.objective] is PermutedLM:
+        # XLNet's content and query streams run through the stack as one sequence of 2T rows (attention over
+        # 2T keys); only the predicted 1/K of the tokens reach the vocabulary projection.
+        _, options = format_and_options(config.objective, config.objective_options)
+        k = options.get("partial_k", inspect.signature(PermutedLM).parameters["partial_k"].default)
+        unpredicted = 6 * model_config.vocab_size * model_config.embed_dim * (2 * seq_len - seq_len / k)
+        return model.train_flops(2 * seq_len) - round(unpredicted), model.num_parameters(True)
     return (model.train_flops(seq_len, seq_len if model_config.arch == "encoder-decoder" else None),
             model.num_parameters(True))
 
