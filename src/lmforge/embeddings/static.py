@@ -13,8 +13,9 @@ Two sources of tables:
   gensim``; in the ``test`` extras).
 
 :meth:`AveragedEmbeddings.encode` takes the arguments of :meth:`SentenceEncoder.encode`, so
-:func:`lmforge.embeddings.sbert.evaluate_sts` and ``evaluate_retrieval`` score it unchanged, and :meth:`AveragedEmbeddings.word_vectors_all_layers` gives every word of pre-split sentences
-its own vector as a single "layer" 0, so :func:`lmforge.embeddings.probe.probe_layers` probes static vectors
+:func:`lmforge.embeddings.sbert.evaluate_sts` and ``evaluate_retrieval`` score it unchanged, and
+:meth:`AveragedEmbeddings.word_vectors_all_layers` gives every word of pre-split sentences its own vector as a
+single "layer" 0, so :func:`lmforge.embeddings.probe.probe_layers` probes static vectors
 with the same head as a contextual encoder's layers.
 
 Example:
