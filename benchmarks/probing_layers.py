@@ -17,8 +17,8 @@ scalar mix with task-learned weights (the weights are printed).
                 (`lmforge datasets path corpus`) plus the tokens of the training tweets: one "layer" 0, each
                 word's own vector (zeros for a word outside its vocabulary); no scalar mix (nothing to mix)
 
-Making the biLM (about 15 minutes on one shared CPU core for either preset; OMP_NUM_THREADS=1 because on a busy
-machine a second, spin-waiting thread is far slower)::
+Making the biLM (a quarter of an hour or less on one shared CPU core for either preset; OMP_NUM_THREADS=1
+because on a busy machine a second, spin-waiting thread is far slower)::
 
     $ lmforge tokenizer train ../shared/data/corpus/*.txt --kind wordpiece --vocab-size 8192 --out /tmp/elmo/tokenizer
     $ lmforge data prepare ../shared/data/corpus/*.txt --tokenizer /tmp/elmo/tokenizer --out /tmp/elmo/data
@@ -29,11 +29,11 @@ Then::
 
     $ python benchmarks/probing_layers.py --models static,elmo,bert-tiny,minilm --elmo-model /tmp/elmo/run/model \\
           --bert-model runs/pretrain-bert/model --out /tmp/probing_layers
-    static       layer 0          accuracy ...  macro_f1 ...
+    static        layer 0          accuracy ...  macro_f1 ...
     elmo-cnn-tiny layer 0          accuracy ...  macro_f1 ...
     ...
-    minilm       layer scalar-mix accuracy ...  macro_f1 ...  weights ...
-    tagging every word O: accuracy 0.9416, macro_f1 0
+    minilm        layer scalar-mix accuracy ...  macro_f1 ...  weights ...
+    tagging every word O: accuracy ..., macro_f1 0
     wrote /tmp/probing_layers/probing_layers.png
     {"static": [...], "elmo-cnn-tiny": [...], ...}
 
