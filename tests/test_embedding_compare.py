@@ -44,6 +44,44 @@ def test_averaged_word2vec_skips_unknown_words_and_is_reproducible():
     np.testing.assert_array_equal(vecs, b.encode(["The cat sat", "the cat sat zyzzyva", "zyzzyva qwerty"]))
 
 
+def test_static_word_vectors_give_the_probe_one_layer_with_zeros_for_unknown_words():
+    pytest.importorskip("gensim")
+    sentences = [s.split() for s in h.sentences(200)]
+    avg = AveragedEmbeddings.from_word2vec(sentences, dim=16, epochs=2, min_count=1, seed=3)
+    per_sentence = avg.word_vectors_all_layers([["The", "cat", "zyzzyva"], ["sat"]])
+    assert [v.shape for v in per_sentence] == [(1, 3, 16), (1, 1, 16)]
+    first = per_sentence[0][0]
+    np.testing.assert_array_equal(first[0], avg.encode(["the"], normalize=False)[0])  # case folded, not normalised
+    assert first[0].any() and not np.allclose(first[0], first[1])  # one vector per word, not the sentence mean
+    assert not first[2].any()  # out of the vocabulary: zeros, and the word keeps its place
+    with pytest.raises(ValueError, match="single layer"):
+        avg.word_vectors_all_layers([["cat"]], layers=[1])
+    # through the probe: tags fixed by the word are read off the static layer, the only row
+    rng = random.Random(0)
+    tags = {"cat": "B-animal", "dog": "B-animal", "mat": "B-thing"}
+
+    def tagged(n):
+        return [{"tokens": (w := rng.sample(h.WORDS, 6)), "tags": [tags.get(x, "O") for x in w]} for _ in range(n)]
+
+    rows = probe_layers(avg, tagged(60), tagged(30), max_iter=200)
+    assert [r["layer"] for r in rows] == [0] and rows[0]["macro_f1"] > 0.8, rows
+
+
+def test_corpus_sentences_reads_the_bundled_gzipped_corpus(tmp_path):
+    import gzip
+
+    from lmforge.datasets import path as dataset_path
+    from lmforge.embeddings.static import corpus_sentences
+
+    plain, packed = tmp_path / "c.txt", tmp_path / "c.txt.gz"
+    plain.write_text("Emma's cat sat.\n\nIt ran!\n", encoding="utf-8")
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    expected = [["Emma's", "cat", "sat", "."], ["It", "ran", "!"]]
+    assert corpus_sentences([plain]) == corpus_sentences([packed]) == expected
+    austen = corpus_sentences([dataset_path("corpus")])
+    assert len(austen) > 1000 and all(austen)
+
+
 def test_the_learned_scalar_mix_finds_the_informative_layer():
     rng = np.random.default_rng(0)
     W, D = 3000, 8

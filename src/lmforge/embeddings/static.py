@@ -13,17 +13,23 @@ Two sources of tables:
   gensim``; in the ``test`` extras).
 
 :meth:`AveragedEmbeddings.encode` takes the arguments of :meth:`SentenceEncoder.encode`, so
-:func:`lmforge.embeddings.sbert.evaluate_sts` and ``evaluate_retrieval`` score it unchanged.
+:func:`lmforge.embeddings.sbert.evaluate_sts` and ``evaluate_retrieval`` score it unchanged, and
+:meth:`AveragedEmbeddings.word_vectors_all_layers` gives every word of pre-split sentences its own vector as a
+single "layer" 0, so :func:`lmforge.embeddings.probe.probe_layers` probes static vectors
+with the same head as a contextual encoder's layers.
 
 Example:
     >>> table = np.array([[0., 0.], [1., 0.], [0., 1.]])              # (V=3, D=2)
     >>> avg = AveragedEmbeddings(table, lambda text: [int(c) for c in text.split()])
     >>> avg.encode(["1 2", "1 1"], normalize=False).tolist()
     [[0.5, 0.5], [1.0, 0.0]]
+    >>> [v.tolist() for v in avg.word_vectors_all_layers([["1", "2"], ["7"]])]  # "7": outside the table -> zeros
+    [[[[1.0, 0.0], [0.0, 1.0]]], [[[0.0, 0.0]]]]
 """
 
 from __future__ import annotations
 
+import io
 import re
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -71,6 +77,19 @@ class AveragedEmbeddings:
             out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
         return out
 
+    def word_vectors_all_layers(self, sentences: Sequence[Sequence[str]], *, layers: Sequence[int] | None = None,
+                                batch_size: int | None = None, **_) -> list[np.ndarray]:
+        """Per sentence a (1, n_words, D) float32 array: each word's own vector, the one "layer" a static table has.
+
+        The interface of :meth:`SentenceEncoder.word_vectors_all_layers` (what a probe sweeps over). A word the
+        unit splitter cuts into several known units (``"#nlp"`` -> ``#``, ``nlp``) gets their mean; a word with
+        no known unit gets the zero vector, so every word keeps its place next to its tag.
+        """
+        if layers is not None and list(layers) != [0]:
+            raise ValueError(f"layers={list(layers)!r}: static vectors have a single layer, 0")
+        # One word at a time through encode: (n_words, D) unnormalised means of the word's units.
+        return [self.encode(list(words), normalize=False)[None] for words in sentences]
+
     @classmethod
     def from_model(cls, model, tokenizer, *, skip_special: bool = True) -> "AveragedEmbeddings":
         """The model's input token-embedding table (``model.embed_tokens``), indexed by ``tokenizer``'s ids.
@@ -101,9 +120,14 @@ class AveragedEmbeddings:
 
 
 def corpus_sentences(files: Iterable[str | Path]) -> list[list[str]]:
-    """Every non-empty line of ``files`` as a list of words (case kept): word2vec's training input."""
+    """Every non-empty line of ``files`` as a list of words (case kept): word2vec's training input.
+
+    ``.gz``/``.zst`` files are read decompressed (the bundled corpus, ``lmforge.datasets.path("corpus")``, is one).
+    """
+    from lmforge.data.sources import open_binary
+
     out = []
     for file in files:
-        with open(file, encoding="utf-8") as f:
+        with io.TextIOWrapper(open_binary(file), encoding="utf-8") as f:
             out += [w for w in (WORD.findall(line) for line in f) if w]
     return out
