@@ -47,6 +47,16 @@ def test_mass_masks_one_contiguous_half_and_predicts_exactly_it():
     assert model(**mass([torch.arange(10, 20), torch.arange(10, 16)])).loss.isfinite()
 
 
+def test_mass_masks_a_one_token_sentence_whole():
+    # windows cut from documents end in short tails; a one-token one has no context, so it is the k = m case
+    batch = Mass(mask_token_id=MASK, pad_token_id=PAD, decoder_start_token_id=1)([[10, 11, 12, 13], [20]])
+    assert batch["input_ids"][1].tolist() == [MASK, PAD, PAD, PAD]
+    assert (batch["input_ids"][0] == MASK).sum() == 2  # the longer row keeps its half
+    assert batch["labels"][1].tolist() == [20, -100] and batch["position_ids"][1].tolist() == [0, 0]
+    with pytest.raises(ValueError, match="empty sentence"):
+        Mass(mask_token_id=MASK, pad_token_id=PAD)([[]])
+
+
 def test_mass_on_a_decoder_names_both():
     with pytest.raises(UserInputError, match="objective 'mass' does not fit arch='decoder': .*needs arch='encoder-decoder'"):
         check_architecture("mass", "decoder")

@@ -11,7 +11,9 @@ replaced by ``[MASK]``. The decoder predicts exactly that fragment, and nothing 
     position_ids    2   3  4  5                       (the fragment's positions in x)
 
 The paper's k is about 50% of m, which its ablation finds best: k = 1 would be BERT's masked LM and k = m a
-plain decoder-side language model. The start u is uniform over the positions that fit the fragment. The
+plain decoder-side language model. The start u is uniform over the positions that fit the fragment. A
+one-token sentence (the tail of a document, cut into windows) has no context to keep: it is masked whole,
+the k = m case. The
 decoder's tokens keep their positions in the sentence (``position_ids``, read by absolute position tables),
 as in the paper, where the decoder sees only the fragment but at its place in x.
 
@@ -42,7 +44,7 @@ class Mass(Seeded):
         mask_token_id, pad_token_id: ids of ``[MASK]`` and padding.
         decoder_start_token_id: first decoder input; defaults to ``pad_token_id``.
         mask_ratio: k / m, the fragment's share of the sentence (paper: 0.5); at least one token, and one
-            token is always left unmasked.
+            token is always left unmasked (but in a one-token sentence).
         seed: seed of the generator that draws the fragments.
     """
 
@@ -55,8 +57,8 @@ class Mass(Seeded):
         self.decoder_start_token_id = pad_token_id if decoder_start_token_id is None else decoder_start_token_id
 
     def fragment(self, length: int) -> tuple[int, int]:
-        """(u, v): the masked fragment x[u:v] of a sentence of ``length`` >= 2 tokens."""
-        k = min(max(round(self.mask_ratio * length), 1), length - 1)
+        """(u, v): the masked fragment x[u:v] of a sentence of ``length`` >= 1 tokens."""
+        k = min(max(round(self.mask_ratio * length), 1), max(length - 1, 1))
         u = int(torch.randint(length - k + 1, (), generator=self.generator))
         return u, u + k
 
@@ -64,8 +66,8 @@ class Mass(Seeded):
         sources, targets, starts = [], [], []
         for x in examples:
             tokens = as_ids(x)
-            if len(tokens) < 2:
-                raise ValueError("MASS needs sentences of at least 2 tokens (a fragment and a token of context)")
+            if len(tokens) == 0:
+                raise ValueError("MASS got an empty sentence: there is no fragment to mask")
             u, v = self.fragment(len(tokens))
             masked = tokens.clone()
             masked[u:v] = self.mask_token_id
