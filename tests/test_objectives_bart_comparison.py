@@ -57,6 +57,14 @@ def test_mass_masks_a_one_token_sentence_whole():
         Mass(mask_token_id=MASK, pad_token_id=PAD)([[]])
 
 
+def test_the_permuted_lm_predicts_nothing_in_a_one_token_row():
+    batch = PermutedLM(pad_token_id=PAD, partial_k=2, seed=0)([[10, 11, 12, 13], [20]])
+    assert (batch["labels"][1] == -100).all() and (batch["labels"][0] != -100).sum() == 2
+    assert batch["content_mask"][1, 0, 0] and not batch["query_mask"][1, 0].any()  # it sees only itself
+    with pytest.raises(ValueError, match="empty sequence"):
+        PermutedLM(pad_token_id=PAD)([[]])
+
+
 def test_mass_on_a_decoder_names_both():
     with pytest.raises(UserInputError, match="objective 'mass' does not fit arch='decoder': .*needs arch='encoder-decoder'"):
         check_architecture("mass", "decoder")

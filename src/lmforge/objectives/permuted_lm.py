@@ -60,7 +60,8 @@ class PermutedLM(Seeded):
     Args:
         pad_token_id: padding id.
         partial_k: K, the inverse share of predicted tokens (at least one, and never the first of the order,
-            which would have no context).
+            which would have no context: a one-token row, the tail of a document cut into windows, predicts
+            nothing).
         seed: seed of the generator that draws the orders.
     """
 
@@ -76,10 +77,10 @@ class PermutedLM(Seeded):
         ranks = torch.full((B, T), T, dtype=torch.long)  # padding after every real position
         predicted = torch.zeros(B, T, dtype=torch.bool)
         for b, n in enumerate(real.sum(1).tolist()):
-            if n < 2:
-                raise ValueError("permuted LM needs sequences of at least 2 tokens (a target and its context)")
+            if n == 0:
+                raise ValueError("permuted LM got an empty sequence: there is nothing to predict")
             ranks[b, :n] = torch.randperm(n, generator=self.generator)
-            c = min(max(round(n / self.partial_k), 1), n - 1)  # tokens to predict
+            c = min(max(round(n / self.partial_k), 1), n - 1)  # tokens to predict (none in a one-token row)
             predicted[b, :n] = ranks[b, :n] >= n - c
         content, query = permutation_masks(ranks, real)
         return {"input_ids": ids, "content_mask": content, "query_mask": query,
