@@ -13,9 +13,8 @@ replaced by ``[MASK]``. The decoder predicts exactly that fragment, and nothing 
 The paper's k is about 50% of m, which its ablation finds best: k = 1 would be BERT's masked LM and k = m a
 plain decoder-side language model. The start u is uniform over the positions that fit the fragment. A
 one-token sentence (the tail of a document, cut into windows) has no context to keep: it is masked whole,
-the k = m case. The
-decoder's tokens keep their positions in the sentence (``position_ids``, read by absolute position tables),
-as in the paper, where the decoder sees only the fragment but at its place in x.
+the k = m case. The decoder's tokens keep their positions in the sentence (``position_ids``, read by absolute
+position tables), as in the paper, where the decoder sees only the fragment but at its place in x.
 
 Example::
 
