@@ -363,7 +363,8 @@ def test_electras_planned_flops_match_what_flopcountermode_counts_in_a_step():
     torch.manual_seed(0)
     cfg = resolve_config("bert-tiny").replace(n_layers=2, d_model=64, n_heads=4, d_ff=256, vocab_size=2000,
                                               max_seq_len=64)
-    settings = {"model": "bert-tiny", "data": "d", "objective": "electra", "objective_options": {"generator_size": 0.25}}
+    settings = {"model": "bert-tiny", "data": "d", "objective": "electra",
+                "objective_options": {"generator_size": 0.25}}
     planned, _ = _train_flops(cfg, 64, TrainConfig.from_dict(settings))
     pair = ElectraPretrainer.from_config(cfg, generator_size=0.25)
     objective = build_objective("electra", generator_size=0.25, mask_token_id=3, pad_token_id=0, vocab_size=2000,
