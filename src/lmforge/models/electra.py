@@ -232,6 +232,23 @@ class ElectraPretrainer(nn.Module):
         """Unique parameters of both models (the shared embeddings counted once)."""
         return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
 
+    def train_flops(self, seq_len: int, masked_share: float) -> int:
+        """Estimated training FLOPs of one sequence of ``seq_len`` tokens: both models' bodies on every
+        position, but the generator's vocabulary projection only on the ``masked_share`` of positions it
+        predicts (its logits are (N, V)).
+
+        Example (every position masked: both models' full cost)::
+
+            >>> from lmforge.config import resolve_config
+            >>> cfg = resolve_config("bert-tiny").replace(n_layers=1, d_model=16, n_heads=2, d_ff=32, vocab_size=50)
+            >>> pair = ElectraPretrainer.from_config(cfg, generator_size=0.5)
+            >>> pair.train_flops(8, 1.0) == pair.discriminator.train_flops(8) + pair.generator.train_flops(8)
+            True
+        """
+        gen = self.generator.config
+        unmasked_head = 6 * gen.vocab_size * gen.embed_dim * seq_len * (1 - masked_share)
+        return self.discriminator.train_flops(seq_len) + self.generator.train_flops(seq_len) - round(unmasked_head)
+
     @property
     def saved_model(self) -> Transformer:
         """The model a finished run saves (``RUN/model``): the discriminator, with its RTD head."""

@@ -41,6 +41,22 @@ from lmforge.models.transformer import ModelOutput, Transformer
 ABSOLUTE_POSITIONS = ("learned", "sinusoidal", "rope", "none")
 
 
+def two_stream_train_flops(model: Transformer, seq_len: int, predicted: float) -> int:
+    """Estimated training FLOPs of one sequence of ``seq_len`` tokens run as two streams: 2T rows through the
+    stack (attention over 2T keys), but only the ``predicted`` tokens reach the vocabulary projection.
+
+    Example (every row predicted: the cost of one plain sequence of 2T tokens)::
+
+        >>> import lmforge
+        >>> m = lmforge.build_model("bert-tiny", n_layers=1, d_model=8, n_heads=2, d_ff=16, vocab_size=10)
+        >>> two_stream_train_flops(m, 4, predicted=8) == m.train_flops(8)
+        True
+    """
+    cfg = model.config
+    unpredicted = 6 * cfg.vocab_size * cfg.embed_dim * (2 * seq_len - predicted)
+    return model.train_flops(2 * seq_len) - round(unpredicted)
+
+
 class TwoStreamLM(nn.Module):
     """An encoder ``Transformer`` run as XLNet's content and query streams (see the module docstring)."""
 
