@@ -153,6 +153,25 @@ def test_checkpoint_average_cli(tmp_path, capsys):
         average_checkpoints(tmp_path / "nothing", 1, tmp_path / "x")
 
 
+def test_averaging_a_finished_finetuning_run_gives_a_folder_like_its_final_model(tmp_path):
+    """A fine-tuning run's checkpoints hold the weights only; its RUN/model also has the tokenizer and
+    task.json, which the average carries, so that it evaluates as a task folder like RUN/model does."""
+    from pathlib import Path
+
+    from lmforge.model_folder import save
+    from lmforge.tokenization import Tokenizer
+
+    _run_with_checkpoints(tmp_path / "run")
+    tok = Tokenizer.load(Path(__file__).parent / "fixtures" / "gpt2")
+    task = '{"task": "seq2seq", "text_column": "en"}\n'
+    save(Transformer(tiny_config(arch="encoder-decoder", n_decoder_layers=1)), tmp_path / "run" / "model",
+         tokenizer=tok, extra_files={"task.json": task})
+    out = average_checkpoints(tmp_path / "run", last=2, dst=tmp_path / "avg")
+    assert (out / "task.json").read_text(encoding="utf-8") == task
+    assert Tokenizer.load(out).sha256() == tok.sha256()
+    model_checkpoint.load(out)  # the manifest covers the carried files: it verifies
+
+
 @pytest.mark.filterwarnings("ignore:train_data has no state_dict")  # a plain list: resume is not under test
 def test_evaluation_reports_the_plain_cross_entropy_under_label_smoothing(tmp_path):
     from lmforge.objectives import CausalLM

@@ -303,6 +303,8 @@ def test_quickstart_one_minute_report(finished_run):
             continue
         assert 0.0 <= r["test"]["accuracy"] <= 1.0 and r["test_examples"] > 0
     assert 0 < stages["finetune-bert-lora"]["trainable_percent"] < 10  # LoRA + head: a small share
+    # the pre-training comparison: the same fine-tuning steps from pre-trained and from random weights
+    assert stages["finetune-bert-scratch"]["steps"] == stages["finetune-bert"]["steps"]
     assert all(0.0 <= a <= 1.0 for a in stages["prompting"]["accuracy"].values())
     assert stages["translation"]["test"]["bleu"] >= 0 and len(stages["translation"]["examples"]) == 3
     assert all(0.0 <= s["recall@1"] <= 1.0 for s in stages["retrieval"]["encoders"].values())

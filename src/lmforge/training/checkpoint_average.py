@@ -32,7 +32,10 @@ from pathlib import Path
 import torch
 
 from lmforge.errors import UserInputError
-from lmforge.training.dist_checkpoint import RUN_CHECKPOINTS, checkpoint_model, write_model_folder
+from lmforge.model_folder import CONFIG_FILE, TOKENIZER_FILE
+from lmforge.tokenization import SIDECAR
+from lmforge.training.dist_checkpoint import RUN_CHECKPOINTS, RUN_MODEL, checkpoint_model, write_model_folder
+from lmforge.utils.manifest import MANIFEST_FILE
 from lmforge.training.state import CheckpointManager, verify_checkpoint
 
 
@@ -77,4 +80,15 @@ def average_checkpoints(run: str | Path, last: int, dst: str | Path, tokenizer: 
         raise UserInputError(f"{run}: the last {last} checkpoints have different model configs; they are not one run")
     model = models[-1]
     model.load_state_dict(average_state([m.state_dict() for m in models]))
-    return write_model_folder(folders[-1], dst, tokenizer, model=model)
+    return write_model_folder(folders[-1], dst, tokenizer, model=model, extra_files=run_files(folders[-1]))
+
+
+def run_files(checkpoint: Path) -> dict[str, str]:
+    """The files a finished run wrote beside its final weights in ``RUN/model`` that describe how to use them
+    (a fine-tuning run's ``task.json``, a multilingual run's languages), so that an average of the run's
+    checkpoints is the same kind of folder as its final model; ``{}`` when the run has not finished."""
+    final = checkpoint.parent.parent / RUN_MODEL
+    if not final.is_dir():
+        return {}
+    written = {CONFIG_FILE, MANIFEST_FILE, TOKENIZER_FILE, SIDECAR}  # what the save itself writes
+    return {f.name: f.read_text(encoding="utf-8") for f in sorted(final.glob("*.json")) if f.name not in written}

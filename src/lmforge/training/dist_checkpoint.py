@@ -85,6 +85,7 @@ from lmforge.errors import InputFileNotFound
 LAYOUT = "sharded"
 RUN_CHECKPOINTS = "checkpoints"
 RUN_TOKENIZER = "tokenizer"
+RUN_MODEL = "model"  # where a finished run writes its final model (or task) folder
 
 
 @contextlib.contextmanager
@@ -313,14 +314,19 @@ def consolidate(src: str | Path, dst: str | Path, tokenizer: str | Path | None =
 
 
 def write_model_folder(folder: Path, dst: str | Path, tokenizer: str | Path | None = None,
-                       model: nn.Module | None = None) -> Path:
+                       model: nn.Module | None = None, extra_files: dict[str, str] | None = None) -> Path:
     """:func:`consolidate` for a checkpoint folder already verified by :func:`find_checkpoint` (or, with
-    ``model``, that model's weights written in the folder's place, e.g. an average of checkpoints)."""
+    ``model``, that model's weights written in the folder's place, e.g. an average of checkpoints).
+    ``tokenizer`` defaults to the run's (``RUN/tokenizer``, else the one in its final ``RUN/model``)."""
     if model is None:
         model = checkpoint_model(folder)
-    if tokenizer is None and (folder.parent.parent / RUN_TOKENIZER).is_dir():
-        tokenizer = folder.parent.parent / RUN_TOKENIZER
-    return model_checkpoint.save(model, dst, tokenizer=Tokenizer.load(tokenizer) if tokenizer else None)
+    run = folder.parent.parent
+    if tokenizer is None and (run / RUN_TOKENIZER).is_dir():
+        tokenizer = run / RUN_TOKENIZER
+    elif tokenizer is None and (run / RUN_MODEL / model_checkpoint.TOKENIZER_FILE).is_file():
+        tokenizer = run / RUN_MODEL
+    return model_checkpoint.save(model, dst, tokenizer=Tokenizer.load(tokenizer) if tokenizer else None,
+                                 extra_files=extra_files)
 
 
 def stored_prefix(stored: set[str], names: list[str]) -> str:
