@@ -109,3 +109,20 @@ def test_experiment_overhead_script_times_a_one_cell_grid():
     result = bench.last_json(out.stdout)
     assert result["benchmark"] == "experiment_overhead" and 0 < result["loop_s"] < result["command_s"]
     assert result["overhead_share"] == pytest.approx(1 - result["loop_s"] / result["command_s"])
+
+
+@pytest.mark.slow
+def test_translation_quality_scripts_run_their_tiny_paths(tmp_path):
+    """mbart_en_es.py (pre-trained vs random) and transformer_en_es.py (label smoothing, checkpoint averaging)
+    at ``--tiny`` sizes: every stage runs and every number the docs quote is in the JSON line."""
+    out = _run(str(ROOT / "benchmarks" / "transformer_en_es.py"), "--work", str(tmp_path / "tb"), "--tiny")
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    result = bench.last_json(out.stdout)
+    assert [r["label_smoothing"] for r in result["runs"]] == [0.0, 0.1]
+    for r in result["runs"]:
+        assert r["flops"] > 0 and {"bleu", "chrf"} <= set(r["final"]) and {"bleu", "chrf"} <= set(r["average_last_5"])
+    out = _run(str(ROOT / "benchmarks" / "mbart_en_es.py"), "--work", str(tmp_path / "mb"), "--tiny",
+               "--pretrain-steps", "2", "--finetune-steps", "2", "--test", "4", "--batch-size", "4")
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    result = bench.last_json(out.stdout)
+    assert {"bleu", "chrf"} <= set(result["pretrained"]) and {"bleu", "chrf"} <= set(result["random"])
