@@ -21,7 +21,8 @@ Usage:
     python benchmarks/transformer_en_es.py --work /tmp/tbase                  # 2 x 1500 steps, a few tens of minutes
     python benchmarks/transformer_en_es.py --work /tmp/tbase --tiny           # a minutes-long smoke run
 
-Prints a line per run and a final JSON line with every number (also written to WORK/results.json).
+Prints a line per run and a final JSON line with every number (also written to WORK/results.json). Run again
+with the same ``--work``, it scores the runs that finished instead of training them again.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ import json
 import sys
 import time
 from pathlib import Path
+
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
@@ -80,18 +83,18 @@ def run(work: Path, tok: Tokenizer, smoothing: float, args, test) -> dict:
         "schedule": "inverse-sqrt", "betas": [0.9, 0.98], "weight_decay": 0.0, "label_smoothing": smoothing,
         "save_every": args.save_every, "keep_checkpoints": args.average, "final_checkpoint": "weights",
         "eval_every": 0, "seed": args.seed, "progress": False, "tensorboard": False}, source="transformer_en_es")
-    import torch
-    torch.manual_seed(args.seed)
-    started = time.time()
-    result = finetune(build(tok, args), spec, "kjv-rv1909:train", None, config=config, out=out, tokenizer=tok)
-    seconds = round(time.time() - started, 1)
+    if (out / "model").is_dir():  # trained by an earlier invocation (this script resumes): score it again
+        log(f"{out} is trained already: scoring it")
+    else:
+        torch.manual_seed(args.seed)
+        finetune(build(tok, args), spec, "kjv-rv1909:train", None, config=config, out=out, tokenizer=tok)
     final = evaluate(out / "model", test, batch_size=64)
-    averaged_dir = average_checkpoints(out, args.average, work / f"ls{smoothing:g}-avg{args.average}",
-                                       tokenizer=work / "tokenizer")
-    averaged = evaluate(averaged_dir, test, task="seq2seq", overrides=SPEC, batch_size=64)  # a plain model folder
-    tag = json.loads((out / "price_tag.json").read_text(encoding="utf-8")) if (out / "price_tag.json").is_file() \
-        else {}
-    record = {"label_smoothing": smoothing, "train_seconds": seconds, "train_loss": result.train.metrics.get("loss"),
+    averaged_dir = average_checkpoints(out, args.average, work / f"ls{smoothing:g}-avg{args.average}")
+    averaged = evaluate(averaged_dir, test, batch_size=64)  # a task folder, as OUT/model
+    tag = json.loads((out / "price_tag.json").read_text(encoding="utf-8"))
+    losses = [json.loads(line).get("loss") for line in (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    seconds = round(tag["wall_s"], 1)
+    record = {"label_smoothing": smoothing, "train_seconds": seconds, "train_loss": [x for x in losses if x][-1],
               "flops": tag.get("total_flops"), "final": {k: final[k] for k in ("bleu", "chrf", "loss") if k in final},
               f"average_last_{args.average}": {k: averaged[k] for k in ("bleu", "chrf", "loss") if k in averaged}}
     log(f"label smoothing {smoothing:g}: final BLEU {final['bleu']:.2f} chrF {final['chrf']:.2f}; average of the "

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -153,11 +154,39 @@ def test_checkpoint_average_cli(tmp_path, capsys):
         average_checkpoints(tmp_path / "nothing", 1, tmp_path / "x")
 
 
+def test_finetuning_smooths_the_token_loss_of_generative_tasks_only(tmp_path):
+    """--label-smoothing reaches a seq2seq fine-tune's loss (it was once accepted and ignored); a task with a
+    head of its own refuses it before anything is loaded or written."""
+    from lmforge.config import ConfigError
+    from lmforge.tasks.finetune import finetune
+    from lmforge.tasks.spec import TaskSpec
+
+    rows = [{"en": f"word {i}", "es": f"palabra {i}", "label": str(i % 2)} for i in range(8)]
+    seen = []
+
+    def spy(task_model):
+        seen.append(task_model.body.label_smoothing)
+        return task_model
+
+    config = TrainConfig(max_steps=1, batch_size=4, label_smoothing=0.1, eval_every=0, save_every=0, progress=False,
+                         tensorboard=False, precision="fp32")
+    from lmforge.tasks.data import Table
+
+    table = Table(str(tmp_path / "pairs.jsonl"), rows, ["en", "es", "label"], list(range(1, 9)))
+    tok = Path(__file__).parent / "fixtures" / "gpt2"
+    seq2seq = TaskSpec(task="seq2seq", text_column="en", target_column="es", max_length=16, max_target_length=16)
+    model = Transformer(tiny_config(arch="encoder-decoder", n_decoder_layers=1, vocab_size=50257))
+    finetune(model, seq2seq, table, config=config, out=tmp_path / "s2s", tokenizer=tok, wrap=spy)
+    assert seen == [0.1]
+    classify = TaskSpec(task="classify", text_column="en", label_column="label")
+    with pytest.raises(ConfigError, match="label_smoothing 0.1: smooths the token loss of the generative tasks"):
+        finetune(model, classify, table, config=config, out=tmp_path / "cls", tokenizer=tok)
+    assert not (tmp_path / "cls").exists()
+
+
 def test_averaging_a_finished_finetuning_run_gives_a_folder_like_its_final_model(tmp_path):
     """A fine-tuning run's checkpoints hold the weights only; its RUN/model also has the tokenizer and
     task.json, which the average carries, so that it evaluates as a task folder like RUN/model does."""
-    from pathlib import Path
-
     from lmforge.model_folder import save
     from lmforge.tokenization import Tokenizer
 

@@ -94,7 +94,7 @@ def run(args) -> int:
 
 def _run_baseline(given) -> int:
     """``--baseline NAME``: train a simple baseline (lmforge.evaluation.baselines) instead of fine-tuning a model."""
-    for flag in ("model", "tokenizer", "peft", "merge", "random_init", "mixture", "resume"):
+    for flag in ("model", "tokenizer", "peft", "merge", "random_init", "mixture", "resume", "label_smoothing"):
         if given.get(flag):
             raise UserError(f"--baseline trains its own small model: drop --{flag.replace('_', '-')}")
     if given.get("eval_sets"):

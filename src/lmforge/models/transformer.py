@@ -524,6 +524,22 @@ def share_blocks(encoder: TransformerStack, decoder: TransformerStack) -> None:
             dec.rezero = enc.rezero
 
 
+def set_label_smoothing(model: nn.Module, eps: float) -> None:
+    """Smooth the token cross-entropy of every Transformer inside ``model`` (a wrapper's or a task model's body
+    too) by ``eps`` while it trains; evaluation still reports the plain cross-entropy.
+
+    Example:
+        >>> import lmforge
+        >>> model = lmforge.build_model("gpt-tiny", n_layers=1)
+        >>> set_label_smoothing(model, 0.1)
+        >>> model.label_smoothing
+        0.1
+    """
+    for module in model.modules():
+        if isinstance(module, Transformer):
+            module.label_smoothing = eps
+
+
 def _attention_flops(cfg: ModelConfig, seq_len: int) -> int:
     """Training FLOPs per token and layer of the scores and the weighted sum: 12 * d_attn per key a query
     attends to. A sliding window attends to at most W keys; Linformer to its k projected rows, plus

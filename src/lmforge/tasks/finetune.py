@@ -39,6 +39,7 @@ from typing import Any, Callable
 from torch import nn
 
 from lmforge.checkpoint import load_body, model_source
+from lmforge.models.transformer import set_label_smoothing
 from lmforge.config import ConfigError
 from lmforge.peft.config import PeftConfig
 from lmforge.tasks.data import ExampleBatches, Table
@@ -49,7 +50,7 @@ from lmforge.tasks.optim import ScaledAdamW, build_finetune_optimizer, layer_gro
 from lmforge.tasks.peft import PEFT_BASE_DIR, PEFT_FILE, apply_task_peft, parameter_report, peft_base, record_peft_run
 from lmforge.tasks.recipe import Recipe
 from lmforge.tasks.registry import build_task
-from lmforge.tasks.spec import TaskSpec
+from lmforge.tasks.spec import GENERATIVE_TASKS, TaskSpec
 from lmforge.tasks.trainer import FinetuneTrainer
 from lmforge.training.config import TrainConfig
 from lmforge.training.distributed import launcher_env
@@ -147,6 +148,9 @@ def _finetune(source, spec, train, eval, config, recipe, out, tokenizer, random_
               wrap, log, on_start, lock, loss=None, eval_sets=None) -> FinetuneResult:
     if eval_sets and spec.mixture:
         raise ConfigError("eval_sets: a mixture evaluates each of its tasks on its own eval file")
+    if config.label_smoothing and spec.task not in GENERATIVE_TASKS:
+        raise ConfigError(f"label_smoothing {config.label_smoothing:g}: smooths the token loss of the generative "
+                          f"tasks ({', '.join(GENERATIVE_TASKS)}), not task {spec.task!r}")
     set_tables = {name: as_table(data) for name, data in (eval_sets or {}).items()}  # read (checked) before loading
     body, tok = load_body(source, tokenizer, random_init)
     cfg = body.config
@@ -172,6 +176,7 @@ def _finetune(source, spec, train, eval, config, recipe, out, tokenizer, random_
         batches = ExampleBatches(train_sets[0], config.batch_size, seed=config.seed, bucket=recipe.bucket)
     config = _fit_steps(config, len(batches), epochs, warmup_ratio)
     task_model = build_task_model(body, spec)
+    set_label_smoothing(task_model, config.label_smoothing)
     if spec.input_transform != "plain":
         grow_token_embeddings(task_model.body, tok.vocab_size)
     base, report = None, None

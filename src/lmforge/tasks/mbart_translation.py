@@ -31,6 +31,7 @@ from typing import Any, Sequence
 import torch
 
 from lmforge import checkpoint
+from lmforge.models.transformer import set_label_smoothing
 from lmforge.errors import UserInputError
 from lmforge.objectives.base import pad
 from lmforge.objectives.multilingual_denoising import LANGUAGES_FILE, LanguagePairs
@@ -107,6 +108,7 @@ def finetune_translation(model: str | Path, rows: Sequence[dict], *, source: str
     config = TrainConfig.from_dict({"max_steps": max_steps, "batch_size": batch_size, "lr": lr, "warmup": warmup,
                                     "seed": seed, "eval_every": 0, "save_every": 0, "progress": False,
                                     "tensorboard": False, **settings}, source="finetune_translation")
+    set_label_smoothing(body, config.label_smoothing)
     trainer = Trainer(body.train(), collate, ExampleBatches(pairs, batch_size, seed=seed, length=lambda p: len(p[0])),
                       config, out=out, tokenizer=tokenizer,
                       model_files={LANGUAGES_FILE: json.dumps(languages, indent=1) + "\n"})

@@ -77,6 +77,7 @@ from lmforge.checkpoint import bilm_config, is_bilm
 from lmforge.models.bilstm_lm import BiLM, BiLMConfig
 from lmforge.models.electra import ElectraPretrainer
 from lmforge.models.quantize import refuse_training
+from lmforge.models.transformer import set_label_smoothing
 from lmforge.models.two_stream import TwoStreamLM
 from lmforge.objectives import OBJECTIVES, PermutedLM, ReplacedTokenDetection, architectures_for, check_architecture
 from lmforge.objectives.decoder_layout import check_layout_fits, default_layout
@@ -391,9 +392,7 @@ def build_pretraining(config: TrainConfig, *, loss=None, init: Callable[[Transfo
     else:
         model = Transformer(model_config)
     if config.label_smoothing:
-        for module in model.modules():  # every Transformer inside (a wrapper's too) computes its loss smoothed
-            if isinstance(module, Transformer):
-                module.label_smoothing = config.label_smoothing
+        set_label_smoothing(model, config.label_smoothing)
     if (Path(config.model) / model_checkpoint.WEIGHTS_FILE).is_file():
         model_checkpoint.verify_folder(config.model)
         # ELECTRA continues from a folder's encoder: its body, and its RTD head if it has one (else a fresh one).
