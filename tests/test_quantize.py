@@ -20,7 +20,7 @@ from lmforge.models.quantize import (
     quantize_model,
     save_quantized,
 )
-from lmforge.nn.weight_only import WeightOnlyLinear, quantize_int4, quantize_int8, unpack_int4
+from lmforge.nn.weight_only import WeightOnlyEmbedding, WeightOnlyLinear, quantize_int4, quantize_int8, unpack_int4
 from lmforge.tasks.quantize import measure, quantize_folder
 from lmforge.tokenization import Tokenizer
 from test_training_pretrain import data_root, prepared, pretrain_args  # noqa: F401
@@ -47,7 +47,7 @@ def test_int4_packs_two_nibbles_per_byte_low_first():
 # output scale); bf16 activations are rounded to 8 bits of mantissa, so ~1e-2 relative.
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
-@pytest.mark.parametrize("shape", [(64, 128), (24, 96)])  # (out, in): 24 rows take int4's dequantise path
+@pytest.mark.parametrize("shape", [(64, 128), (24, 96)])  # (out, in): 24 rows pad int4's 16-row blocks
 def test_matmul_equals_the_dequantised_fp32_reference(mode, dtype, atol, shape):
     torch.manual_seed(0)
     layer = torch.nn.Linear(shape[1], shape[0])
@@ -72,12 +72,45 @@ def test_cpu_kernel_and_dequantise_fallback_agree():
         torch.testing.assert_close(q(x), fallback, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+def test_quantised_table_looks_up_and_projects_like_its_dequantised_rows(mode, dtype, atol):
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(50, 64)  # 50 rows: not a multiple of int4's 16-row blocks
+    q = WeightOnlyEmbedding.from_embedding(emb, mode)
+    scales = q.scales.clone()
+    q.to(dtype).scales.data = scales  # as apply_precision keeps them: fp32
+    table = q.dequantized()  # (V, E) fp32
+    ids = torch.tensor([[0, 49, 7], [7, 3, 3]])
+    rows = q(ids)
+    assert rows.dtype == dtype and rows.shape == (2, 3, 64)
+    torch.testing.assert_close(rows.float(), table[ids], atol=atol * table.abs().max().item(), rtol=0)
+    h = torch.randn(2, 5, 64)
+    ref = h @ table.T  # (2, 5, 50)
+    logits = q.project(h.to(dtype))
+    assert logits.shape == (2, 5, 50)
+    torch.testing.assert_close(logits.float(), ref, atol=atol * ref.abs().max().item(), rtol=0)
+    assert (table - emb.weight).abs().max().item() <= q.scales.max().item() / 2 + 1e-7
+
+
+def test_tied_head_of_a_quantised_decoder_uses_the_quantised_table():
+    torch.manual_seed(0)
+    model = lmforge.build_model("gpt-tiny", n_layers=1, d_model=64, n_heads=2, d_ff=128, vocab_size=200,
+                                max_seq_len=32).eval()
+    record = quantize_model(model, "int8")
+    assert record["embeddings"] == ["embed_tokens"] and "embed_tokens" not in record["layers"]
+    x = torch.randint(0, 200, (2, 9))
+    with torch.no_grad():
+        h = model(x).last_hidden_state  # (B, T, D), what the head multiplies
+        torch.testing.assert_close(model(x).logits, h @ model.embed_tokens.dequantized().T, atol=1e-4, rtol=0)
+
+
 def test_int4_keeps_layers_off_the_group_size_in_full_precision_and_says_so(capsys):
     model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 48), torch.nn.Linear(48, 8))
     record = quantize_model(model, "int4", group_size=32)
     assert record["layers"] == ["0", "1"] and list(record["kept"]) == ["2"]
     assert type(model[2]) is torch.nn.Linear
-    notice = "2: kept in full precision (in_features 48 is not a multiple of the group size 32)"
+    notice = "2: kept in full precision (input width 48 is not a multiple of the group size 32)"
     assert notice in capsys.readouterr().err
 
 
@@ -148,14 +181,15 @@ def test_save_and_load_give_identical_logits(tmp_path):
         x = torch.randint(0, 200, (2, 9))
         with torch.no_grad():
             assert torch.equal(loaded(x).logits, quantized(x).logits)
-        assert any(isinstance(m, WeightOnlyLinear) for m in loaded.modules())
+        assert any(type(m) is WeightOnlyLinear for m in loaded.modules())
+        assert type(loaded.embed_tokens) is WeightOnlyEmbedding  # the table the tied head multiplies by
 
 
 def test_precision_block_reaches_load_and_bf16_runs(trained):
     with precision("bf16", "int8"):
         model = lmforge.load(trained)
     assert quantization_of(model)["mode"] == "int8"
-    assert model.embed_tokens.weight.dtype == torch.bfloat16
+    assert model.embed_tokens(torch.tensor([1, 2])).dtype == torch.bfloat16  # the tied table, quantised too
     assert next(p for p in model.parameters() if p.is_floating_point()).dtype == torch.bfloat16
     with torch.no_grad():
         logits = model(torch.tensor([[1, 2, 3]])).logits

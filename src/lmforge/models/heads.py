@@ -29,6 +29,7 @@ from torch import nn
 from lmforge.nn.activations import activation_fn
 from lmforge.nn.linear import linear
 from lmforge.nn.norms import build_norm
+from lmforge.nn.weight_only import WeightOnlyEmbedding
 
 # On a GPU the vocabulary projection runs over a weight padded to this many rows: with a width like GPT-2's 50257
 # every output row is misaligned, and cuBLAS falls back to kernels that move one element at a time (on an H100 the
@@ -76,12 +77,16 @@ class LMHead(nn.Module):
         if self.weight is not None:
             nn.init.normal_(self.weight, std=0.02)
 
-    def forward(self, h: torch.Tensor, tied_weight: torch.Tensor | None = None) -> torch.Tensor:
-        """h (..., D) -> logits (..., V); ``tied_weight`` (V, E) is the input embedding when tied."""
+    def forward(self, h: torch.Tensor, tied_weight: torch.Tensor | WeightOnlyEmbedding | None = None) -> torch.Tensor:
+        """h (..., D) -> logits (..., V); ``tied_weight`` (V, E) is the input embedding when tied (a quantised
+        table multiplies with its own kernels)."""
         if self.scale != 1.0:
             h = h * self.scale
         if self.proj is not None:
             h = self.proj(h)
+        if isinstance(tied_weight, WeightOnlyEmbedding) and self.weight is None:
+            logits = tied_weight.project(h)
+            return logits if self.bias is None else logits + self.bias.to(logits.dtype)
         weight = self.weight if self.weight is not None else tied_weight
         return vocab_projection(h, weight, self.bias)
 

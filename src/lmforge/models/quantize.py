@@ -1,8 +1,10 @@
 """Inference precision of a model: its dtype (fp32 | bf16) and weight-only quantisation (none | int8 | int4).
 
 :func:`quantize_model` swaps every plain ``nn.Linear`` for a :class:`~lmforge.nn.weight_only.WeightOnlyLinear`
-(int8 per output row, int4 per group of ``group_size`` inputs). Embeddings, norms and a tied LM head stay in
-full precision. An int4 layer whose input width is not a multiple of the group size is **kept in full
+(int8 per output row, int4 per group of ``group_size`` inputs), and the token table an LM head is tied to for a
+:class:`~lmforge.nn.weight_only.WeightOnlyEmbedding` (rows quantised the same way: the head multiplies by it
+with the same kernels, and lookups dequantise the rows they read). Norms, position tables and untied tables
+stay in full precision. An int4 layer whose input width is not a multiple of the group size is **kept in full
 precision with a notice naming it** (quantising it would need padding the kernel does not take).
 
 A quantised model saves as an ordinary model folder whose ``quantization.json`` (covered by the manifest)
@@ -18,8 +20,10 @@ Example:
     >>> import lmforge
     >>> model = lmforge.build_model("gpt-tiny")
     >>> record = quantize_model(model, "int8")
-    >>> record["mode"], len(record["layers"]) == sum(isinstance(m, WeightOnlyLinear) for m in model.modules()) > 0
+    >>> record["mode"], len(record["layers"]) == sum(type(m) is WeightOnlyLinear for m in model.modules()) > 0
     ('int8', True)
+    >>> record["embeddings"], type(model.embed_tokens).__name__          # gpt-tiny's LM head is tied to it
+    (['embed_tokens'], 'WeightOnlyEmbedding')
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from torch import nn
 
 from lmforge.errors import UserInputError
 from lmforge.model_folder import save
-from lmforge.nn.weight_only import DEFAULT_GROUP_SIZE, MODES, WeightOnlyLinear
+from lmforge.nn.weight_only import DEFAULT_GROUP_SIZE, MODES, WeightOnlyEmbedding, WeightOnlyLinear
 
 QUANT_FILE = "quantization.json"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -54,6 +58,18 @@ def _linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:
     return [(name, m) for name, m in model.named_modules() if type(m) is nn.Linear]
 
 
+def _tied_tables(model: nn.Module) -> list[tuple[str, nn.Embedding]]:
+    """The token table a tied LM head multiplies by (``decoder_embed_tokens`` if the model has one), if any."""
+    head = getattr(model, "lm_head", None)
+    if head is None or getattr(head, "weight", 1) is not None or getattr(head, "proj", None) is not None:
+        return []
+    for name in ("decoder_embed_tokens", "embed_tokens"):
+        table = getattr(model, name, None)
+        if type(table) is nn.Embedding:
+            return [(name, table)]
+    return []
+
+
 def _swap(model: nn.Module, name: str, new: nn.Module) -> None:
     parent_name, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
@@ -63,22 +79,28 @@ def quantize_model(model: nn.Module, mode: str, group_size: int = DEFAULT_GROUP_
     """Quantise ``model``'s linear layers in place; returns the record :func:`save_quantized` stores.
 
     Returns:
-        ``{"mode", "group_size", "layers": [names converted], "kept": {name: why kept in full precision}}``.
+        ``{"mode", "group_size", "layers": [linears converted], "embeddings": [tied tables converted],
+        "kept": {name: why kept in full precision}}``.
     """
     if mode not in MODES:
         raise UserInputError(f"quantisation {mode!r}: expected one of {', '.join(MODES)}")
     if quantization_of(model) is not None:
         raise UserInputError(f"the model is already quantised ({quantization_of(model)['mode']}); "
                              "quantise the full-precision model instead")
-    layers, kept = [], {}
-    for name, layer in _linears(model):
-        if mode == "int4" and layer.in_features % group_size:
-            kept[name] = f"in_features {layer.in_features} is not a multiple of the group size {group_size}"
+    layers, tables, kept = [], [], {}
+    for name, layer in [*_linears(model), *_tied_tables(model)]:
+        width = layer.in_features if isinstance(layer, nn.Linear) else layer.embedding_dim
+        if mode == "int4" and width % group_size:
+            kept[name] = f"input width {width} is not a multiple of the group size {group_size}"
             _notice(f"{name}: kept in full precision ({kept[name]})")
             continue
-        _swap(model, name, WeightOnlyLinear.from_linear(layer, mode, group_size))
-        layers.append(name)
-    record = {"mode": mode, "group_size": group_size, "layers": layers, "kept": kept}
+        if isinstance(layer, nn.Linear):
+            _swap(model, name, WeightOnlyLinear.from_linear(layer, mode, group_size))
+            layers.append(name)
+        else:
+            _swap(model, name, WeightOnlyEmbedding.from_embedding(layer, mode, group_size))
+            tables.append(name)
+    record = {"mode": mode, "group_size": group_size, "layers": layers, "embeddings": tables, "kept": kept}
     model._lmforge_quantization = record
     return record
 
@@ -111,6 +133,12 @@ def quantized_shell(model: nn.Module, record: dict[str, Any]) -> nn.Module:
             raise UserInputError(f"{QUANT_FILE}: layer {name!r} is not in the model the config builds") from exc
         _swap(model, name, WeightOnlyLinear(layer.in_features, layer.out_features, record["mode"],
                                             record.get("group_size", DEFAULT_GROUP_SIZE), layer.bias is not None))
+    for name in record.get("embeddings", []):  # folders written before tables were quantised have none
+        table = getattr(model, name, None)
+        if type(table) is not nn.Embedding:
+            raise UserInputError(f"{QUANT_FILE}: embedding {name!r} is not in the model the config builds")
+        _swap(model, name, WeightOnlyEmbedding(table.num_embeddings, table.embedding_dim, record["mode"],
+                                               record.get("group_size", DEFAULT_GROUP_SIZE)))
     model._lmforge_quantization = record
     return model
 
@@ -177,10 +205,11 @@ def apply_precision(model: nn.Module, dtype: str | None = None, quantize: str | 
             warnings.warn("--dtype bf16: this CPU has no native bf16 instructions (AVX512-BF16/AMX), so bf16 "
                           "matmuls take oneDNN's slower emulated fallback, likely slower than fp32; use --dtype fp32",
                           stacklevel=2)
+        quantized = [m for m in model.modules() if isinstance(m, WeightOnlyLinear)]
+        scales = [m.scales.data for m in quantized]
         model.to(torch.bfloat16)  # casts floating tensors only: the int8/uint8 weights keep their dtype
-        for module in model.modules():
-            if isinstance(module, WeightOnlyLinear):
-                module.scales.data = module.scales.data.float()  # kept fp32 (as saved); cast per call
+        for module, kept in zip(quantized, scales):
+            module.scales.data = kept  # fp32 as saved (a bf16 round trip would move every weight); cast per call
     elif dtype == "fp32":
         model.to(torch.float32)
     return model

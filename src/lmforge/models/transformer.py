@@ -71,6 +71,7 @@ from lmforge.nn.labels import IGNORE_INDEX, shift_right
 from lmforge.nn.linformer import LinformerProjection
 from lmforge.nn.loss import cross_entropy
 from lmforge.nn.moe import Experts, clear_router_losses, moe_layers, moe_stats, router_loss
+from lmforge.nn.weight_only import WeightOnlyEmbedding
 from lmforge.errors import UserInputError
 
 
@@ -222,10 +223,10 @@ class Transformer(nn.Module):
 
     # ------------------------------------------------------------------ helpers
     @property
-    def output_embedding(self) -> torch.Tensor:
-        """The (V, E) matrix a tied head multiplies by."""
+    def output_embedding(self) -> torch.Tensor | WeightOnlyEmbedding:
+        """The (V, E) matrix a tied head multiplies by (the table itself once it is quantised)."""
         emb = self.decoder_embed_tokens if self.decoder_embed_tokens is not None else self.embed_tokens
-        return emb.weight
+        return emb if isinstance(emb, WeightOnlyEmbedding) else emb.weight
 
     def _head(self, h: torch.Tensor) -> torch.Tensor:
         if self.mlm_head is not None:

@@ -12,11 +12,12 @@ in fp32 or bf16 (weight-only quantisation, as in LLM.int8's weight path, GPTQ's 
 
 Kernels. On the CPU the layer calls PyTorch's own weight-only kernels (``torch._weight_int8pack_mm``;
 ``torch._weight_int4pack_mm_for_cpu`` on the tinygemm-packed int4 form), which read the narrow weights and
-scale inside the matmul. Elsewhere, and under ``torch.compile``, it dequantises and calls ``F.linear``
-(inductor fuses the two). Both equal ``x @ dequantised(W)^T`` to the rounding of the activation dtype.
-Compiled decoding (:mod:`lmforge.generation.compiled`) freezes the weights as constants, so inductor may fold
-the dequantisation into a full-precision constant: its tokens are right, but the saving in bytes read is
-the eager path's.
+scale inside the matmul. Under ``torch.compile`` an int8 layer with bf16 activations is written as
+``linear(x, q.to(bf16)) * s``, the pattern inductor's freezing keeps as an int8 constant and lowers to its own
+weight-only int8 GEMM; other cases, and other devices, dequantise and call ``F.linear``. All equal
+``x @ dequantised(W)^T`` to the rounding of the activation dtype. (Compiled decoding freezes the weights as
+constants, so a compiled int4 or fp32-activation layer is folded into a full-precision constant: its tokens are
+right, but it reads as many bytes as an unquantised one.)
 
 Why not torchao. torchao (0.18 here) was tried first: its ``Int8WeightOnlyConfig`` with fp32 activations
 was no faster than the fp32 matmul on this CPU, and its ``Int4WeightOnlyConfig`` has no CPU packing format
@@ -95,7 +96,7 @@ class WeightOnlyLinear(nn.Module):
             self.register_buffer("qweight", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
             self.register_buffer("scales", torch.ones(out_features, in_features // group_size))
         self.bias = nn.Parameter(torch.zeros(out_features), requires_grad=False) if bias else None
-        self._packed: tuple[tuple, torch.Tensor] | None = None  # (key, tinygemm int4 form), rebuilt when stale
+        self._packed: tuple[tuple, tuple] | None = None  # (key, tinygemm int4 form), rebuilt when stale
 
     @classmethod
     def from_linear(cls, layer: nn.Linear, mode: str, group_size: int = DEFAULT_GROUP_SIZE) -> WeightOnlyLinear:
@@ -116,11 +117,19 @@ class WeightOnlyLinear(nn.Module):
         w = q.view(self.out_features, -1, self.group_size) * self.scales[..., None]  # (O, G, gs)
         return w.view(self.out_features, self.in_features).to(dtype)
 
-    def _int4_packed(self) -> torch.Tensor:
+    def _int4_packed(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """tinygemm's packed weight and its (in/group, out', 2) scales-and-zeros, built once per weight.
+
+        The kernel packs 16 output rows at a time, so a layer of another width (a vocabulary of 50,257) is
+        padded with zero rows (nibble 8, scale 0) to out' = a multiple of 16 and the extra outputs dropped."""
         key = (self.qweight.data_ptr(), self.qweight._version)
         if self._packed is None or self._packed[0] != key:
-            values = unpack_int4(self.qweight).to(torch.int32)  # (O, in), 0..15
-            self._packed = (key, torch._convert_weight_to_int4pack_for_cpu(values, 1))
+            pad = -self.out_features % 16
+            values = F.pad(unpack_int4(self.qweight).to(torch.int32), (0, 0, 0, pad), value=8)  # (O', in), 0..15
+            scales = F.pad(self.scales, (0, 0, 0, pad))  # (O', G)
+            # w = (nibble - 8) * scale + zero, with zero = 0
+            sz = torch.stack((scales, torch.zeros_like(scales)), dim=-1).transpose(0, 1).contiguous()
+            self._packed = (key, (torch._convert_weight_to_int4pack_for_cpu(values, 1), sz))
         return self._packed[1]
 
     def _cpu_kernel(self, x: torch.Tensor) -> bool:
@@ -128,24 +137,80 @@ class WeightOnlyLinear(nn.Module):
             return False
         if self.mode == "int8":
             return hasattr(torch, "_weight_int8pack_mm")
-        # The int4 kernel packs 16 output rows at a time.
-        return (hasattr(torch, "_weight_int4pack_mm_for_cpu") and self.group_size in _INT4_GROUPS
-                and self.out_features % 16 == 0)
+        return hasattr(torch, "_weight_int4pack_mm_for_cpu") and self.group_size in _INT4_GROUPS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x (..., in) -> (..., out)
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        if self.mode == "int8" and x.dtype == torch.bfloat16 and torch.compiler.is_compiling():
+            # Inductor's weight-only pattern (linear of the int8 weight cast to bf16, times the scales): it keeps
+            # the int8 weight as the frozen constant and calls its int8 GEMM, instead of folding a bf16 copy.
+            y = F.linear(x, self.qweight.to(x.dtype)) * self.scales.to(x.dtype)
+            return y if bias is None else y + bias
         if not self._cpu_kernel(x):
-            return F.linear(x, self.dequantized(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+            return F.linear(x, self.dequantized(x.dtype), bias)
         flat = x.reshape(-1, self.in_features).contiguous()  # (N, in)
         if self.mode == "int8":
             y = torch._weight_int8pack_mm(flat, self.qweight, self.scales.to(x.dtype))
         else:
-            # tinygemm's form: w = (nibble - 8) * scale + zero, scales_and_zeros (in/group, out, 2); zero = 0.
-            sz = torch.stack((self.scales, torch.zeros_like(self.scales)), dim=-1).transpose(0, 1).contiguous()
-            y = torch._weight_int4pack_mm_for_cpu(flat, self._int4_packed(), self.group_size, sz.to(x.dtype))
-        if self.bias is not None:
-            y = y + self.bias.to(x.dtype)
+            packed, sz = self._int4_packed()
+            y = torch._weight_int4pack_mm_for_cpu(flat, packed, self.group_size, sz.to(x.dtype))
+            y = y[:, :self.out_features]
+        if bias is not None:
+            y = y + bias
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         group = f", group_size={self.group_size}" if self.mode == "int4" else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, mode={self.mode}{group}"
+
+
+class WeightOnlyEmbedding(WeightOnlyLinear):
+    """A token-embedding table stored as :class:`WeightOnlyLinear` stores a weight, one (quantised) row per
+    token: ``forward(ids)`` looks rows up and dequantises them; ``project(h)`` multiplies by the table, as an
+    LM head tied to it does (logits = h @ table^T).
+
+    A tied LM head is the largest matrix a small decoder reads per token (GPT-2's 50,257 x 768 is 31% of its
+    weights), so leaving it in full precision would cap what weight-only quantisation saves.
+
+    Example:
+        >>> emb = torch.nn.Embedding(50, 64)
+        >>> q = WeightOnlyEmbedding.from_embedding(emb, "int8")
+        >>> ids = torch.tensor([[3, 7]])
+        >>> rows = q(ids)                                            # (1, 2, 64)
+        >>> bool(torch.allclose(rows, q.dequantized()[ids], atol=1e-6)), rows.dtype
+        (True, torch.float32)
+        >>> h = torch.randn(2, 64)
+        >>> bool(torch.allclose(q.project(h), h @ q.dequantized().T, atol=1e-4))     # (2, 50) logits
+        True
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, mode: str, group_size: int = DEFAULT_GROUP_SIZE):
+        super().__init__(embedding_dim, num_embeddings, mode, group_size, bias=False)
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        # Follows the model's .to(dtype): the dtype looked-up rows come out in (not saved).
+        self.register_buffer("dtype_probe", torch.zeros(()), persistent=False)
+
+    @classmethod
+    def from_embedding(cls, emb: nn.Embedding, mode: str, group_size: int = DEFAULT_GROUP_SIZE) -> WeightOnlyEmbedding:
+        """The quantised twin of ``emb`` (rows rounded as :class:`WeightOnlyLinear` rounds a weight's rows)."""
+        q = cls(emb.num_embeddings, emb.embedding_dim, mode, group_size)
+        qweight, scales = quantize_int8(emb.weight) if mode == "int8" else quantize_int4(emb.weight, group_size)
+        q.qweight.copy_(qweight)
+        q.scales.copy_(scales)
+        return q.to(emb.weight.device)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # ids (...) -> rows (..., E)
+        dtype = self.dtype_probe.dtype
+        if self.mode == "int8":
+            return self.qweight[ids].to(dtype) * self.scales[ids].unsqueeze(-1).to(dtype)
+        q = unpack_int4(self.qweight[ids]).float() - 8  # (..., E)
+        w = q.unflatten(-1, (-1, self.group_size)) * self.scales[ids].unsqueeze(-1)  # (..., G, gs)
+        return w.flatten(-2).to(dtype)
+
+    def project(self, h: torch.Tensor) -> torch.Tensor:
+        """h (..., E) -> (..., V): h times the table's transpose, with the layer's kernels."""
+        return super().forward(h)
+
+    def extra_repr(self) -> str:
+        group = f", group_size={self.group_size}" if self.mode == "int4" else ""
+        return f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode}{group}"
