@@ -118,7 +118,8 @@ def others_share(start: tuple[float, float, float], end: tuple[float, float, flo
     """
     wall = max(end[0] - start[0], 1e-9)
     others = (end[1] - start[1]) - (end[2] - start[2])
-    return max(0.0, others) / (wall * (cores or os.cpu_count() or 1))
+    # /proc/stat counts in clock ticks: a run shorter than a tick can see one pass, so clamp to the whole machine.
+    return min(1.0, max(0.0, others) / (wall * (cores or os.cpu_count() or 1)))
 
 
 def run_watched(steps: list[Step], repeats: int = 5, rotate: bool = True) -> list[list[tuple[float, float]]]:
