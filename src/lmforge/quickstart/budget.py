@@ -27,27 +27,24 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-# Shares of the budget, in stage order. Pre-training gets over half: it is what the later stages build on,
-# and bert-tiny's share is by far the largest because the fine-tuning comparison, LoRA and the probes read its
-# weights. A masked LM needs several hundred steps to get past predicting the most frequent tokens, and at
-# ~500 steps the pre-trained body fine-tuned only ~2.5 points above a random one
-# (docs/notes-quickstart-pretraining.md), so its share was raised from 0.24 at the cost of the GPT, T5 and
-# translation stages and the probes, whose demos need less.
+# Shares of the budget, in stage order. Pre-training gets half: it is what the later stages build on, and
+# bert-tiny's share is the largest because the fine-tuning comparison, LoRA and the probes read its weights
+# (and a masked LM needs a few hundred steps to get past predicting the most frequent tokens).
 WEIGHTS: dict[str, float] = {
     "tokenizers": 0.01,
     "data": 0.015,
-    "pretrain-gpt": 0.09,
-    "pretrain-bert": 0.36,
-    "pretrain-t5": 0.07,
+    "pretrain-gpt": 0.13,
+    "pretrain-bert": 0.24,
+    "pretrain-t5": 0.10,
     "finetune-bert": 0.065,
     "finetune-bert-scratch": 0.065,
     "finetune-bert-lora": 0.06,
     "finetune-minilm": 0.07,
     "prompting": 0.04,
     "generation": 0.01,
-    "translation": 0.08,
+    "translation": 0.11,
     "retrieval": 0.025,
-    "probing": 0.03,
+    "probing": 0.05,
     "report": 0.01,
 }
 
