@@ -43,7 +43,8 @@ SETTINGS_FILE = "finetune.yaml"
 # Trainer flags shared with `lmforge pretrain`; fine-tuning changes some defaults.
 TRAINER_KEYS = ("max_steps", "batch_size", "grad_accum", "lr", "warmup", "schedule", "min_lr_ratio", "weight_decay",
                 "grad_clip", "label_smoothing", "cut_frac", "stlr_ratio", "eval_every", "save_every",
-                "keep_checkpoints", "final_checkpoint", "precision", "compile", "activation_checkpointing", "device", "seed", "resume", "progress", "tensorboard")
+                "keep_checkpoints", "final_checkpoint", "precision", "compile", "activation_checkpointing", "device",
+                "seed", "resume", "progress", "tensorboard")
 FINETUNE_DEFAULTS = {"lr": 5e-5, "schedule": "linear", "max_steps": 1000, "batch_size": 16, "eval_every": 100,
                      "save_every": 500, "weight_decay": 0.01}
 # TaskSpec fields that are flags of their own (label_map and mixture are parsed from text or a file).

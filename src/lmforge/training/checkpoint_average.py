@@ -32,10 +32,8 @@ from pathlib import Path
 import torch
 
 from lmforge.errors import UserInputError
-from lmforge.model_folder import CONFIG_FILE, TOKENIZER_FILE
-from lmforge.tokenization import SIDECAR
+from lmforge.objectives.multilingual_denoising import LANGUAGES_FILE
 from lmforge.training.dist_checkpoint import RUN_CHECKPOINTS, RUN_MODEL, checkpoint_model, write_model_folder
-from lmforge.utils.manifest import MANIFEST_FILE
 from lmforge.training.state import CheckpointManager, verify_checkpoint
 
 
@@ -83,12 +81,13 @@ def average_checkpoints(run: str | Path, last: int, dst: str | Path, tokenizer: 
     return write_model_folder(folders[-1], dst, tokenizer, model=model, extra_files=run_files(folders[-1]))
 
 
+# Files a finished run writes beside its final weights that say how to use them: a fine-tuning run's task
+# (lmforge.tasks.model.TASK_FILE) and a multilingual run's language ids (objectives.multilingual_denoising).
+RUN_FILES = ("task.json", LANGUAGES_FILE)
+
+
 def run_files(checkpoint: Path) -> dict[str, str]:
-    """The files a finished run wrote beside its final weights in ``RUN/model`` that describe how to use them
-    (a fine-tuning run's ``task.json``, a multilingual run's languages), so that an average of the run's
-    checkpoints is the same kind of folder as its final model; ``{}`` when the run has not finished."""
+    """The :data:`RUN_FILES` of the run's final ``RUN/model``, so that an average of the run's checkpoints is the
+    same kind of folder as its final model; ``{}`` when the run has not finished."""
     final = checkpoint.parent.parent / RUN_MODEL
-    if not final.is_dir():
-        return {}
-    written = {CONFIG_FILE, MANIFEST_FILE, TOKENIZER_FILE, SIDECAR}  # what the save itself writes
-    return {f.name: f.read_text(encoding="utf-8") for f in sorted(final.glob("*.json")) if f.name not in written}
+    return {name: (final / name).read_text(encoding="utf-8") for name in RUN_FILES if (final / name).is_file()}
