@@ -69,10 +69,23 @@ def _pct(value: float) -> str:
 
 
 # ------------------------------------------------------------------------------------------- the summary
-def summary(record: dict) -> str:
-    """The summary table: every row of every benchmark, lmforge against its reference (the README shows it)."""
+# Benchmarks with a row per mode: the README keeps only these rows of theirs (the rest are in performance.md).
+README_ONLY = {"generate_engines": lambda case: " vs " in case or case.startswith("fresh process")}
+
+
+def summary(record: dict, readme: bool = False) -> str:
+    """The summary table: every row of every benchmark, lmforge against its reference (``readme``: the short form
+    the README shows, without the per-mode rows :data:`README_ONLY` leaves out).
+
+    >>> rec = {"benchmarks": {"generate_engines": {"rows": [
+    ...     {"benchmark": "generate_engines", "case": c, "lmforge": "1", "reference": "1", "ratio": 1.0,
+    ...      "better": "higher"} for c in ("batch 1: int8", "batch 1: int8 vs CT2 int8")]}}}
+    >>> summary(rec).count("generate_engines"), summary(rec, readme=True).count("generate_engines")
+    (2, 1)
+    """
     rows = [[r["benchmark"], r["case"], r["lmforge"], r["reference"], ratio(r["ratio"], r["better"])]
-            for entry in record["benchmarks"].values() for r in entry.get("rows", [])]
+            for name, entry in record["benchmarks"].items() for r in entry.get("rows", [])
+            if not readme or README_ONLY.get(name, lambda case: True)(r["case"])]
     failed = [f"{name}: FAILED ({entry['error']})" for name, entry in record["benchmarks"].items()
               if entry.get("error")]
     failed += [f"{name}: not run ({entry['skipped']})" for name, entry in record["benchmarks"].items()
@@ -433,12 +446,12 @@ is the host's at its first and last round. Prompts of one length are prefilled i
 METHODS["generate_engines"] = """\
 `benchmarks/generate_engines.py` (opt-in: `make bench-engines`): greedy decoding of one random GPT-2-shaped model
 (12 layers × 768, GPT-2's byte-level BPE and vocabulary) by lmforge in each mode (fp32 eager, fp32 compiled, bf16,
-weight-only int8 and int4) and by other engines on the same weights: HF `generate` (fp32), CTranslate2 (its own
+weight-only int8 and int4 with bf16 activations; each eager and compiled) and by other engines on the same weights: HF `generate` (fp32), CTranslate2 (its own
 `TransformersConverter`, fp32 and int8) and llama.cpp through llama-cpp-python (GGUF from llama.cpp's
 `convert_hf_to_gguf.py`: f32, q8_0, and q4_0 by `llama_model_quantize`; batch 1 only). 32-token prompts from the
 bundled corpus, exactly 128 new tokens, batch 1 and 8, every engine on the same threads, the rows taking turns.
 **Reference**: HF `generate` fp32 for every lmforge mode; for CTranslate2 and llama.cpp, the ratio is lmforge's
-row of the same precision over theirs. Runs during which other processes used the CPU are left out. The
+fastest row (eager or compiled) of the same precision over theirs. Runs during which other processes used the CPU are left out. The
 fresh-process rows time `lmforge generate --compile` from process start to its second streamed text (the first
 compiled token) with an empty and then a warm compile cache."""
 
@@ -569,7 +582,7 @@ def page(record: dict, note: str | None = None, gpu: dict | None = None) -> str:
 
 def readme_block(record: dict) -> str:
     """The README's performance table and its one line of provenance."""
-    return f"{START}\n{summary(record)}\n\n{provenance(record)}\n{END}"
+    return f"{START}\n{summary(record, readme=True)}\n\n{provenance(record)}\n{END}"
 
 
 def replace_block(text: str, block: str) -> str:
