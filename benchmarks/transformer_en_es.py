@@ -56,7 +56,10 @@ def log(message: str) -> None:
 
 
 def shared_tokenizer(work: Path, vocab: int) -> Tokenizer:
-    """One BPE vocabulary over both languages' training verses (the paper's shared source-target BPE)."""
+    """One BPE vocabulary over both languages' training verses (the paper's shared source-target BPE); the one
+    an earlier invocation trained in ``work`` when there is one (its runs were trained with it)."""
+    if (work / "tokenizer").is_dir():
+        return Tokenizer.load(work / "tokenizer")
     train = datasets.load("kjv-rv1909", "train")
     for lang in ("en", "es"):
         (work / f"{lang}.txt").write_text("\n".join(r[lang] for r in train) + "\n", encoding="utf-8")
@@ -88,9 +91,9 @@ def run(work: Path, tok: Tokenizer, smoothing: float, args, test) -> dict:
     else:
         torch.manual_seed(args.seed)
         finetune(build(tok, args), spec, "kjv-rv1909:train", None, config=config, out=out, tokenizer=tok)
-    final = evaluate(out / "model", test, batch_size=64)
+    final = evaluate(out / "model", test, batch_size=64, limit=args.test)
     averaged_dir = average_checkpoints(out, args.average, work / f"ls{smoothing:g}-avg{args.average}")
-    averaged = evaluate(averaged_dir, test, batch_size=64)  # a task folder, as OUT/model
+    averaged = evaluate(averaged_dir, test, batch_size=64, limit=args.test)  # a task folder, as OUT/model
     tag = json.loads((out / "price_tag.json").read_text(encoding="utf-8"))
     losses = [json.loads(line).get("loss") for line in (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
     seconds = round(tag["wall_s"], 1)
@@ -125,11 +128,10 @@ def main(argv=None) -> dict:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     tok = shared_tokenizer(work, args.vocab)
-    test = read_table("kjv-rv1909:test")
-    test = type(test)(test.path, test.rows[:args.test], test.columns, test.lines[:args.test])
+    test = read_table("kjv-rv1909:test")  # read once; each evaluation scores its first --test verses
     results = {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "warmup": args.warmup,
                "d_model": args.d_model, "heads": args.heads, "layers": args.layers, "vocab": tok.vocab_size,
-               "save_every": args.save_every, "average": args.average, "test_verses": len(test), "seed": args.seed,
+               "save_every": args.save_every, "average": args.average, "test_verses": min(args.test, len(test.rows)), "seed": args.seed,
                "runs": [run(work, tok, smoothing, args, test) for smoothing in (0.0, 0.1)]}
     (work / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(results))

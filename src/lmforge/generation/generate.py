@@ -59,7 +59,9 @@ def _decode_weights(model) -> list[torch.Tensor]:
     if p.device.type != "cpu" or p.dtype != torch.float32 or model.lm_head is None:
         return []
     head = model.lm_head.weight if model.lm_head.weight is not None else model.output_embedding
-    weights = [m.weight for m in model.modules() if type(m) is nn.Linear] + [head] * isinstance(head, torch.Tensor)
+    weights = [m.weight for m in model.modules() if type(m) is nn.Linear]
+    if isinstance(head, torch.Tensor):  # a quantised table multiplies with its own kernels
+        weights.append(head)
     return [w for w in weights if w.shape[0] >= w.shape[1]]
 
 

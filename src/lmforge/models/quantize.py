@@ -41,6 +41,7 @@ from torch import nn
 
 from lmforge.errors import UserInputError
 from lmforge.model_folder import save
+from lmforge.models.heads import LMHead
 from lmforge.nn.weight_only import DEFAULT_GROUP_SIZE, MODES, WeightOnlyEmbedding, WeightOnlyLinear
 
 QUANT_FILE = "quantization.json"
@@ -61,7 +62,7 @@ def _linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:
 def _tied_tables(model: nn.Module) -> list[tuple[str, nn.Embedding]]:
     """The token table a tied LM head multiplies by (``decoder_embed_tokens`` if the model has one), if any."""
     head = getattr(model, "lm_head", None)
-    if head is None or getattr(head, "weight", 1) is not None or getattr(head, "proj", None) is not None:
+    if not isinstance(head, LMHead) or head.weight is not None or head.proj is not None:  # not tied to a table
         return []
     for name in ("decoder_embed_tokens", "embed_tokens"):
         table = getattr(model, name, None)

@@ -186,7 +186,6 @@ class WeightOnlyEmbedding(WeightOnlyLinear):
 
     def __init__(self, num_embeddings: int, embedding_dim: int, mode: str, group_size: int = DEFAULT_GROUP_SIZE):
         super().__init__(embedding_dim, num_embeddings, mode, group_size, bias=False)
-        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         # Follows the model's .to(dtype): the dtype looked-up rows come out in (not saved).
         self.register_buffer("dtype_probe", torch.zeros(()), persistent=False)
 
@@ -198,6 +197,14 @@ class WeightOnlyEmbedding(WeightOnlyLinear):
         q.qweight.copy_(qweight)
         q.scales.copy_(scales)
         return q.to(emb.weight.device)
+
+    @property
+    def num_embeddings(self) -> int:
+        return self.out_features
+
+    @property
+    def embedding_dim(self) -> int:
+        return self.in_features
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:  # ids (...) -> rows (..., E)
         dtype = self.dtype_probe.dtype
