@@ -5,6 +5,9 @@ attention mask once per forward and hands them to every layer through an Attenti
 
     tokens (B, T, E) -> embeddings -> layer_1 ... layer_N -> final norm -> (B, T, D)
 
+A training forward of a padded batch runs the layers padding-free (:mod:`lmforge.nn.unpadding`): on the
+(N, D) real tokens only, laid out as (B, T, ...) inside attention alone.
+
 With ``share_layers`` (ALBERT) one layer's weights serve every depth (of the encoder, the decoder or both). Adding ``step_embeddings`` makes it
 the Universal Transformer's recurrence in depth (Dehghani et al. 2019): before step t the stack adds a
 sinusoidal signal of t (the paper's timestep coordinate embedding), so the one shared layer knows how
@@ -32,12 +35,14 @@ from lmforge.nn.block import Block
 from lmforge.nn.embeddings import StackEmbeddings
 from lmforge.nn.kv_cache import KVCache
 from lmforge.nn.masks import build_mask
+from lmforge.nn.moe import MoEFeedForward
 from lmforge.nn.norms import build_norm
 from lmforge.nn.positions.alibi import ALiBi
 from lmforge.nn.positions.deberta import RelativeEmbeddings
 from lmforge.nn.positions.rope import RotaryEmbedding
 from lmforge.nn.positions.sinusoidal import sinusoidal_table
 from lmforge.nn.positions.t5_bias import T5RelativeBias
+from lmforge.nn.unpadding import Unpadded
 
 
 class TransformerStack(nn.Module):
@@ -63,6 +68,8 @@ class TransformerStack(nn.Module):
         )
         shared = cfg.layers_shared("decoder" if causal else "encoder")
         self.layers = nn.ModuleList(Block(cfg, cross, moe=cfg.moe_layer(i)) for i in range(1 if shared else n_layers))
+        # Expert capacity counts every token the router sees, padding included: packing would change it.
+        self.padding_free = not any(isinstance(block.ffn, MoEFeedForward) for block in self.layers)
         if cfg.attn_scale_by_layer:  # GPT-2's scale_attn_by_inverse_layer_idx: layer i's logits / (i + 1)
             for i, block in enumerate(self.layers):
                 block.attn.scale /= i + 1
@@ -139,6 +146,10 @@ class TransformerStack(nn.Module):
         else:
             mask = build_mask(T, S - offset, self.causal, padding, explicit, device, window=self.window)
             is_causal = False
+        unpadded = None
+        if (self.padding_free and padding is not None and explicit is None and cache is None and self.training
+                and torch.is_grad_enabled() and not torch.compiler.is_compiling() and not no_padding):
+            unpadded = Unpadded.if_worth_it(padding)  # the layers skip the padding (lmforge.nn.unpadding)
         ctx = AttentionContext(
             mask=mask,
             is_causal=is_causal,
@@ -150,18 +161,21 @@ class TransformerStack(nn.Module):
             cross_mask=memory_mask.bool()[:, None, None, :] if memory_mask is not None else None,
             attentions=attentions,
             cross_attentions=cross_attentions,
+            unpadded=unpadded,
         )
 
         hidden = [x] if output_hidden_states else None
+        if unpadded is not None:
+            x = unpadded.pack(x)  # (N, D)
         for i in range(self.n_layers):
             layer = self.layers[0 if len(self.layers) == 1 else i]
             if self.step_signal is not None:
                 x = x + self.step_signal[i].to(x.dtype)
             x = layer(x, ctx, memory, layer=i)
             if hidden is not None:
-                hidden.append(x)
+                hidden.append(ctx.padded(x))
         if self.final_norm is not None:
             x = self.final_norm(x)
             if hidden is not None:
-                hidden[-1] = x
-        return x, hidden
+                hidden[-1] = ctx.padded(x)
+        return ctx.padded(x), hidden

@@ -71,6 +71,7 @@ from lmforge.nn.labels import IGNORE_INDEX, shift_right
 from lmforge.nn.linformer import LinformerProjection
 from lmforge.nn.loss import cross_entropy
 from lmforge.nn.moe import Experts, clear_router_losses, moe_layers, moe_stats, router_loss
+from lmforge.nn.row_buckets import with_spare_rows
 from lmforge.nn.weight_only import WeightOnlyEmbedding
 from lmforge.errors import UserInputError
 
@@ -378,13 +379,17 @@ class Transformer(nn.Module):
         selected = labels != -100  # (B, T)
         # Causal LM labels every position: then a view, where indexing would copy (and scatter back).
         every = bool(selected.all())
+        # Otherwise the labelled rows, then unlabelled ones up to a bucketed count (lmforge.nn.row_buckets): the
+        # head's matrix multiplies then meet a few shapes per job, not a new one for every step's masking.
+        index = None if every else with_spare_rows(selected)
+        n = int(selected.sum())
 
-        def at_labels(t: torch.Tensor) -> torch.Tensor:  # (B, T, ...) -> (N, ...)
-            return t.flatten(0, 1) if every else t[selected]
+        def at_labels(t: torch.Tensor) -> torch.Tensor:  # (B, T, ...) -> (N', ...)
+            return t.flatten(0, 1) if every else t.flatten(0, 1).index_select(0, index)
 
-        rows, target = at_labels(h), at_labels(labels)
-        weights = None if weights is None else at_labels(weights)
-        logits = self._head(rows)  # (N, V): only labelled positions reach the vocabulary
+        target = at_labels(labels)[:n]
+        weights = None if weights is None else at_labels(weights)[:n]
+        logits = self._head(at_labels(h))[:n]  # (N, V): only labelled positions (and spares) reach the vocabulary
         if self.rtd_head is not None:  # (N,) replaced/original logits against 0/1 labels
             if bool((target > 1).any()):
                 raise UserInputError(f"model {self.config.name!r} has head='rtd' (ELECTRA's discriminator): its labels "

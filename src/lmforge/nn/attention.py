@@ -32,12 +32,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.config import ModelConfig
+from lmforge.nn.dropout import dropout as apply_dropout
 from lmforge.nn.kv_cache import KVCache
 from lmforge.nn.linear import apply_linear
 from lmforge.nn.linformer import LinformerProjection
 from lmforge.nn.positions.deberta import DisentangledBias
 from lmforge.nn.positions.rope import apply_rotary
 from lmforge.nn.positions.shaw_relative import ShawRelativePositions
+from lmforge.nn.unpadding import Unpadded
 
 
 @dataclass
@@ -55,6 +57,8 @@ class AttentionContext:
         cross_mask: bool (B, 1, 1, S_src) for cross-attention, or None.
         attentions, cross_attentions: lists each layer appends its self- / cross-attention weights (B, H, T, S)
             to, when attention maps are asked for; None (the fast path: SDPA never writes the weights out).
+        unpadded: where the real tokens sit when the layers run padding-free (:mod:`lmforge.nn.unpadding`):
+            the layer input is then (N, D), and attention lays it out as (B, T, ...) itself; None: (B, T, D).
     """
 
     mask: torch.Tensor | None = None
@@ -67,12 +71,17 @@ class AttentionContext:
     cross_mask: torch.Tensor | None = None
     attentions: list[torch.Tensor] | None = None
     cross_attentions: list[torch.Tensor] | None = None
+    unpadded: Unpadded | None = None
+
+    def padded(self, x: torch.Tensor) -> torch.Tensor:
+        """A per-token projection's output as (B, T, C): unpacked when the layers run padding-free."""
+        return x if self.unpadded is None else self.unpadded.unpack(x)
 
 
 class Attention(nn.Module):
     """Self-attention, or cross-attention when ``cross=True`` (keys/values from ``memory``).
 
-    Shapes: x (B, T, D), memory (B, S, D) -> (B, T, D).
+    Shapes: x (B, T, D), memory (B, S, D) -> (B, T, D); padding-free (``ctx.unpadded``), x (N, D) -> (N, D).
     """
 
     def __init__(self, cfg: ModelConfig, cross: bool = False):
@@ -108,7 +117,7 @@ class Attention(nn.Module):
     def _project(self, x: torch.Tensor, memory: torch.Tensor | None, ctx: AttentionContext, layer: int):
         """Queries (B, H, T, hd) and keys/values (B, Hkv, S, hd), with RoPE and the cache applied."""
         if self.cross:
-            q = self._heads(apply_linear(self.q, x), self.n_heads)
+            q = self._heads(ctx.padded(apply_linear(self.q, x)), self.n_heads)
             cache = ctx.cache
             if cache is not None and layer in cache.cross:
                 return (q, *cache.cross[layer])  # computed once per source
@@ -127,9 +136,10 @@ class Attention(nn.Module):
             weight = torch.cat([self.q.weight, self.k.weight, self.v.weight])
             bias = torch.cat([self.q.bias, self.k.bias, self.v.bias]) if self.q.bias is not None else None
             kv_inner = self.n_kv_heads * self.head_dim
-            q, k, v = F.linear(x, weight, bias).split([self.n_heads * self.head_dim, kv_inner, kv_inner], dim=-1)
+            qkv = ctx.padded(F.linear(x, weight, bias))  # (B, T, (H + 2 Hkv) hd)
+            q, k, v = qkv.split([self.n_heads * self.head_dim, kv_inner, kv_inner], dim=-1)
         else:
-            q, k, v = apply_linear(self.q, x), apply_linear(self.k, x), apply_linear(self.v, x)
+            q, k, v = (ctx.padded(apply_linear(m, x)) for m in (self.q, self.k, self.v))
         q, k, v = self._heads(q, self.n_heads), self._heads(k, self.n_kv_heads), self._heads(v, self.n_kv_heads)
         if ctx.rope is not None:
             q, k = apply_rotary(q, *ctx.rope), apply_rotary(k, *ctx.rope)
@@ -140,7 +150,7 @@ class Attention(nn.Module):
     def forward(
         self, x: torch.Tensor, ctx: AttentionContext, memory: torch.Tensor | None = None, layer: int = 0
     ) -> torch.Tensor:
-        B, T, _ = x.shape
+        B, T = (x.shape[0], x.shape[1]) if ctx.unpadded is None else (ctx.unpadded.batch, ctx.unpadded.length)
         q, k, v = self._project(x, memory, ctx, layer)  # (B, H, T, hd), (B, Hkv, S, hd) x 2
 
         if self.cross:
@@ -180,6 +190,8 @@ class Attention(nn.Module):
                 scale=self.scale, enable_gqa=self.n_kv_heads != self.n_heads,
             )  # (B, H, T, hd)
         out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H*hd)
+        if ctx.unpadded is not None:
+            out = ctx.unpadded.pack(out)  # (N, H*hd): the output projection skips the padding
         return apply_linear(self.o, out)
 
     def _expand(self, kv: torch.Tensor) -> torch.Tensor:
@@ -214,7 +226,7 @@ class Attention(nn.Module):
         scores = torch.baddbmm(bias, q.reshape(B * H, T, hd), self._expand(k).transpose(1, 2),
                                beta=beta, alpha=self.scale)  # (B*H, T, S)
         probs = scores.softmax(-1).view(B, H, T, S)  # a bf16 softmax accumulates in fp32 internally on CPU
-        return F.dropout(probs, dropout, training=True) if dropout else probs
+        return apply_dropout(probs, dropout) if dropout else probs
 
     def _causal_in_halves(self, q, k, v, dropout: float) -> torch.Tensor:
         """Causal self-attention (T == S) written out in two query halves: the first half's queries see

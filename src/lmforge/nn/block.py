@@ -27,11 +27,11 @@ Example:
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from lmforge.config import ModelConfig
 from lmforge.nn.attention import Attention, AttentionContext
+from lmforge.nn.dropout import dropout
 from lmforge.nn.ffn import FeedForward
 from lmforge.nn.moe import MoEFeedForward
 from lmforge.nn.norms import build_norm
@@ -67,7 +67,7 @@ class Block(nn.Module):
         return norm(x + self._drop(sublayer(x)))
 
     def _drop(self, x: torch.Tensor) -> torch.Tensor:
-        return F.dropout(x, self.dropout, training=True) if self.dropout and self.training else x
+        return dropout(x, self.dropout) if self.dropout and self.training else x
 
     def forward(
         self, x: torch.Tensor, ctx: AttentionContext, memory: torch.Tensor | None = None, layer: int = 0

@@ -25,10 +25,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from lmforge.config import ModelConfig
+from lmforge.nn.dropout import dropout
 from lmforge.nn.norms import build_norm
 from lmforge.nn.positions.learned import LearnedPositions
 from lmforge.nn.positions.sinusoidal import SinusoidalPositions
@@ -66,7 +66,7 @@ class StackEmbeddings(nn.Module):
         if self.norm is not None:
             x = self.norm(x)
         if self.dropout and self.training:
-            x = F.dropout(x, self.dropout, training=True)
+            x = dropout(x, self.dropout)
         if self.proj is not None:
             x = self.proj(x)
         return x

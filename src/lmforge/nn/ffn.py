@@ -14,11 +14,11 @@ Example:
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from lmforge.config import GATED_ACTIVATIONS
 from lmforge.nn.activations import activation_fn
+from lmforge.nn.dropout import dropout
 from lmforge.nn.linear import apply_linear
 
 
@@ -37,5 +37,5 @@ class FeedForward(nn.Module):
         else:
             h = self.act(apply_linear(self.gate, x)) * apply_linear(self.up, x)  # (B, T, d_ff)
         if self.dropout and self.training:
-            h = F.dropout(h, self.dropout, training=True)
+            h = dropout(h, self.dropout)
         return apply_linear(self.down, h)  # (B, T, D)

@@ -62,6 +62,7 @@ from torch import nn
 from lmforge.config import GATED_ACTIVATIONS
 from lmforge.nn.compile_disable import compile_disable
 from lmforge.nn.activations import activation_fn
+from lmforge.nn.dropout import dropout
 from lmforge.nn.ffn import FeedForward
 
 
@@ -215,7 +216,7 @@ class Experts(nn.Module):
         if self.gate is not None:
             h = h * project(x, self.up, self.up_bias)
         if self.dropout and self.training:
-            h = F.dropout(h, self.dropout, training=True)
+            h = dropout(h, self.dropout)
         return project(h, self.down, self.down_bias)  # (N, D)
 
     @compile_disable

@@ -99,6 +99,7 @@ from lmforge.models.transformer import LossTerm
 from lmforge.objectives.base import IGNORE_INDEX
 from lmforge.training import dist_checkpoint, distributed
 from lmforge.training.activation_checkpointing import enable_activation_checkpointing
+from lmforge.training.allocator import keep_freed_memory
 from lmforge.training.config import TrainConfig
 from lmforge.training.distributed import DistContext
 from lmforge.training.logging import METRICS_FILE, RunLogger, summary_line
@@ -256,6 +257,8 @@ class Trainer:
         self.out = Path(out if out is not None else config.out)
         self.dist = dist if dist is not None else distributed.setup(config.strategy, config.device)
         self.device = self.dist.device
+        if self.device.type == "cpu":
+            keep_freed_memory()  # a step's large tensors reuse mapped pages (lmforge.training.allocator)
         _check_slice(train_data, self.dist, "train_data")
         _check_slice(eval_data, self.dist, "eval_data")
         self.objective = objective

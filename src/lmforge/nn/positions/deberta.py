@@ -40,10 +40,10 @@ Example:
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from lmforge.config import ModelConfig
+from lmforge.nn.dropout import dropout
 from lmforge.nn.linear import apply_linear
 
 
@@ -117,7 +117,7 @@ class DisentangledBias(nn.Module):
         B, H, T, hd = q.shape
         S = k.shape[2]
         if self.dropout and self.training:
-            table = F.dropout(table, self.dropout, training=True)
+            table = dropout(table, self.dropout)
         table = table.to(q.dtype)
 
         def heads(x: torch.Tensor, dim: int) -> torch.Tensor:  # n heads along ``dim`` -> H heads
