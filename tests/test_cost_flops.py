@@ -57,3 +57,22 @@ def test_models_without_a_formula_have_none():
     ids = torch.zeros(2, 8, dtype=torch.long)
     assert batch_flops(torch.nn.Linear(2, 2), {"input_ids": ids}, 16) is None
     assert batch_flops(model, {"inputs_embeds": torch.zeros(2, 8, 64)}, 16) is None
+
+
+def test_padding_free_credit_follows_the_layout_the_forward_used():
+    """A training forward skips most padding rows (lmforge.nn.unpadding) and is charged for what it ran; an
+    eval-mode forward (and a compiled one, ``packed=False``) runs them all and is charged for them."""
+    preset, extra, objective, options = CASES["decoder-clm"]
+    model = lmforge.build_model(preset, **SHAPE)
+    batch = build_objective(objective, **options)(documents())
+    n_targets = int((batch["labels"] != -100).sum())
+    charged = {}
+    for mode in ("train", "eval"):
+        model.train(mode == "train")
+        with counted_flops() as counter:
+            model(**batch).loss.backward()
+        charged[mode] = (batch_flops(model, batch, n_targets), counter.get_total_flops())
+        assert charged[mode][0] == pytest.approx(charged[mode][1], rel=0.05), (mode, charged[mode])
+    assert charged["train"][1] < 0.9 * charged["eval"][1]  # the padding was really skipped
+    model.train()
+    assert batch_flops(model, batch, n_targets, packed=False) == charged["eval"][0]

@@ -84,6 +84,13 @@ class TransformerStack(nn.Module):
         if self.step_signal is not None:
             self.step_signal.copy_(sinusoidal_table(*self.step_signal.shape))
 
+    def packing(self, padding: torch.Tensor | None) -> Unpadded | None:
+        """How a training forward (gradients on, no cache, not compiled) lays out the layers' rows for this (B, T)
+        padding mask: packed (:mod:`lmforge.nn.unpadding`), or None for the padded (B, T)."""
+        if not (self.padding_free and self.training and isinstance(padding, torch.Tensor) and padding.dim() == 2):
+            return None
+        return Unpadded.if_worth_it(padding)
+
     def forward(
         self,
         tokens: torch.Tensor,
@@ -147,9 +154,9 @@ class TransformerStack(nn.Module):
             mask = build_mask(T, S - offset, self.causal, padding, explicit, device, window=self.window)
             is_causal = False
         unpadded = None
-        if (self.padding_free and padding is not None and explicit is None and cache is None and self.training
-                and torch.is_grad_enabled() and not torch.compiler.is_compiling() and not no_padding):
-            unpadded = Unpadded.if_worth_it(padding)  # the layers skip the padding (lmforge.nn.unpadding)
+        if (explicit is None and cache is None and torch.is_grad_enabled() and not torch.compiler.is_compiling()
+                and not no_padding):
+            unpadded = self.packing(padding)  # the layers skip the padding (lmforge.nn.unpadding)
         ctx = AttentionContext(
             mask=mask,
             is_causal=is_causal,

@@ -52,7 +52,7 @@ from typing import Any, Protocol
 import torch
 
 from lmforge.errors import UserInputError
-from lmforge.models.transformer import Transformer
+from lmforge.models.transformer import Transformer, packed_layer_weights
 
 PRICE_TAG_FILE = "price_tag.json"
 METER_INTERVAL_S = 1.0  # read an energy counter at most this often
@@ -116,7 +116,7 @@ class PriceSettings:
 
 # ---------------------------------------------------------------------------------------------- FLOPs
 def batch_flops(model: torch.nn.Module, batch: dict[str, Any], n_targets: int,
-                cache: dict[Any, int] | None = None) -> int | None:
+                cache: dict[Any, int] | None = None, packed: bool = True) -> int | None:
     """Analytic training FLOPs (forward + backward) of one micro-batch, or None where there is no formula.
 
     Args:
@@ -126,6 +126,8 @@ def batch_flops(model: torch.nn.Module, batch: dict[str, Any], n_targets: int,
         n_targets: the labelled positions of the batch: only they reach the vocabulary projection.
         cache: a dict kept between calls for one model: its parameter counts and each shape's count are then
             worked out once (counting parameters walks the whole module tree).
+        packed: whether the forward may run its layers padding-free (a model in train mode, not compiled):
+            the padding it skips is then not charged; otherwise padding costs as much as text.
 
     Example:
         >>> import lmforge, torch
@@ -138,7 +140,7 @@ def batch_flops(model: torch.nn.Module, batch: dict[str, Any], n_targets: int,
         return None
     cfg = model.config
     cache = {} if cache is None else cache
-    B, S = batch["input_ids"].shape  # padded shape: padding costs as much as text
+    B, S = batch["input_ids"].shape  # padded shape; padding-free layers are credited below
     if cfg.arch == "encoder-decoder":
         target = batch.get("decoder_input_ids", batch.get("labels"))
         if not isinstance(target, torch.Tensor):
@@ -160,7 +162,18 @@ def batch_flops(model: torch.nn.Module, batch: dict[str, Any], n_targets: int,
         cache["pool"] = sum(p.numel() for p in model.pooler.parameters()) if model.pooler is not None else 0
     head, pool = cache["head"], cache["pool"]
     rows = n_targets if "labels" in batch else B * T
-    return int(flops - 6 * head * B * T + 6 * head * rows - 6 * pool * B * S + 2 * pool * B)
+    flops = flops - 6 * head * B * T + 6 * head * rows - 6 * pool * B * S + 2 * pool * B
+    if packed:  # a training forward's layers skip most of the padding (lmforge.nn.unpadding)
+        decoder_mask = batch.get("decoder_attention_mask" if cfg.arch == "encoder-decoder" else "attention_mask")
+        for name, mask, depth in (("encoder", batch.get("attention_mask"), cfg.n_layers),
+                                  ("decoder", decoder_mask, cfg.decoder_layers)):
+            stack = getattr(model, name)
+            layout = stack.packing(mask) if stack is not None else None
+            if layout is not None:
+                if name not in cache:
+                    cache[name] = packed_layer_weights(stack, depth)
+                flops -= 6 * cache[name] * (layout.batch * layout.length - layout.index.numel())
+    return int(flops)
 
 
 def counted_flops():
@@ -292,9 +305,11 @@ class PriceTag:
         self._joules_added = self._joules_read = self.meter.joules() if self.meter is not None else 0.0
         self._read_at = time.monotonic()
 
-    def step_flops(self, model, batches: list[dict[str, Any]], targets: list[int], tokens: int) -> int:
-        """This rank's FLOPs for one step's micro-batches (analytic, else the counted rate x tokens)."""
-        counts = [batch_flops(model, b, n, self._shapes) for b, n in zip(batches, targets)]
+    def step_flops(self, model, batches: list[dict[str, Any]], targets: list[int], tokens: int,
+                   packed: bool = True) -> int:
+        """This rank's FLOPs for one step's micro-batches (analytic, else the counted rate x tokens); ``packed``:
+        as :func:`batch_flops` (False for a compiled model, which keeps the padded layout)."""
+        counts = [batch_flops(model, b, n, self._shapes, packed) for b, n in zip(batches, targets)]
         if all(c is not None for c in counts):
             return sum(counts)
         self.flops_method = "counted: FlopCounterMode FLOPs per token of one step x tokens"

@@ -409,7 +409,7 @@ class Trainer:
         tokens = sum(int(v.numel()) for b in batches for k, v in b.items() if k.endswith("input_ids"))
         stats = self._counted(batches, tokens) if self.price_tag.flop_check is None else self.accumulate(batches)
         flops = self.price_tag.step_flops(self.model if self.loss is None else None, batches,
-                                          stats["rank_targets"], tokens)
+                                          stats["rank_targets"], tokens, packed=not cfg.compile)
         grad_norm = torch.nn.utils.clip_grad_norm_(self._params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
         lr = cfg.lr * self.schedule(self.step + 1)
         for group in self.optimizer.param_groups:
@@ -449,7 +449,7 @@ class Trainer:
         with counted_flops() as counter:
             stats = self.accumulate(batches)
         model = self.model if self.loss is None else None
-        analytic = self.price_tag.step_flops(model, batches, stats["rank_targets"], tokens)
+        analytic = self.price_tag.step_flops(model, batches, stats["rank_targets"], tokens)  # never compiled here
         self.price_tag.check(analytic if self.price_tag.flops_method == "analytic" else None,
                              counter.get_total_flops(), tokens)
         return stats
