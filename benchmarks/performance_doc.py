@@ -70,7 +70,8 @@ def _pct(value: float) -> str:
 
 # ------------------------------------------------------------------------------------------- the summary
 # Benchmarks with a row per mode: the README keeps only these rows of theirs (the rest are in performance.md).
-README_ONLY = {"generate_engines": lambda case: " vs " in case or case.startswith("fresh process")}
+README_ONLY = {"generate_engines": lambda case: " vs " in case or case.startswith("fresh process"),
+               "training_jobs": lambda case: case.endswith((": training loop", ": wall, process start to saved model"))}
 
 
 def summary(record: dict, readme: bool = False) -> str:
@@ -294,7 +295,7 @@ def training_jobs_detail(data: dict) -> str:
     header = ["job", "tool", "loop s", "loop CPU s", "wall s", "CPU s", "peak RSS MB",
               "metric (mean ± std over seeds)", "disturbed runs"]
     return (table(header, rows) +
-            "\n\nMedian (min–max) over the runs of each tool; disturbed runs (CPU share below "
+            "\n\nMedian (min–max) over the runs of each tool; disturbed runs (their training loop's CPU share below "
             f"{data['min_share']:.0%}) are left out of the medians when two quiet ones remain.\n\n" +
             table(["job", "loop speedup", "loop CPU speedup", "wall speedup", "CPU speedup",
                    "peak RSS lmforge / reference", "metric within the reference's seed noise"], ratios) +

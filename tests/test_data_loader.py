@@ -59,21 +59,40 @@ def test_unshuffled_blocks_are_the_document_stream_in_order(data):
 
 
 def test_shuffled_epoch_is_a_permutation_of_whole_documents(data):
+    """The shuffled stream holds whole documents in a new order each epoch, cut into blocks; the batches take
+    those blocks in a shuffled order (within windows of WINDOW_BLOCKS), not stream order."""
     folder, docs = data
     ds = PackedDataset(folder, seq_len=31, batch_size=1, seed=3)
-    epoch0 = torch.cat(_epoch(ds)).flatten().tolist()
-    epoch1 = torch.cat(_epoch(ds)).flatten().tolist()
-    assert ds.epoch == 2 and epoch0 != epoch1
+    epochs = [torch.cat(_epoch(ds)) for _ in range(2)]  # (blocks, 32) each, in batch order
+    assert ds.epoch == 2 and not torch.equal(*epochs)
     by_first = {d[0]: d for d in docs}
-    for stream in (epoch0, epoch1):
+    for epoch, batches in enumerate(epochs):
+        in_stream_order = ds._samples(epoch, np.arange(len(batches)))  # the blocks as the stream cuts them
+        stream = in_stream_order.flatten().tolist()
         pieces = " ".join(map(str, stream)).split(f" {EOS} ")
         seen = [list(map(int, p.split())) for p in pieces[:-1] if p]
         assert all(p == by_first[p[0]] for p in seen[1:])  # complete documents, in some order
         assert len({p[0] for p in seen}) == len(seen) and len(seen) >= N_DOCS - 3
+        assert len(batches) <= PackedDataset.WINDOW_BLOCKS  # one window: the batches permute all the blocks
+        assert sorted(map(tuple, batches.tolist())) == sorted(map(tuple, in_stream_order.tolist()))
+        assert not torch.equal(batches, in_stream_order)  # consecutive batches are not consecutive text
     same = PackedDataset(folder, seq_len=31, batch_size=1, seed=3)
-    assert torch.cat(_epoch(same)).flatten().tolist() == epoch0
+    assert torch.equal(torch.cat(_epoch(same)), epochs[0])
     other = PackedDataset(folder, seq_len=31, batch_size=1, seed=4)
-    assert torch.cat(_epoch(other)).flatten().tolist() != epoch0
+    assert not torch.equal(torch.cat(_epoch(other)), epochs[0])
+
+
+def test_shuffle_windows_keep_each_window_s_blocks(data, monkeypatch):
+    """With windows smaller than the epoch, each window's blocks stay in that window (reading stays local)."""
+    folder, _ = data
+    monkeypatch.setattr(PackedDataset, "WINDOW_BLOCKS", 4)
+    ds = PackedDataset(folder, seq_len=15, batch_size=2, seed=0)
+    in_stream_order = ds._samples(0, np.arange(len(ds) * 2))
+    batches = torch.cat(_epoch(ds))
+    assert not torch.equal(batches, in_stream_order)
+    for start in range(0, len(batches) // 4 * 4, 4):  # the full windows
+        window = slice(start, start + 4)
+        assert sorted(map(tuple, batches[window].tolist())) == sorted(map(tuple, in_stream_order[window].tolist()))
 
 
 def _state_round_trip(state: dict) -> dict:

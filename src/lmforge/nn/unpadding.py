@@ -11,17 +11,17 @@ on the (N, D) matrix of real tokens. Attention alone lays its queries, keys and 
 again, where the mask, relative positions and SDPA expect them, and packs its output before the output
 projection. The stack unpacks its final states into the usual (B, T, D) for everything after it (heads,
 pooling, losses), which never read the padding. The packed row count is rounded up to a multiple of
-:data:`~lmforge.nn.row_buckets.ROW_MULTIPLE` with padding positions of rows that have real tokens, so that
-the matrix multiplies meet a few shapes per job rather than a new one every step (:mod:`lmforge.nn.row_buckets`
-says why that matters on a CPU); the other padding positions come out as zeros. This is the "unpadding" of MosaicBERT and of Hugging Face's
-padding-free ``DataCollatorWithFlattening``, kept inside the model: the data, its order and the loss are
-unchanged, and the same real-token states come out up to float rounding.
+:data:`~lmforge.nn.row_buckets.ROW_MULTIPLE` with padding positions of rows that have real tokens, so that the
+matrix multiplies meet a few shapes per job rather than a new one every step (:mod:`lmforge.nn.row_buckets`
+says why that matters on a CPU); the other padding positions come out as zeros. This is the "unpadding" of
+MosaicBERT and of Hugging Face's padding-free ``DataCollatorWithFlattening``, kept inside the model: the data,
+its order and the loss are unchanged, and the same real-token states come out up to float rounding.
 
 :class:`~lmforge.models.stack.TransformerStack` packs only when it pays and changes nothing else: in a
 training forward (module in train mode, gradients on), without a KV cache, a complete (B, T, S) mask, a
 mixture-of-experts layer (whose expert capacity counts the padding too) or torch.compile (whose graphs would
-see a new N every batch), and when at most ``PACK_AT_MOST`` of the batch's positions are packed. Evaluation keeps the
-padded layout, whose padding rows match Hugging Face's exactly.
+see a new N every batch), and when at most ``PACK_AT_MOST`` of the batch's positions are packed. Evaluation
+keeps the padded layout, whose padding rows match Hugging Face's exactly.
 
 Example:
     >>> import torch
