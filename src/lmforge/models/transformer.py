@@ -546,13 +546,13 @@ def set_label_smoothing(model: nn.Module, eps: float) -> None:
             module.label_smoothing = eps
 
 
-def packed_layer_weights(stack: nn.Module, depth: int) -> int:
+def packed_layer_weights(stack: nn.Module) -> int:
     """The weights a stack's layers multiply each packed row by (:mod:`lmforge.nn.unpadding`): all of them but
     cross-attention's key and value projections, which read the padded encoder output, counted once per depth
-    (a shared layer runs ``depth`` times)."""
+    (a shared layer runs ``n_layers`` times)."""
     per_token = sum(p.numel() for name, p in stack.layers.named_parameters()
                     if ".cross_attn.k." not in name and ".cross_attn.v." not in name)
-    return (per_token - _linformer_weights(stack.layers)) * depth // len(stack.layers)
+    return (per_token - _linformer_weights(stack.layers)) * stack.n_layers // len(stack.layers)
 
 
 def _attention_flops(cfg: ModelConfig, seq_len: int) -> int:

@@ -165,13 +165,12 @@ def batch_flops(model: torch.nn.Module, batch: dict[str, Any], n_targets: int,
     flops = flops - 6 * head * B * T + 6 * head * rows - 6 * pool * B * S + 2 * pool * B
     if packed:  # a training forward's layers skip most of the padding (lmforge.nn.unpadding)
         decoder_mask = batch.get("decoder_attention_mask" if cfg.arch == "encoder-decoder" else "attention_mask")
-        for name, mask, depth in (("encoder", batch.get("attention_mask"), cfg.n_layers),
-                                  ("decoder", decoder_mask, cfg.decoder_layers)):
+        for name, mask in (("encoder", batch.get("attention_mask")), ("decoder", decoder_mask)):
             stack = getattr(model, name)
             layout = stack.packing(mask) if stack is not None else None
             if layout is not None:
                 if name not in cache:
-                    cache[name] = packed_layer_weights(stack, depth)
+                    cache[name] = packed_layer_weights(stack)
                 flops -= 6 * cache[name] * (layout.batch * layout.length - layout.index.numel())
     return int(flops)
 
