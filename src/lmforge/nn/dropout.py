@@ -37,10 +37,9 @@ import torch.nn.functional as F
 LEVELS = 1 << 16  # a 16-bit uniform integer takes this many values
 
 
-def keep_mask(shape: torch.Size | tuple[int, ...], keep: float) -> tuple[torch.Tensor, float]:
-    """A bool mask of ``shape`` that is True with probability ``keep`` rounded to a multiple of 1/65536, and the
-    scale 1 / (that probability), from torch's default CPU generator."""
-    kept = round(keep * LEVELS)  # of the 65536 values a 16-bit draw can take, this many keep the element
+def keep_mask(shape: torch.Size | tuple[int, ...], kept: int) -> tuple[torch.Tensor, float]:
+    """A bool mask of ``shape`` that is True with probability kept / 65536, and the scale 65536 / kept, from
+    torch's default CPU generator."""
     n = math.prod(shape)
     words = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(1 << 63), None)  # uniform over all 64 bits
     draws = words.view(torch.int16)[:n]  # 4 uniform int16 per word, in [-32768, 32767]
@@ -66,8 +65,8 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     """``F.dropout(x, p, training)``, with a cheaper mask on a CPU (see the module docstring)."""
     if not training or p == 0:
         return x
-    kept = round((1 - p) * LEVELS)
+    kept = round((1 - p) * LEVELS)  # of the 65536 values a 16-bit draw can take, this many keep the element
     if x.device.type != "cpu" or torch.compiler.is_compiling() or not 0 < kept < LEVELS:
         return F.dropout(x, p, training=True)
-    mask, scale = keep_mask(x.shape, 1 - p)
+    mask, scale = keep_mask(x.shape, kept)
     return _MaskedScale.apply(x, mask, scale)
