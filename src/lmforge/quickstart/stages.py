@@ -4,7 +4,7 @@
     1   tokenizers             write the corpora; train a GPT, a BERT and a T5 tokenizer
     2   data                   tokenise the corpora into shards
     3   pretrain-gpt           gpt-tiny, causal LM, on Austen + movie reviews
-        pretrain-bert          bert-tiny, masked LM (untied embeddings), on the movie reviews alone
+        pretrain-bert          bert-tiny (rotary positions), masked LM (untied embeddings), on the movie reviews
         pretrain-t5            t5-tiny, span corruption, on English + Spanish Bible verses
     4   finetune-bert          bert-tiny on rt-sentiment, from the weights of pretrain-bert
         finetune-bert-scratch  the same from random weights
