@@ -27,28 +27,28 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-# Shares of the budget, in stage order. Pre-training gets 43%: it is what the later stages build on, and
+# Shares of the budget, in stage order. Pre-training gets 41%: it is what the later stages build on, and
 # bert-tiny's share is the largest because the fine-tuning comparison, LoRA and the probes read its weights
 # (and a masked LM needs a few hundred steps to get past predicting the most frequent tokens). The two runs
 # that compare a pre-trained bert-tiny with a random one get the next largest: in half an epoch of the reviews
 # neither body had fit them, and pre-training bought little; in a whole epoch the pre-trained body pulled
 # ahead while the random one did not (docs/notes-quickstart-pretraining.md, section 11). Their shares came from
-# the GPT and T5 stages, translation, LoRA, MiniLM and the probes.
+# the GPT and T5 stages, translation, LoRA, MiniLM, retrieval and the probes.
 WEIGHTS: dict[str, float] = {
     "tokenizers": 0.01,
     "data": 0.015,
-    "pretrain-gpt": 0.11,
+    "pretrain-gpt": 0.1,
     "pretrain-bert": 0.24,
-    "pretrain-t5": 0.08,
-    "finetune-bert": 0.12,
-    "finetune-bert-scratch": 0.12,
-    "finetune-bert-lora": 0.05,
-    "finetune-minilm": 0.06,
+    "pretrain-t5": 0.07,
+    "finetune-bert": 0.15,
+    "finetune-bert-scratch": 0.15,
+    "finetune-bert-lora": 0.04,
+    "finetune-minilm": 0.05,
     "prompting": 0.04,
     "generation": 0.01,
-    "translation": 0.07,
-    "retrieval": 0.025,
-    "probing": 0.04,
+    "translation": 0.06,
+    "retrieval": 0.02,
+    "probing": 0.035,
     "report": 0.01,
 }
 
