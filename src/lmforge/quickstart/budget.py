@@ -32,8 +32,8 @@ from typing import Callable, Sequence
 # (and a masked LM needs a few hundred steps to get past predicting the most frequent tokens). The two runs
 # that compare a pre-trained bert-tiny with a random one get the next largest: in half an epoch of the reviews
 # neither body had fit them, and pre-training bought little; in a whole epoch the pre-trained body pulled
-# ahead while the random one did not (docs/notes-quickstart-pretraining.md, section 11). Their shares came from
-# the GPT and T5 stages, translation, LoRA, MiniLM, retrieval and the probes.
+# ahead while the random one did not, though single runs scatter widely (docs/notes-quickstart-pretraining.md,
+# section 11). Their shares came from the GPT and T5 stages, translation, LoRA, MiniLM, retrieval and the probes.
 WEIGHTS: dict[str, float] = {
     "tokenizers": 0.01,
     "data": 0.015,
