@@ -31,13 +31,13 @@ from typing import Callable, Sequence
 # bert-tiny's share is the largest because the fine-tuning comparison, LoRA and the probes read its weights
 # (and a masked LM needs a few hundred steps to get past predicting the most frequent tokens). The two runs
 # that compare a pre-trained bert-tiny with a random one get the next largest: in half an epoch of the reviews
-# neither body had fit them, and pre-training bought little; in a whole epoch the pre-trained body pulled
+# neither body had fit them, and pre-training bought little; in about one the pre-trained body pulled
 # ahead while the random one did not, though single runs scatter widely (docs/notes-quickstart-pretraining.md,
 # section 11). Their shares came from the GPT and T5 stages, translation, LoRA, MiniLM, retrieval and the probes.
 WEIGHTS: dict[str, float] = {
     "tokenizers": 0.01,
     "data": 0.015,
-    "pretrain-gpt": 0.1,
+    "pretrain-gpt": 0.10,
     "pretrain-bert": 0.24,
     "pretrain-t5": 0.07,
     "finetune-bert": 0.15,

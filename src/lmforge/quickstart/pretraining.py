@@ -16,12 +16,12 @@ once, so there is nothing to regularise), except for two changes to bert-tiny, b
   a random one. Untied, only the rows of the tokens a batch contains move.
 - **Rotary positions** (RoFormer, Su et al. 2021) instead of BERT's learned absolute ones. With learned
   positions a minutes-long masked LM stays at the unigram level: held-out MLM accuracy 0.10 after 560 steps
-  (loss 6.61, against 6.75 for word frequencies alone), most likely because attention cannot find a token's neighbours
-  before the position table has been learnt. With rotary positions, which give every head the relative offset
-  from the first step, the same 560 steps reach 0.21 (loss 6.01), and only then does the fine-tuned body gain
-  over a random one. The random one has rotary positions too, so the two differ only in their weights; a
-  random body with learned positions is a stronger baseline than that (a table of random positions leaves
-  it close to a bag of words, which suits one-sentence reviews), the notes say by how much.
+  (loss 6.61, against 6.75 for word frequencies alone), most likely because attention cannot find a token's
+  neighbours before the position table has been learnt. With rotary positions, which give every head the
+  relative offset from the first step, the same 560 steps reach 0.21 (loss 6.01), and only then does the
+  fine-tuned body gain over a random one. The random one has rotary positions too, so the two differ only in
+  their weights; a random body with learned positions is a stronger baseline than that (a table of random
+  positions leaves it close to a bag of words, which suits one-sentence reviews), the notes say by how much.
 
 The masked LM reads the reviews alone (corpora.py says why). ELECTRA, which trains on every token, was
 measured too, at equal time: its discriminator fine-tuned near the majority class.
