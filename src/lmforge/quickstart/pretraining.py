@@ -33,7 +33,7 @@ Loss is evaluated on the held-out split a few times along the way.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from lmforge.checkpoint import read_config
@@ -68,13 +68,14 @@ class Pretraining:
     lr: float
     batch_size: int = 8
     title: str = ""
-    untie_embeddings: bool = False  # an output matrix of its own, not the token table (see above)
-    position: str | None = None  # a position scheme other than the preset's (see above)
+    # Changes to the preset beyond switching dropout off (see above); the run's model config records them.
+    overrides: dict[str, Any] = field(default_factory=dict, hash=False)
 
 
 RUNS = {
     "pretrain-gpt": Pretraining("gpt-tiny", "clm", "gpt", lr=1e-3, title="gpt-tiny, causal LM"),
-    "pretrain-bert": Pretraining("bert-tiny", "mlm", "bert", lr=5e-4, untie_embeddings=True, position="rope",
+    "pretrain-bert": Pretraining("bert-tiny", "mlm", "bert", lr=5e-4,
+                                 overrides={"tie_embeddings": False, "position": "rope"},
                                  title="bert-tiny (rotary positions), masked LM (untied) on the reviews"),
     "pretrain-t5": Pretraining("t5-tiny", "span-corruption", "t5", lr=1e-3, title="t5-tiny, span corruption"),
 }
@@ -90,9 +91,7 @@ def _config(ctx: Context, run: Pretraining, stage: str, max_steps: int, resume: 
 
 
 def _overrides(run: Pretraining) -> dict[str, Any]:
-    untie = {"tie_embeddings": False} if run.untie_embeddings else {}
-    position = {"position": run.position} if run.position else {}
-    return {"dropout": 0.0, "attn_dropout": 0.0, **untie, **position}
+    return {"dropout": 0.0, "attn_dropout": 0.0, **run.overrides}
 
 
 def pretrain_stage(stage: str):
