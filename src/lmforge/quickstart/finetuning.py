@@ -26,7 +26,7 @@ from lmforge.checkpoint import PACKAGED_MODELS, load_body, model_source
 from lmforge.errors import InputFileNotFound
 from lmforge.peft.config import PeftConfig
 from lmforge.quickstart.context import SEED, Context, check_stopped
-from lmforge.quickstart.probe import Probe, probe_finetuning
+from lmforge.quickstart.probe import PROBE_BATCHES, Probe, probe_finetuning
 from lmforge.quickstart.runs import drop_checkpoints, loss_drop, measured_step_seconds, plan_run, read_curve, warmup_for
 from lmforge.tasks.data import Table, read_table
 from lmforge.tasks.finetune import finetune
@@ -42,7 +42,6 @@ TRAIN_FLOOR = 2000  # training reviews kept at small budgets (all 8,056 from 10 
 EVAL_BATCH = 64
 FORWARD_SHARE = 0.35
 MIN_STEPS = 8
-PROBE_BATCHES = 16  # training rows the probe encodes, in batches: enough for its steps and length buckets
 LORA = {"method": "lora", "r": 8, "alpha": 16.0}
 MINILM = "all-MiniLM-L6-v2"  # a packaged model (lmforge.checkpoint.PACKAGED_MODELS)
 

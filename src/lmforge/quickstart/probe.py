@@ -14,6 +14,9 @@ Example:
     >>> def step(): now[0] += next(durations)
     >>> time_steps(step, warmup=0, seconds=0.0, clock=lambda: now[0]).seconds_per_step
     0.5
+    >>> now, durations = [0.0], iter([1.0, 3.0, 1.0, 3.0])  # a short batch and a long one, twice
+    >>> time_steps(step, warmup=0, seconds=0.0, group=2, clock=lambda: now[0])  # a pass's mean, not 1.0
+    Probe(seconds_per_step=2.0, steps=4)
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ from lmforge.training.pretrain import build_pretraining
 # was planned at 1.5x its real step time (a third of its share unused); three cover most of it.
 WARMUP = 3
 MIN_REPEATS, MAX_REPEATS = 3, 16
+# Batches of training rows a fine-tuning probe encodes: length bands enough to time an average step (see
+# probe_finetuning: it warms up over all of them once).
+PROBE_BATCHES = 8
 
 
 @dataclass(frozen=True)
@@ -55,27 +61,32 @@ class Probe:
 
 
 def time_steps(step: Callable[[], Any], warmup: int = WARMUP, seconds: float = 1.0, device: str = "cpu", *,
-               clock: Callable[[], float] = time.perf_counter) -> Probe:
+               group: int = 1, clock: Callable[[], float] = time.perf_counter) -> Probe:
     """Median seconds of a call of ``step``: after ``warmup`` untimed calls, timed calls until ``seconds`` have
     passed (between :data:`MIN_REPEATS` and :data:`MAX_REPEATS` calls).
 
-    A time window rather than a fixed count: short steps are measured over enough of them to cover, for
-    fine-tuning, the different lengths of length-bucketed batches. The median rather than the mean: on a
-    shared machine one step in a few seconds can be stalled by a neighbour, and a mean would plan the whole
-    run at that stall's pace. ``clock`` is for tests.
+    A time window rather than a fixed count, so that short steps are measured over enough of them. The median
+    rather than the mean: on a shared machine one step in a few seconds can be stalled by a neighbour, and a
+    mean would plan the whole run at that stall's pace. With ``group`` > 1 the calls are timed ``group`` at a
+    time and the median is over the groups' means (at least one group; whole groups only): for fine-tuning's
+    length-bucketed batches a group is one pass over the probe's batches, short and long ones, whose step
+    times differ 2-3x, so that a median of single steps would be the median length's, below the mean a run
+    pays. ``clock`` is for tests.
     """
     for _ in range(warmup):
         step()
-    times: list[float] = []
-    while len(times) < MIN_REPEATS or (sum(times) < seconds and len(times) < MAX_REPEATS):
+    times: list[float] = []  # seconds per call, one entry per group
+    least = -(-MIN_REPEATS // group)
+    while len(times) < least or (sum(times) * group < seconds and (len(times) + 1) * group <= MAX_REPEATS):
         if device == "cuda":
             torch.cuda.synchronize()
         start = clock()
-        step()
+        for _ in range(group):
+            step()
         if device == "cuda":
             torch.cuda.synchronize()
-        times.append(clock() - start)
-    return Probe(statistics.median(times), warmup + len(times))
+        times.append((clock() - start) / group)
+    return Probe(statistics.median(times), warmup + len(times) * group)
 
 
 def _remove(scratch: Path) -> None:
@@ -119,6 +130,12 @@ def probe_finetuning(body: torch.nn.Module, tokenizer, spec, table, config, scra
     try:
         kwargs = {"peft_base": peft_base} if peft_base is not None else {}
         trainer = FinetuneTrainer(model, task, batches, probe, recipe, out=scratch, **kwargs)
-        return time_steps(trainer.train_step, seconds=seconds, device=trainer.device.type)
+        # Length-bucketed batches each have their own padded length, so each step of a short probe met new
+        # shapes (new oneDNN kernels), which a long run meets only in its first few dozen steps: the quickstart's
+        # fine-tuning was planned at 1.2-1.5x its real step time. So the warm-up is one pass over the probe's
+        # batches, and the timing is over whole later passes, which meet the same lengths again.
+        passes = len(batches)
+        return time_steps(trainer.train_step, warmup=passes, seconds=seconds, device=trainer.device.type,
+                          group=passes)
     finally:
         _remove(scratch)
