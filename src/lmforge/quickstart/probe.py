@@ -134,8 +134,8 @@ def probe_finetuning(body: torch.nn.Module, tokenizer, spec, table, config, scra
         # shapes (new oneDNN kernels), which a long run meets only in its first few dozen steps: the quickstart's
         # fine-tuning was planned at 1.2-1.5x its real step time. So the warm-up is one pass over the probe's
         # batches, and the timing is over whole later passes, which meet the same lengths again.
-        passes = len(batches)
-        return time_steps(trainer.train_step, warmup=passes, seconds=seconds, device=trainer.device.type,
-                          group=passes)
+        per_pass = len(batches)
+        return time_steps(trainer.train_step, warmup=per_pass, seconds=seconds, device=trainer.device.type,
+                          group=per_pass)
     finally:
         _remove(scratch)
