@@ -339,7 +339,7 @@ def evaluate(path: str | Path, data, limit: int | None = None) -> dict[str, floa
     folder on labelled data."""
     baseline, table = load_baseline(path), _table(data)
     if limit is not None:
-        table = Table(table.path, table.rows[:limit], table.columns, table.lines[:limit])
+        table = table.head(limit)
     scores, gold = _labelled(baseline, table)
     labels = baseline.spec.labels
     pred = [labels[k] for k in scores.argmax(1)]

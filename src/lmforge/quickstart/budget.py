@@ -30,10 +30,9 @@ from typing import Callable, Sequence
 # Shares of the budget, in stage order. Pre-training gets 41%: it is what the later stages build on, and
 # bert-tiny's share is the largest because the fine-tuning comparison, LoRA and the probes read its weights
 # (and a masked LM needs a few hundred steps to get past predicting the most frequent tokens). The two runs
-# that compare a pre-trained bert-tiny with a random one get the next largest: in half an epoch of the reviews
-# neither body had fit them, and pre-training bought little; in about one the pre-trained body pulled
-# ahead while the random one did not, though single runs scatter widely (docs/notes-quickstart-pretraining.md,
-# section 11). Their shares came from the GPT and T5 stages, translation, LoRA, MiniLM, retrieval and the probes.
+# that compare a pre-trained bert-tiny with a random one get the next largest, about an epoch of the reviews
+# each: in half an epoch neither body had fit them (docs/notes-quickstart-pretraining.md, sections 11-12).
+# Their shares came from the GPT and T5 stages, translation, LoRA, MiniLM, retrieval and the probes.
 WEIGHTS: dict[str, float] = {
     "tokenizers": 0.01,
     "data": 0.015,

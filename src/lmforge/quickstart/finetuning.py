@@ -30,9 +30,9 @@ from lmforge.checkpoint import PACKAGED_MODELS, load_body, model_source
 from lmforge.errors import InputFileNotFound
 from lmforge.peft.config import PeftConfig
 from lmforge.quickstart.context import SEED, Context, check_stopped
-from lmforge.quickstart.probe import PROBE_BATCHES, Probe, probe_finetuning
+from lmforge.quickstart.probe import Probe, probe_finetuning
 from lmforge.quickstart.runs import drop_checkpoints, loss_drop, measured_step_seconds, plan_run, read_curve, warmup_for
-from lmforge.tasks.data import Table, read_table
+from lmforge.tasks.data import read_table
 from lmforge.tasks.finetune import finetune
 from lmforge.tasks.inference import evaluate
 from lmforge.tasks.recipe import Recipe
@@ -84,8 +84,7 @@ def _tables(ctx: Context):
     test = read_table("rt-sentiment:test")
     k = ctx.scaled(len(train), floor=TRAIN_FLOOR)  # short runs see a fraction of an epoch: encode no more
     n = ctx.scaled(TEST_ROWS, floor=200)
-    return (Table(train.path, train.rows[:k], train.columns, train.lines[:k]),
-            Table(test.path, test.rows[:n], test.columns, test.lines[:n]))
+    return train.head(k), test.head(n)
 
 
 def _majority(table) -> float:
@@ -135,9 +134,7 @@ def sentiment(ctx: Context, stage: str, run: SentimentRun, source: Path, seconds
         if known:  # the same model and batches were just timed over a whole run: no probe needed
             return Probe(known, 0)
         body, tok = load_body(str(source), random_init=run.random_init)
-        rows = train.rows[:BATCH_SIZE * PROBE_BATCHES]
-        sample = Table(train.path, rows, train.columns, train.lines[:len(rows)])
-        return probe_finetuning(body, tok, _spec(), sample, _config(ctx, run, stage, 100, False),
+        return probe_finetuning(body, tok, _spec(), train, _config(ctx, run, stage, 100, False),
                                 ctx.path("probes", stage), recipe=recipe, peft=peft, seconds=ctx.probe_seconds)
 
     def other(per_step: float) -> float:

@@ -110,13 +110,15 @@ def probe_pretraining(config, scratch: Path, seconds: float = 1.0) -> Probe:
 
 def probe_finetuning(body: torch.nn.Module, tokenizer, spec, table, config, scratch: Path, *,
                           recipe=None, peft=None, seconds: float = 1.0) -> Probe:
-    """Seconds per step of fine-tuning ``body`` (left untouched: a copy is trained) on ``table`` as ``spec``
-    says, with ``config``'s batch size and precision (and a PEFT adapter when ``peft`` is given)."""
+    """Seconds per step of fine-tuning ``body`` (left untouched: a copy is trained) on the first
+    :data:`PROBE_BATCHES` batches of ``table``'s rows as ``spec`` says, with ``config``'s batch size and
+    precision (and a PEFT adapter when ``peft`` is given)."""
     recipe = recipe or Recipe()
+    table = table.head(config.batch_size * PROBE_BATCHES)  # encode only what the probe's steps read
     if spec.task == "classify" and not spec.labels:
         spec = spec.replace(labels=build_task(spec, tokenizer, body.config).label_set(table))
     task = build_task(spec, tokenizer, body.config)
-    # Enough examples for the probe's steps, batched as the real run batches them (length buckets).
+    # Batched as the real run batches them (length buckets).
     examples = task.encode(table, True)
     batches = ExampleBatches(examples, config.batch_size, seed=config.seed, bucket=recipe.bucket)
     model = build_task_model(copy.deepcopy(body), spec)  # build_task_model strips the LM head in place

@@ -16,7 +16,7 @@ from typing import Any
 
 from lmforge.checkpoint import load_body
 from lmforge.quickstart.context import Context, check_stopped
-from lmforge.quickstart.probe import PROBE_BATCHES, Probe, probe_finetuning
+from lmforge.quickstart.probe import Probe, probe_finetuning
 from lmforge.quickstart.runs import drop_checkpoints, loss_drop, measured_step_seconds, plan_run, read_curve, warmup_for
 from lmforge.tasks import metrics as task_metrics
 from lmforge.tasks.data import Table, read_table
@@ -51,7 +51,7 @@ def _tables(ctx: Context):
     test = read_table("kjv-rv1909:test")
     n = ctx.scaled(TEST_ROWS, floor=DECODE_BATCH)
     return (Table(train.path, rows, train.columns, [None] * len(rows)),
-            Table(test.path, test.rows[:n], test.columns, test.lines[:n]))
+            test.head(n))
 
 
 def _config(ctx: Context, steps: int, resume: bool):
@@ -69,9 +69,7 @@ def translation(ctx: Context, seconds: float) -> dict[str, Any]:
 
     def probe() -> Probe:
         body, tok = load_body(str(source))
-        n = BATCH_SIZE * PROBE_BATCHES
-        sample = Table(train.path, train.rows[:n], train.columns, [None] * n)
-        return probe_finetuning(body, tok, _spec(), sample, _config(ctx, 100, False),
+        return probe_finetuning(body, tok, _spec(), train, _config(ctx, 100, False),
                                 ctx.path("probes", "translation"), recipe=recipe, seconds=ctx.probe_seconds)
 
     plan, resume = plan_run(ctx, "translation", seconds, probe, lambda per_step: seconds * DECODE_SHARE,

@@ -73,6 +73,14 @@ class Table:
     def __len__(self) -> int:
         return len(self.rows)
 
+    def head(self, n: int) -> "Table":
+        """The first ``n`` rows, with their line numbers.
+
+        >>> Table("t.tsv", [{"a": 1}, {"a": 2}, {"a": 3}], ["a"], [2, 3, 4]).head(2).lines
+        [2, 3]
+        """
+        return Table(self.path, self.rows[:n], self.columns, self.lines[:n])
+
     @property
     def name(self) -> str:
         return Path(self.path).name if Path(self.path).exists() else self.path
