@@ -6,8 +6,10 @@ greedily generates exactly ``--new-tokens`` (128) tokens after them, at batch 1 
 
     lmforge fp32 eager      ``model.generate``                       (benchmarks/generate.py's runners)
     lmforge fp32 compiled   ``model.generate(..., compile=True)``    (its first call, which compiles, timed alone)
-    lmforge bf16/int8/int4  ``--dtype bf16``, alone and with ``--quantize int8`` (per row) or ``int4`` (groups of
-                            32), weight-only: bf16 activations, eager and compiled
+    lmforge bf16            ``--dtype bf16``, eager and compiled
+    lmforge int8/int4       ``--quantize int8`` (per row; fbgemm rounds the activations to 7 bits per call on x86)
+                            or ``int4`` (groups of 32, weight-only), eager and compiled, with bf16 activations
+                            where the CPU has native bf16, else fp32 (``quantized_activations`` in the JSON)
     HF generate fp32        ``GPT2LMHeadModel.generate``: the reference of every lmforge row
     CTranslate2 fp32/int8   the HF folder converted by ``ctranslate2.converters.TransformersConverter``
                             (``quantization=None`` / ``"int8"``), ``Generator.generate_batch`` with top-k 1
@@ -69,7 +71,7 @@ import transformers as hf  # noqa: E402
 
 import lmforge  # noqa: E402
 from benchmarks.generate import build, runners  # noqa: E402
-from lmforge.models.quantize import apply_precision  # noqa: E402
+from lmforge.models.quantize import apply_precision, bf16_supported  # noqa: E402
 from lmforge.tokenization import Tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,6 +84,7 @@ INSTALL = "pip install 'lmforge[engines]' (or make bench-engines)"
 CONVERTER_ENV = "LLAMA_CPP_CONVERT"  # path of llama.cpp's convert_hf_to_gguf.py
 DEFAULT_CONVERTER = ROOT / "build" / "engines" / "llama.cpp" / "convert_hf_to_gguf.py"  # make bench-engines' clone
 CHECKED = ("fp32", "int8")  # precisions whose tokens are compared with HF fp32's
+ACTIVATIONS = "bf16" if bf16_supported() else "fp32"  # the dtype the int8 and int4 rows compute in
 
 
 @dataclass
@@ -132,11 +135,13 @@ def lmforge_impls(ref, ours, new_tokens: int, compile: bool) -> list[Impl]:
     impls = [Impl("lmforge fp32 eager", "lmforge", "fp32", path("lmforge"))]
     if compile:
         impls.append(Impl("lmforge fp32 compiled", "lmforge", "fp32", path("compiled")))
-    # The reduced-precision rows compute in bf16 (``--dtype bf16``): the weight-only kernels' fast setting.
+    # The quantised rows compute in bf16 where the CPU has native bf16 (the weight-only kernels' fast setting),
+    # else in fp32: emulated bf16 is slower than fp32, and int8's fbgemm kernel takes fp32 activations anyway.
     for quantize, precision in ((None, "bf16"), ("int8", "int8"), ("int4", "int4")):
-        impls.append(Impl(f"lmforge {precision}", "lmforge", precision, mode("bf16", quantize)))
+        dtype = "bf16" if quantize is None else ACTIVATIONS
+        impls.append(Impl(f"lmforge {precision}", "lmforge", precision, mode(dtype, quantize)))
         if compile:
-            impls.append(Impl(f"lmforge {precision} compiled", "lmforge", precision, mode("bf16", quantize, True)))
+            impls.append(Impl(f"lmforge {precision} compiled", "lmforge", precision, mode(dtype, quantize, True)))
     return impls
 
 
@@ -337,6 +342,7 @@ def main() -> None:
     skipped: dict[str, str] = {}
     result = {"benchmark": "generate_engines", "shape": shape, "prompt_len": PROMPT_LEN, "new_tokens": args.new_tokens,
               "repeats": repeats, "threads": args.threads, "max_others": args.max_others, "compile": compile,
+              "quantized_activations": ACTIVATIONS,
               "versions": {p: _version(p) for p in ("torch", "transformers", "ctranslate2", "llama_cpp_python",
                                                      "gguf")}}
     print(f"greedy generation, {PROMPT_LEN}-token prompts, {args.new_tokens} new tokens, {args.threads} threads, "
