@@ -116,3 +116,29 @@ def test_which_steps_split_causal_attention():
     assert split(q, q)  # traced by torch.compile, self-attention without a cache
     assert not split(q, torch.randn(1, 2, 130, 8))  # keys from a cache: T != S
     assert not split(q[:, :, :32], q[:, :, :32])  # too short to gain
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2])  # plain and grouped-query
+@pytest.mark.parametrize("mask", ["none", "bool", "additive"])
+def test_one_compiled_row_equals_sdpa(n_kv_heads, mask):
+    """A compiled decode step's attention (one query row as broadcasts and sums) against SDPA on the same inputs."""
+    torch.manual_seed(0)
+    cfg = tiny_config(arch="decoder", position="learned", n_heads=4, n_kv_heads=n_kv_heads)
+    attn = Transformer(cfg).decoder.layers[0].attn
+    B, H, S, hd = 3, 4, 11, cfg.d_model // 4
+    q, k, v = torch.randn(B, H, 1, hd), torch.randn(B, n_kv_heads, S, hd), torch.randn(B, n_kv_heads, S, hd)
+    attn_mask = {"none": None, "bool": torch.rand(B, 1, 1, S) > 0.3,
+                 "additive": torch.randn(B, 1, 1, S)}[mask]
+    if mask == "bool":
+        attn_mask[:, ..., 0] = True  # every row sees something, as a decode step's query sees itself
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=attn.scale,
+                                                           enable_gqa=n_kv_heads != H)
+    torch.testing.assert_close(attn._one_row(q, k, v, attn_mask), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_which_steps_take_the_one_row_path():
+    q = torch.randn(2, 4, 1, 8)
+    assert not attention.one_compiled_row(q)  # eager: SDPA
+    with torch.no_grad():
+        assert torch.compile(attention.one_compiled_row, backend="eager", fullgraph=True)(q)
+        assert not torch.compile(attention.one_compiled_row, backend="eager", fullgraph=True)(torch.randn(2, 4, 3, 8))

@@ -137,6 +137,23 @@ def test_dynamic_int8_compiles_as_one_opaque_op():
     torch.testing.assert_close(compiled(x), q(x), atol=0, rtol=0)
 
 
+def test_compiled_int8_decoding_equals_eager_and_is_not_frozen(trained):
+    """An fbgemm int8 model's compiled decode step calls the same kernel as its eager layers (so the same tokens),
+    and is compiled unfrozen: a graph inductor's FX graph cache can keep for the next process."""
+    if not weight_only._fbgemm_int8_ready():
+        pytest.skip("fbgemm's int8 GEMM runs on x86 CPUs only")
+    from lmforge.generation.compiled import _STEPS
+
+    model = lmforge.load(trained).eval()
+    quantize_model(model, "int8")
+    ids = torch.tensor([[5, 17, 42, 7, 99], [3, 8, 13, 21, 34]])
+    with torch.no_grad():
+        eager = model.generate(ids, max_new_tokens=12, ignore_eos=True).sequences
+        compiled = model.generate(ids, max_new_tokens=12, ignore_eos=True, compile=True).sequences
+    assert torch.equal(compiled, eager)
+    assert [step.freeze for step in _STEPS[model].values()] == [False]
+
+
 def test_tied_head_of_a_quantised_decoder_uses_the_quantised_table():
     torch.manual_seed(0)
     model = lmforge.build_model("gpt-tiny", n_layers=1, d_model=64, n_heads=2, d_ff=128, vocab_size=200,

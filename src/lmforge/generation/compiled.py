@@ -16,7 +16,7 @@ Where the time goes: a decode step multiplies one or a few rows by every weight,
 streaming the weights from memory (the tiny GPT: 55 MB of fp32 per token). On a CPU the graph is built
 for that (see :data:`CPU_OPTIONS`): the weights are compiled in as constants (inductor's freezing),
 pre-packed for inductor's C++ GEMM template, which streams them near the read bandwidth (MKL's kernels
-reach a smaller share of it); q/k/v are one GEMM; SDPA is decomposed into fused plain ops (its flash
+reach a smaller share of it); q/k/v are one GEMM; attention is written out as plain ops inductor fuses (SDPA's flash
 kernel costs more than the math for one query row); and the ~60 kernels of a step run with no per-op
 dispatch. ``benchmarks/generate.py`` measures the compiled path against the eager one and HF ``generate``
 (docs/performance.md).
@@ -31,9 +31,11 @@ was compiled is compiled again (it would otherwise run the old, frozen values).
 
 Persistent cache. The first call of a step compiles inside :func:`compile_cache_dir`, where inductor keeps
 its on-disk caches: the generated C++ kernels and their built libraries (keyed by a hash of their source),
-and FX graphs where inductor can cache them (it bypasses graphs holding the frozen, mkldnn-packed weights, so
-tracing and GEMM autotuning run again in each process). A new process that compiles the same step reuses the
-built libraries instead of invoking the C++ compiler, the bulk of a cold compile here. Nothing stale is used:
+and FX graphs where inductor can cache them. It bypasses graphs holding frozen, mkldnn-packed weights, so for
+an fp32 or bf16 model a new process traces, lowers and autotunes again and only reuses the built libraries
+(the C++ compiler's share). An int8 model's step (fbgemm's int8 GEMM) is compiled unfrozen, which its opaque
+matmul calls do not slow, and its graph is cached whole: a new process only traces it (on the GPT-2 shape,
+2 cores: 31 s for the first compile, 7 s with the cache). Nothing stale is used:
 the folder is named for the torch version, CPU capability and machine, artifacts are keyed by their source,
 and frozen weights are bound from the live model, never read from the cache. A damaged artifact does not
 crash decoding: inductor's autotuner skips a candidate kernel that fails to load, and a compile that still
@@ -74,6 +76,7 @@ from pathlib import Path
 import torch
 
 from lmforge.generation.stepper import Stepper
+from lmforge.nn.weight_only import uses_fbgemm_int8
 from lmforge.nn.static_kv_cache import StaticKVCache
 from lmforge.errors import UserInputError
 
@@ -91,10 +94,7 @@ CPU_OPTIONS = {"max_autotune": True, "max_autotune_gemm_backends": "CPP"}
 # compiled step owns its KV buffers (:meth:`_CompiledStep.adopt`): every generation of that shape decodes in the
 # same memory, which the graph writes in place.
 CUDA_GRAPHS = True
-FREEZE = True  # compile the weights in as constants (see _CompiledStep)
-# SDPA's CPU kernel (flash attention) has a fixed cost per call that dominates for one query row; the
-# plain math, decomposed into ops inductor fuses, costs a fraction of that.
-DECOMPOSE_SDPA = True
+FREEZE = True  # compile the weights in as constants (see _CompiledStep), except for int8 models (below)
 
 # model -> OrderedDict[(batch, capacity, dtype, device), compiled step]
 _STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -191,14 +191,16 @@ class _CompiledStep:
     call. With :data:`FREEZE` the weights are compiled in as constants (inductor's freezing: pre-packed
     GEMM weights, q/k/v concatenated once), so the step remembers which tensors they were and their
     version counters: a weight written in place (fine-tuning, ``load_state_dict``) or replaced since
-    makes it :meth:`stale`."""
+    makes it :meth:`stale`. A model whose linears run fbgemm's int8 GEMM is not frozen: its matmuls are opaque
+    calls either way, and an unfrozen graph (weights as inputs) is one inductor's FX graph cache keeps, so a
+    new process skips lowering and code generation."""
 
     def __init__(self, model, device: torch.device):
         self.graphs = CUDA_GRAPHS and device.type == "cuda"
         self.buffers: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
-        self.backend = _backend(device, self.graphs)
+        self.freeze = FREEZE and not uses_fbgemm_int8(model, device)
+        self.backend = _backend(device, self.graphs, self.freeze)
         self.fn = torch.compile(_fresh_step(), fullgraph=True, dynamic=False, backend=self.backend)
-        self.freeze = FREEZE
         self.versions = [(t, t._version) for t in _weights(model)]
         self.compiled = False
 
@@ -263,22 +265,22 @@ def _compile_failed(exc: Exception) -> RuntimeError:
                         "generate with compile=False instead")
 
 
-def _backend(device: torch.device, graphs: bool = False):
-    """Inductor, with :data:`CPU_OPTIONS` and SDPA's CPU kernel decomposed (:data:`DECOMPOSE_SDPA`) on a CPU, and
-    CUDA graphs (:data:`CUDA_GRAPHS`) on a GPU."""
-    cpu = device.type == "cpu"
-    patches = dict(CPU_OPTIONS) if cpu else {"triton.cudagraphs": graphs}
+def _backend(device: torch.device, graphs: bool = False, frozen: bool = True):
+    """Inductor, with :data:`CPU_OPTIONS` on a CPU when the weights are frozen (its GEMM template needs them
+    constant), and CUDA graphs (:data:`CUDA_GRAPHS`) on a GPU.
+
+    No decomposition table is passed: inductor cannot key its FX graph cache on one (it holds C++ functions), so a
+    new process would lower and generate every kernel again. (SDPA's CPU kernel, slow for the step's one query
+    row, is avoided in the model instead: :func:`lmforge.nn.attention.use_matmul_attention`.)"""
+    if device.type == "cpu":
+        patches = dict(CPU_OPTIONS) if frozen else {}
+    else:
+        patches = {"triton.cudagraphs": graphs}
 
     def backend(gm, example_inputs):
-        from torch._decomp import decomposition_table
         from torch._inductor.compile_fx import compile_fx
-        from torch._inductor.decomposition import select_decomp_table
 
-        table = dict(select_decomp_table())
-        if cpu and DECOMPOSE_SDPA:
-            op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
-            table[op] = decomposition_table[op]
-        return compile_fx(gm, example_inputs, config_patches=patches, decompositions=table)
+        return compile_fx(gm, example_inputs, config_patches=patches)
 
     return backend
 

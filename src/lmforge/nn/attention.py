@@ -178,6 +178,8 @@ class Attention(nn.Module):
                 out = out + self.relative.value_term(probs, ctx.rel_index)
             if record is not None:
                 record.append(probs)
+        elif one_compiled_row(q):
+            out = self._one_row(q, k, v, attn_mask)
         elif use_matmul_attention(q, k, attn_mask):
             causal = is_causal and attn_mask is None
             if causal and split_causal_in_halves(q, k):
@@ -228,6 +230,24 @@ class Attention(nn.Module):
         probs = scores.softmax(-1).view(B, H, T, S)  # a bf16 softmax accumulates in fp32 internally on CPU
         return apply_dropout(probs, dropout) if dropout else probs
 
+    def _one_row(self, q, k, v, attn_mask) -> torch.Tensor:
+        """One query row against all keys, as broadcasts and sums (a compiled decode step on a CPU): inductor makes
+        them a few fused loops, where SDPA's CPU kernel has a fixed cost per call that dominates for one row.
+        q (B, H, 1, hd), k and v (B, Hkv, S, hd), attn_mask bool (True: visible) or additive, broadcastable to
+        (B, H, 1, S) -> (B, H, 1, hd)."""
+        B, H, _, hd = q.shape
+        Hkv, S = k.shape[1], k.shape[2]
+        qg = q.reshape(B, Hkv, H // Hkv, 1, hd)  # the query heads sharing each key/value head
+        scores = (qg * k.unsqueeze(2)).sum(-1) * self.scale  # (B, Hkv, g, S)
+        scores = scores.reshape(B, H, 1, S)
+        if attn_mask is not None:
+            if attn_mask.dtype == torch.bool:
+                scores = scores.masked_fill(~attn_mask, torch.finfo(scores.dtype).min / 2)
+            else:
+                scores = scores + attn_mask.to(scores.dtype)
+        probs = scores.softmax(-1).reshape(B, Hkv, H // Hkv, S, 1)
+        return (probs * v.unsqueeze(2)).sum(3).reshape(B, H, 1, hd)
+
     def _causal_in_halves(self, q, k, v, dropout: float) -> torch.Tensor:
         """Causal self-attention (T == S) written out in two query halves: the first half's queries see
         only the first half's keys, so the all-masked upper-right quarter of the scores is never
@@ -265,6 +285,12 @@ def use_matmul_attention(q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tens
         and q.requires_grad
         and q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] <= MATMUL_ATTENTION_MAX_SCORES
     )
+
+
+def one_compiled_row(q: torch.Tensor) -> bool:
+    """Whether :class:`Attention` computes one query row as broadcasts and sums (``Attention._one_row``): under
+    torch.compile on a CPU, without gradients, as in a compiled decode step. q (B, H, T, hd)."""
+    return q.device.type == "cpu" and q.shape[2] == 1 and torch.compiler.is_compiling() and not torch.is_grad_enabled()
 
 
 def split_causal_in_halves(q: torch.Tensor, k: torch.Tensor) -> bool:

@@ -99,6 +99,12 @@ def _fbgemm_int8_ready() -> bool:
     return torch.backends.quantized.engine in _FBGEMM_ENGINES and hasattr(torch.ops.quantized, "linear_dynamic")
 
 
+def uses_fbgemm_int8(model: nn.Module, device: torch.device) -> bool:
+    """Whether ``model`` on ``device`` has int8 layers that run fbgemm's int8 GEMM (see the module docstring)."""
+    return (device.type == "cpu" and INT8_DYNAMIC_ACTIVATIONS and _fbgemm_int8_ready()
+            and any(isinstance(m, WeightOnlyLinear) and m.mode == "int8" for m in model.modules()))
+
+
 def _packed_int8(qweight: torch.Tensor, scales: torch.Tensor):
     """fbgemm's packed form of ``qweight`` (int8 (out, in), per-row fp32 ``scales``), built once per weight."""
     key = (qweight._version, id(scales), scales._version)
