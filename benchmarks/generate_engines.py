@@ -26,11 +26,11 @@ was busy). Figures are the median (and min, max) over the kept runs. Token agree
 is checked for the fp32 and int8 rows (fp32 should be identical; int8 shows how far rounding moves greedy
 choices: the share of equal tokens and the mean length of the equal prefix).
 
-Time to first token in a fresh process, for lmforge compiled: ``lmforge generate --compile`` as a user runs it,
-from process start to its first and second streamed text (the first token comes from the eager prompt pass, the
-second from the compiled step, so the compile shows there), with an empty compile cache
-(``LMFORGE_COMPILE_CACHE`` pointing at a new folder) and then with the cache that run left, against the eager
-``lmforge generate``.
+Time to first token in a fresh process, for lmforge compiled: ``lmforge generate --compile`` (fp32, and with
+``--quantize int8``) as a user runs it, from process start to its first and second streamed text (the first token
+comes from the eager prompt pass, the second from the compiled step, so the compile shows there), with an empty
+compile cache (``LMFORGE_COMPILE_CACHE`` pointing at a new folder) and then with the cache that run left, against
+the eager ``lmforge generate``.
 
 CTranslate2 and llama.cpp are optional (``pip install 'lmforge[engines]'``; ``make bench-engines`` installs them
 and clones llama.cpp for its ``convert_hf_to_gguf.py``): an engine that is missing is skipped with the reason
@@ -285,12 +285,13 @@ def pair(rows: list[dict]) -> None:
             r["partner"] = lm[(r["batch"], r["precision"])]
 
 
-def fresh_process(folder: Path, prompt: str, new_tokens: int, threads: int, cache: Path | None) -> dict:
-    """``lmforge generate`` (``--compile`` when ``cache`` is given, compiling into it) in a new process: seconds
-    from its start to its first and second streamed text, and to its end."""
+def fresh_process(folder: Path, prompt: str, new_tokens: int, threads: int, cache: Path | None,
+                  extra: tuple[str, ...] = ()) -> dict:
+    """``lmforge generate`` (``--compile`` when ``cache`` is given, compiling into it; ``extra`` flags) in a new
+    process: seconds from its start to its first and second streamed text, and to its end."""
     env = src_env(LMFORGE_COMPILE_CACHE=str(cache) if cache else "off")
     cmd = [sys.executable, "-m", "lmforge.cli.main", "generate", "--model", str(folder), "--prompt", prompt,
-           "--max-new-tokens", str(new_tokens), "--ignore-eos", "--threads", str(threads)]
+           "--max-new-tokens", str(new_tokens), "--ignore-eos", "--threads", str(threads), *extra]
     start = time.perf_counter()
     proc = subprocess.Popen(cmd + (["--compile"] if cache else []), env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL)
@@ -305,11 +306,15 @@ def fresh_process(folder: Path, prompt: str, new_tokens: int, threads: int, cach
 
 
 def ttft(ours, prompt: str, new_tokens: int, threads: int, work: Path) -> dict:
+    """Fresh processes: eager, then compiled fp32 and compiled ``--quantize int8``, each with an empty compile
+    cache of its own and then with the cache that run left."""
     folder = lmforge.save(ours, work / "lmforge", tokenizer=Tokenizer.load(GPT2_BPE))
-    cache = work / "compile-cache"  # empty: the first compiled run is cold, the second finds what it left
-    return {"eager": fresh_process(folder, prompt, new_tokens, threads, None),
-            "compiled_cold": fresh_process(folder, prompt, new_tokens, threads, cache),
-            "compiled_warm": fresh_process(folder, prompt, new_tokens, threads, cache)}
+    out = {"eager": fresh_process(folder, prompt, new_tokens, threads, None)}
+    for name, extra in (("compiled", ()), ("int8_compiled", ("--quantize", "int8"))):
+        cache = work / f"compile-cache-{name}"
+        out[f"{name}_cold"] = fresh_process(folder, prompt, new_tokens, threads, cache, extra)
+        out[f"{name}_warm"] = fresh_process(folder, prompt, new_tokens, threads, cache, extra)
+    return out
 
 
 def main() -> None:

@@ -353,7 +353,9 @@ def generate_engines_detail(data: dict) -> str:
                   "quiet runs", "tokens vs HF fp32"], rows)
     if data.get("ttft"):
         names = {"eager": "eager", "compiled_cold": "compiled, empty compile cache",
-                 "compiled_warm": "compiled, the cache the cold run left"}
+                 "compiled_warm": "compiled, the cache the cold run left",
+                 "int8_compiled_cold": "compiled `--quantize int8`, empty compile cache",
+                 "int8_compiled_warm": "compiled `--quantize int8`, the cache the cold run left"}
         text += "\n\n" + table(["`lmforge generate` in a fresh process", "first text", "second text",
                                  f"all {data['new_tokens']} tokens"],
                                 [[names.get(k, k), f"{t['first_output_s']:.1f} s", f"{t['second_output_s']:.1f} s",
