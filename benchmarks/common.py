@@ -106,7 +106,21 @@ def cpu_snapshot() -> tuple[float, float, float]:
         ticks = [int(v) for v in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
     usage = resource.getrusage(resource.RUSAGE_SELF)
     busy = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
-    return time.perf_counter(), busy, usage.ru_utime + usage.ru_stime
+    return time.perf_counter(), busy, usage.ru_utime + usage.ru_stime + sum(map(_cpu_seconds, OWN_PIDS))
+
+
+# Worker processes whose CPU time counts as this process's own in cpu_snapshot (an engine run in its own process).
+OWN_PIDS: set[int] = set()
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (0.0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def others_share(start: tuple[float, float, float], end: tuple[float, float, float], cores: int | None = None) -> float:

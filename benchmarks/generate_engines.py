@@ -18,7 +18,8 @@ greedily generates exactly ``--new-tokens`` (128) tokens after them, at batch 1 
                             ``Llama(model_path, n_threads=...).generate(ids, temp=0, top_k=1)``: batch 1 only
 
 Each external engine's row is paired with lmforge's fastest row of the same precision (eager or compiled).
-Every engine gets ``--threads`` threads. Per batch size, the rows take turns (rotated each repeat) for
+Every engine gets ``--threads`` threads; CTranslate2 and llama.cpp each run in a worker process of their own (their
+thread pools would otherwise share this one with torch's), timed from here, request to answer. Per batch size, the rows take turns (rotated each repeat) for
 ``--repeats`` timed runs after one untimed run each (which also gives the tokens); a run during which other
 processes kept more than ``--max-others`` of the machine's cores busy (/proc/stat against this process's own
 CPU time) is left out, unless fewer than two quiet runs remain (then all count and the row says the machine
@@ -62,7 +63,8 @@ from typing import Callable
 
 if __package__ in (None, ""):  # run as a file: the checkout root is the import root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import _version, corpus_text, quiet_spread, quiet_transformers, run_watched, src_env  # noqa: E402
+from benchmarks.common import (OWN_PIDS, _version, corpus_text, quiet_spread, quiet_transformers, run_watched,  # noqa: E402
+                               src_env)
 
 quiet_transformers()
 
@@ -149,6 +151,81 @@ def hf_impl(ref, ours, new_tokens: int) -> Impl:
     return Impl("HF generate fp32", "hf", "fp32", lambda ids: runners(ref, ours, ids, new_tokens)["hf"]())
 
 
+class Worker:
+    """An engine in a process of its own, called like a row's ``run``: its thread pool cannot spin on the cores
+    while the other engines' rows run in this process (llama.cpp's, in one process with torch, slowed every torch
+    row by 20-50%). Its CPU time counts as this process's own in the quiet-run check (``common.OWN_PIDS``)."""
+
+    def __init__(self, factory: Callable, *args):
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_serve, args=(child, factory, args), daemon=True)
+        self.process.start()
+        OWN_PIDS.add(self.process.pid)
+        status, value = self.conn.recv()  # "ready" once the engine has loaded
+        if status != "ok":
+            raise RuntimeError(value)
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        self.conn.send(ids.tolist())
+        status, value = self.conn.recv()
+        if status != "ok":
+            raise RuntimeError(value)
+        return torch.tensor(value)
+
+
+def _serve(conn, factory: Callable, args: tuple) -> None:
+    """A worker's loop: build the engine's ``run(ids rows) -> token rows``, then answer each request."""
+    try:
+        run = factory(*args)
+        conn.send(("ok", None))
+    except Exception as exc:  # reported to the parent, which skips the engine with the reason
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    while True:
+        try:
+            ids = conn.recv()
+        except EOFError:  # the benchmark has ended
+            return
+        try:
+            conn.send(("ok", run(ids)))
+        except Exception as exc:
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def _ctranslate2_run(folder: str, hf_dir: str, compute: str, threads: int, new_tokens: int) -> Callable:
+    import ctranslate2
+
+    tokenizer = hf.GPT2TokenizerFast.from_pretrained(hf_dir)
+    generator = ctranslate2.Generator(folder, device="cpu", compute_type=compute, intra_threads=threads,
+                                      inter_threads=1)
+
+    def run(ids: list[list[int]]) -> list[list[int]]:
+        # token strings, as generate_batch takes them (the conversion is a dictionary lookup per token)
+        start = [tokenizer.convert_ids_to_tokens(row) for row in ids]
+        out = generator.generate_batch(start, max_length=new_tokens, min_length=new_tokens, sampling_topk=1,
+                                       beam_size=1, include_prompt_in_result=False)
+        return [r.sequences_ids[0] for r in out]
+
+    return run
+
+
+def _llama_cpp_run(gguf: str, threads: int, new_tokens: int) -> Callable:
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=gguf, n_threads=threads, n_threads_batch=threads,
+                          n_ctx=PROMPT_LEN + new_tokens + 8, seed=0, verbose=False)
+
+    def run(ids: list[list[int]]) -> list[list[int]]:
+        llm.reset()  # no reuse of the previous run's prompt in the KV cache: every run prefills
+        tokens = llm.generate(ids[0], top_k=1, temp=0.0, top_p=1.0, min_p=0.0, repeat_penalty=1.0)
+        return [list(itertools.islice(tokens, new_tokens))]
+
+    return run
+
+
 def ctranslate2_impls(hf_dir: Path, work: Path, tokenizer, new_tokens: int, threads: int) -> list[Impl]:
     import ctranslate2
 
@@ -157,16 +234,7 @@ def ctranslate2_impls(hf_dir: Path, work: Path, tokenizer, new_tokens: int, thre
         out = work / f"ct2-{precision}"
         ctranslate2.converters.TransformersConverter(str(hf_dir)).convert(str(out), quantization=quantization,
                                                                           force=True)
-        generator = ctranslate2.Generator(str(out), device="cpu", compute_type=compute, intra_threads=threads,
-                                          inter_threads=1)
-
-        def run(ids, generator=generator):
-            # token strings, as generate_batch takes them (the conversion is a dictionary lookup per token)
-            start = [tokenizer.convert_ids_to_tokens(row) for row in ids.tolist()]
-            out = generator.generate_batch(start, max_length=new_tokens, min_length=new_tokens, sampling_topk=1,
-                                           beam_size=1, include_prompt_in_result=False)
-            return torch.tensor([r.sequences_ids[0] for r in out])
-
+        run = Worker(_ctranslate2_run, str(out), str(hf_dir), compute, threads, new_tokens)
         impls.append(Impl(f"CTranslate2 {precision}", "ctranslate2", precision, run))
     return impls
 
@@ -186,14 +254,7 @@ def llama_cpp_impls(hf_dir: Path, work: Path, converter: Path, new_tokens: int, 
         raise RuntimeError("llama_model_quantize to q4_0 failed")
     impls = []
     for outtype, precision in (("f32", "fp32"), ("q8_0", "int8"), ("q4_0", "int4")):
-        llm = llama_cpp.Llama(model_path=str(files[outtype]), n_threads=threads, n_threads_batch=threads,
-                              n_ctx=PROMPT_LEN + new_tokens + 8, seed=0, verbose=False)
-
-        def run(ids, llm=llm):
-            llm.reset()  # no reuse of the previous run's prompt in the KV cache: every run prefills
-            tokens = llm.generate(ids[0].tolist(), top_k=1, temp=0.0, top_p=1.0, min_p=0.0, repeat_penalty=1.0)
-            return torch.tensor([list(itertools.islice(tokens, new_tokens))])
-
+        run = Worker(_llama_cpp_run, str(files[outtype]), threads, new_tokens)
         impls.append(Impl(f"llama.cpp {outtype}", "llama.cpp", precision, run, max_batch=1))
     return impls
 

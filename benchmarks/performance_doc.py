@@ -360,12 +360,24 @@ def generate_engines_detail(data: dict) -> str:
                                  f"all {data['new_tokens']} tokens"],
                                 [[names.get(k, k), f"{t['first_output_s']:.1f} s", f"{t['second_output_s']:.1f} s",
                                   f"{t['total_s']:.1f} s"] for k, t in data["ttft"].items()])
+    quality = data.get("quality")
+    if quality:  # benchmarks/quantize_quality.py's record, kept with these rows
+        text += "\n\n" + table(
+            ["quality, `lmforge quantize`", "kernel", "perplexity fp32", "quantised", "change", "greedy agreement"],
+            [[r["mode"], r["kernel"], f"{r['ppl_fp32']:.3f}", f"{r['ppl_quantized']:.3f}", f"{100 * r['ppl_change']:+.2f}%",
+              f"{100 * r['agreement']:.1f}%"] for r in quality["results"]])
+        text += (f"\n\nQuality: `{quality['model']}` pre-trained for {quality['steps']} steps on the bundled Austen "
+                 f"corpus less its last {quality['held_out_chars']:,} characters, which give the perplexity "
+                 f"({quality['results'][0]['tokens']:,} tokens); agreement is the common prefix of 16 greedy tokens "
+                 f"over 6 prompts (`{quality['command']}`, {quality['date']}).")
     shape = data["shape"]
     skipped = "".join(f" {engine} did not run: {why}." for engine, why in data.get("skipped", {}).items())
     return (text + f"\n\n{shape['n_layer']} layers × {shape['n_embd']}, vocabulary {shape['vocab_size']:,}; "
             f"{data['prompt_len']}-token prompts, {data['new_tokens']} new tokens, {data['threads']} threads, median "
             f"of {data['repeats']}, runs with other processes above {data['max_others']:.0%} of the cores left out; "
-            f"load average {data['load_before']} before, {data['load_after']} after.{skipped}")
+            + (f"int8 and int4 rows in {data['quantized_activations']} activations; " if "quantized_activations" in data
+               else "")
+            + f"load average {data['load_before']} before, {data['load_after']} after.{skipped}")
 
 
 DETAILS = {"train_step": train_step_detail, "generate": generate_detail, "data_pipeline": data_pipeline_detail,
@@ -449,14 +461,16 @@ is the host's at its first and last round. Prompts of one length are prefilled i
 METHODS["generate_engines"] = """\
 `benchmarks/generate_engines.py` (opt-in: `make bench-engines`): greedy decoding of one random GPT-2-shaped model
 (12 layers × 768, GPT-2's byte-level BPE and vocabulary) by lmforge in each mode (fp32 eager, fp32 compiled, bf16,
-weight-only int8 and int4 with bf16 activations; each eager and compiled) and by other engines on the same weights: HF `generate` (fp32), CTranslate2 (its own
+int8 per row (on x86, fbgemm's int8 GEMM, which rounds the activations to 7 bits per call as CTranslate2's int8 and
+llama.cpp's Q8_0 do) and weight-only int4, these two with bf16 activations where the CPU has native bf16, else fp32;
+each eager and compiled) and by other engines on the same weights: HF `generate` (fp32), CTranslate2 (its own
 `TransformersConverter`, fp32 and int8) and llama.cpp through llama-cpp-python (GGUF from llama.cpp's
 `convert_hf_to_gguf.py`: f32, q8_0, and q4_0 by `llama_model_quantize`; batch 1 only). 32-token prompts from the
 bundled corpus, exactly 128 new tokens, batch 1 and 8, every engine on the same threads, the rows taking turns.
 **Reference**: HF `generate` fp32 for every lmforge mode; for CTranslate2 and llama.cpp, the ratio is lmforge's
 fastest row (eager or compiled) of the same precision over theirs. Runs during which other processes used the CPU are left out. The
-fresh-process rows time `lmforge generate --compile` from process start to its second streamed text (the first
-compiled token) with an empty and then a warm compile cache."""
+fresh-process rows time `lmforge generate --compile` (fp32, and `--quantize int8`) from process start to its
+second streamed text (the first compiled token) with an empty and then a warm compile cache."""
 
 METHODS["verify_cost"] = """\
 `benchmarks/verify_cost.py`: what integrity checking adds to loading a model folder. A randomly initialised

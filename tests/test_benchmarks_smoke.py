@@ -89,6 +89,15 @@ def test_quality_benchmark_runs_two_steps(name, tmp_path):
     assert result["examples"] == 8 and 0.0 <= result["accuracy"] <= 1.0
 
 
+def test_quantize_quality_runs_two_steps(tmp_path):
+    out = _run(str(ROOT / "benchmarks" / "quantize_quality.py"), "--work", str(tmp_path), "--steps", "2",
+               "--train-chars", "50000", "--threads", "1")
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    result = bench.last_json(out.stdout)
+    assert [r["mode"] for r in result["results"]] == ["int8", "int4"]
+    assert all(r["ppl_fp32"] > 1 and r["tokens"] > 100 and 0 <= r["agreement"] <= 1 for r in result["results"])
+
+
 def test_gpu_tables_script_runs_its_quick_path_on_the_cpu():
     """benchmarks/gpu.py is for a GPU; ``--quick --device cpu`` runs each table's code at toy sizes (training steps
     against HF, the memory table) so the script is checked where no GPU is, and its rows make table rows."""

@@ -31,8 +31,9 @@ def add_precision_flags(parser) -> None:
                         help="compute dtype of the loaded model: fp32, or bf16 (half the bytes per weight; fast on "
                         "CPUs with AVX512-BF16/AMX, warned about elsewhere); default: as saved (fp32)")
     parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None, dest="precision_quantize",
-                        help="weight-only quantisation of the linear layers at load: int8 (per row) or int4 (per "
-                        "group of 32); fastest with --dtype bf16; a folder saved by `lmforge quantize` loads as saved")
+                        help="quantisation of the linear layers at load: int8 (per row; on x86 CPUs fbgemm's int8 "
+                        "GEMM, which also rounds the activations per call) or int4 (weight-only, per group of 32); a "
+                        "folder saved by `lmforge quantize` loads as saved")
 
 
 def load_checks_of(args) -> AbstractContextManager:

@@ -1,9 +1,9 @@
-"""``lmforge quantize``: convert a model folder to weight-only int8 or int4 and report what it cost.
+"""``lmforge quantize``: convert a model folder to int8 or int4 weights and report what it cost.
 
 Example::
 
     $ lmforge quantize --model runs/gpt/model --to int8 --out runs/gpt-int8
-    $ lmforge generate --model runs/gpt-int8 --dtype bf16 --prompt "She was"
+    $ lmforge generate --model runs/gpt-int8 --prompt "She was"
 
 The output is a model folder (``quantization.json`` records the layers converted) that every inference
 command loads as saved. The report gives perplexity on held-out bundled text against fp32, and greedy
@@ -23,9 +23,9 @@ from lmforge.utils.io import atomic_write_text
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "quantize", help="convert a model folder to weight-only int8/int4 and report its quality vs fp32",
-        description="Quantise the linear layers of a decoder model folder (weights only: int8 per output row, "
-        "int4 per group), save it as a model folder that loads without re-quantising, and report perplexity on "
+        "quantize", help="convert a model folder to int8/int4 weights and report its quality vs fp32",
+        description="Quantise the linear layers of a decoder model folder (int8 per output row, int4 per group; "
+        "on x86 CPUs int8 layers also round their activations per call, for fbgemm's int8 GEMM), save it as a model folder that loads without re-quantising, and report perplexity on "
         "held-out bundled text and greedy agreement, each against the fp32 model. int4 layers whose input width "
         "is not a multiple of the group size stay in full precision (a notice names each).",
     )

@@ -4,7 +4,7 @@ Example::
 
     $ lmforge serve --model runs/gpt/model                      # http://127.0.0.1:8000, playground at /
     $ lmforge serve --model gpt=runs/gpt/model --model enc=runs/minilm --port 8080 --api-key s3cret
-    $ lmforge serve --model runs/gpt/model --quantize int8 --dtype bf16   # weight-only int8, bf16 compute
+    $ lmforge serve --model runs/gpt/model --quantize int8      # int8 weights (and activations, on x86)
     $ curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
           -d '{"model": "model", "prompt": "Once upon a time", "max_tokens": 20, "temperature": 0}'
 

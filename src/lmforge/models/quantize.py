@@ -1,11 +1,12 @@
-"""Inference precision of a model: its dtype (fp32 | bf16) and weight-only quantisation (none | int8 | int4).
+"""Inference precision of a model: its dtype (fp32 | bf16) and quantisation (none | int8 | int4).
 
 :func:`quantize_model` swaps every plain ``nn.Linear`` for a :class:`~lmforge.nn.weight_only.WeightOnlyLinear`
 (int8 per output row, int4 per group of ``group_size`` inputs), and the token table an LM head is tied to for a
 :class:`~lmforge.nn.weight_only.WeightOnlyEmbedding` (rows quantised the same way: the head multiplies by it
 with the same kernels, and lookups dequantise the rows they read). Norms, position tables and untied tables
 stay in full precision. An int4 layer whose input width is not a multiple of the group size is **kept in full
-precision with a notice naming it** (quantising it would need padding the kernel does not take).
+precision with a notice naming it** (quantising it would need padding the kernel does not take). On an x86 CPU an
+int8 layer also rounds its activations per call, for fbgemm's int8 GEMM (see :mod:`lmforge.nn.weight_only`).
 
 A quantised model saves as an ordinary model folder whose ``quantization.json`` (covered by the manifest)
 records the mode, group size and the layers converted; :func:`lmforge.checkpoint.load` rebuilds those layers
