@@ -18,14 +18,15 @@ greedily generates exactly ``--new-tokens`` (128) tokens after them, at batch 1 
                             ``Llama(model_path, n_threads=...).generate(ids, temp=0, top_k=1)``: batch 1 only
 
 Each external engine's row is paired with lmforge's fastest row of the same precision (eager or compiled).
-Every engine gets ``--threads`` threads; CTranslate2 and llama.cpp each run in a worker process of their own (their
-thread pools would otherwise share this one with torch's), timed from here, request to answer. Per batch size, the rows take turns (rotated each repeat) for
-``--repeats`` timed runs after one untimed run each (which also gives the tokens); a run during which other
-processes kept more than ``--max-others`` of the machine's cores busy (/proc/stat against this process's own
-CPU time) is left out, unless fewer than two quiet runs remain (then all count and the row says the machine
-was busy). Figures are the median (and min, max) over the kept runs. Token agreement with HF's fp32 tokens
-is checked for the fp32 and int8 rows (fp32 should be identical; int8 shows how far rounding moves greedy
-choices: the share of equal tokens and the mean length of the equal prefix).
+Every engine gets ``--threads`` threads; CTranslate2 and llama.cpp each run in a worker process of their own
+(their thread pools would otherwise share this one with torch's), timed from here, request to answer. Per batch
+size, the rows take turns (rotated each repeat) for ``--repeats`` timed runs after one untimed run each (which
+also gives the tokens); a run during which other processes kept more than ``--max-others`` of the machine's
+cores busy (/proc/stat against the CPU time of this process and its engine workers) is left out, unless fewer
+than two quiet runs remain (then all count and the row says the machine was busy). Figures are the median (and
+min, max) over the kept runs. Token agreement with HF's fp32 tokens is checked for the fp32 and int8 rows (fp32
+should be identical; int8 shows how far rounding moves greedy choices: the share of equal tokens and the mean
+length of the equal prefix).
 
 Time to first token in a fresh process, for lmforge compiled: ``lmforge generate --compile`` (fp32, and with
 ``--quantize int8``) as a user runs it, from process start to its first and second streamed text (the first token
@@ -63,8 +64,8 @@ from typing import Callable
 
 if __package__ in (None, ""):  # run as a file: the checkout root is the import root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import (OWN_PIDS, _version, corpus_text, quiet_spread, quiet_transformers, run_watched,  # noqa: E402
-                               src_env)
+from benchmarks.common import (  # noqa: E402
+    OWN_PIDS, _version, corpus_text, quiet_spread, quiet_transformers, run_watched, src_env)
 
 quiet_transformers()
 

@@ -364,8 +364,8 @@ def generate_engines_detail(data: dict) -> str:
     if quality:  # benchmarks/quantize_quality.py's record, kept with these rows
         text += "\n\n" + table(
             ["quality, `lmforge quantize`", "kernel", "perplexity fp32", "quantised", "change", "greedy agreement"],
-            [[r["mode"], r["kernel"], f"{r['ppl_fp32']:.3f}", f"{r['ppl_quantized']:.3f}", f"{100 * r['ppl_change']:+.2f}%",
-              f"{100 * r['agreement']:.1f}%"] for r in quality["results"]])
+            [[r["mode"], r["kernel"], f"{r['ppl_fp32']:.3f}", f"{r['ppl_quantized']:.3f}",
+              f"{100 * r['ppl_change']:+.2f}%", f"{100 * r['agreement']:.1f}%"] for r in quality["results"]])
         text += (f"\n\nQuality: `{quality['model']}` pre-trained for {quality['steps']} steps on the bundled Austen "
                  f"corpus less its last {quality['held_out_chars']:,} characters, which give the perplexity "
                  f"({quality['results'][0]['tokens']:,} tokens); agreement is the common prefix of 16 greedy tokens "

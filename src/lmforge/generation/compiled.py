@@ -16,9 +16,9 @@ Where the time goes: a decode step multiplies one or a few rows by every weight,
 streaming the weights from memory (the tiny GPT: 55 MB of fp32 per token). On a CPU the graph is built
 for that (see :data:`CPU_OPTIONS`): the weights are compiled in as constants (inductor's freezing),
 pre-packed for inductor's C++ GEMM template, which streams them near the read bandwidth (MKL's kernels
-reach a smaller share of it); q/k/v are one GEMM; attention is written out as plain ops inductor fuses (SDPA's flash
-kernel costs more than the math for one query row); and the ~60 kernels of a step run with no per-op
-dispatch. ``benchmarks/generate.py`` measures the compiled path against the eager one and HF ``generate``
+reach a smaller share of it); q/k/v are one GEMM; attention is written out as plain ops inductor fuses
+(SDPA's flash kernel costs more than the math for one query row); and the ~60 kernels of a step run with
+no per-op dispatch. ``benchmarks/generate.py`` measures the compiled path against the eager one and HF ``generate``
 (docs/performance.md).
 
 The compiled steps are kept per model (weakly: they go with it) and per (batch size, capacity, dtype,
@@ -76,8 +76,8 @@ from pathlib import Path
 import torch
 
 from lmforge.generation.stepper import Stepper
-from lmforge.nn.weight_only import uses_fbgemm_int8
 from lmforge.nn.static_kv_cache import StaticKVCache
+from lmforge.nn.weight_only import uses_fbgemm_int8
 from lmforge.errors import UserInputError
 
 CAPACITY_BLOCK = 64  # capacities round up to this: at most one compile per 64 positions of prompt + output
@@ -271,7 +271,7 @@ def _backend(device: torch.device, graphs: bool = False, frozen: bool = True):
 
     No decomposition table is passed: inductor cannot key its FX graph cache on one (it holds C++ functions), so a
     new process would lower and generate every kernel again. (SDPA's CPU kernel, slow for the step's one query
-    row, is avoided in the model instead: :func:`lmforge.nn.attention.use_matmul_attention`.)"""
+    row, is avoided in the model instead: :func:`lmforge.nn.attention.one_compiled_row`.)"""
     if device.type == "cpu":
         patches = dict(CPU_OPTIONS) if frozen else {}
     else:

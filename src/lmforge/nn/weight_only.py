@@ -27,7 +27,8 @@ int8 constant and lowers to its own weight-only int8 GEMM; other cases, and othe
 ``F.linear``. All equal ``x @ dequantised(W)^T`` to the rounding of the activation dtype (and, with dynamic
 activations, of the 7-bit activations). (Compiled decoding freezes the weights as constants, so a compiled
 int4 or weight-only fp32-activation layer is folded into a full-precision constant: its tokens are right, but
-it reads as many bytes as an unquantised one.)
+it reads as many bytes as an unquantised one; an fbgemm int8 step is compiled unfrozen, see
+:mod:`lmforge.generation.compiled`.)
 
 Measured on the 12-layer GPT-2 shape's matmuls of one decode step, 2 threads on an AVX2 CPU (AMD EPYC, no
 native bf16), 2026-11-27: fp32 ``F.linear`` 41 ms at 1 row and 82 ms at 8 rows; weight-only int8 with bf16
@@ -66,8 +67,8 @@ _INT4_GROUPS = (32, 64, 128, 256)  # group sizes the CPU int4 kernel takes
 # int8 layers on an x86 CPU round their activations too, for fbgemm's int8 GEMM (see the module docstring).
 INT8_DYNAMIC_ACTIVATIONS = True
 _FBGEMM_ENGINES = ("x86", "fbgemm")  # PyTorch's quantized engines whose linear_dynamic is fbgemm's
-# qweight -> ((its version, the scales' identity and version), fbgemm's packed weight): packed once per weight;
-# weakly keyed, so a packed copy goes with its layer (or with the compiled graph holding a frozen copy).
+# qweight -> ((its version, the scales' identity and version), fbgemm's packed weight): packed once per weight and
+# shared by the layer's eager calls and a compiled graph's op; weakly keyed, so it goes with the weight.
 _PACKED_INT8: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
@@ -206,8 +207,8 @@ class WeightOnlyLinear(nn.Module):
     def _int8_packed(self):
         """fbgemm's packed weight, built once per weight (rebuilt after an in-place write or new scales)."""
         key = (self.qweight.data_ptr(), self.qweight._version, self.scales.data_ptr(), self.scales._version)
-        if self._packed is None or self._packed[0] != key:
-            self._packed = (key, _pack_int8(self.qweight, self.scales))
+        if self._packed is None or self._packed[0] != key:  # the one packed copy the compiled op also finds
+            self._packed = (key, _packed_int8(self.qweight, self.scales))
         return self._packed[1]
 
     def _int4_packed(self) -> tuple[torch.Tensor, torch.Tensor]:
