@@ -229,14 +229,37 @@ def prepared_corpus(root, chars: int, vocab_size: int):
 
 
 # ------------------------------------------------------------------------------------------- the machine
-def matmul_peak(device: str = "cpu", n: int = 2048, repeats: int = 10) -> float:
-    """Median bf16 GFLOP/s of an n x n x n matmul: the MFU denominator, and a probe of how busy the host is."""
+def train_precision() -> str:
+    """``bf16`` where the CPU computes it natively (AVX512-BF16 or AMX), else ``fp32``: the precision the training
+    benchmarks run both sides in. Emulated bf16 would time oneDNN's fallback, many times slower than fp32."""
+    from lmforge.utils.machine import native_bf16
+
+    return "bf16" if native_bf16("cpu") else "fp32"
+
+
+def matmul_peak(device: str = "cpu", n: int = 2048, repeats: int = 10, dtype: str = "bf16",
+                max_seconds: float = 0.25) -> float:
+    """Median GFLOP/s of an n x n x n matmul in ``dtype`` (bf16 | fp32): the MFU denominator, and a probe of how
+    busy the host is. The size starts at 256 and doubles up to ``n`` while one matmul of the next size would stay
+    under ``max_seconds``: where ``dtype`` is emulated (bf16 on a CPU without AVX512-BF16 or AMX) a 2048-cube
+    matmul takes seconds, and the probe must not cost minutes. A smaller cube reads a little under the peak."""
     import torch
 
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    times, _ = run_interleaved([lambda: a @ b], device, warmup=3, repeats=repeats)
-    return 2 * n**3 / statistics.median(times[0]) / 1e9
+    torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+
+    def one(size: int) -> tuple[float, Step]:
+        a = torch.randn(size, size, device=device, dtype=torch_dtype)
+        b = torch.randn(size, size, device=device, dtype=torch_dtype)
+        seconds, _ = run_interleaved([lambda: a @ b], device, warmup=1, repeats=1)
+        return seconds[0][0], lambda: a @ b
+
+    size = min(256, n)
+    seconds, step = one(size)
+    while size * 2 <= n and seconds * 8 <= max_seconds:  # the next size costs ~8x this one
+        size *= 2
+        seconds, step = one(size)
+    times, _ = run_interleaved([step], device, warmup=2, repeats=repeats)
+    return 2 * size**3 / statistics.median(times[0]) / 1e9
 
 
 def steady(peak_start: float, peak_end: float, tolerance: float = 0.15) -> bool:

@@ -74,7 +74,8 @@ import transformers as hf  # noqa: E402
 
 import lmforge  # noqa: E402
 from benchmarks.generate import build, runners  # noqa: E402
-from lmforge.models.quantize import apply_precision, bf16_supported  # noqa: E402
+from lmforge.models.quantize import apply_precision  # noqa: E402
+from lmforge.utils.machine import native_bf16  # noqa: E402
 from lmforge.tokenization import Tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,7 +88,7 @@ INSTALL = "pip install 'lmforge[engines]' (or make bench-engines)"
 CONVERTER_ENV = "LLAMA_CPP_CONVERT"  # path of llama.cpp's convert_hf_to_gguf.py
 DEFAULT_CONVERTER = ROOT / "build" / "engines" / "llama.cpp" / "convert_hf_to_gguf.py"  # make bench-engines' clone
 CHECKED = ("fp32", "int8")  # precisions whose tokens are compared with HF fp32's
-ACTIVATIONS = "bf16" if bf16_supported() else "fp32"  # the dtype the int8 and int4 rows compute in
+ACTIVATIONS = "bf16" if native_bf16("cpu") else "fp32"  # the dtype the int8 and int4 rows compute in
 
 
 @dataclass

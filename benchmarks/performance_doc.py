@@ -172,7 +172,8 @@ def train_step_detail(data: dict) -> str:
     if any("nanogpt_tok_s" in r for r in data["results"]):
         header.append("nanoGPT tok/s")
     steady = "held" if data.get("steady", True) else "moved by more than 15%: treat this run's ratios as unreliable"
-    return (table(header, rows) + f"\n\nThe script's own bf16 matmul peak (the MFU denominator): "
+    precision = data.get("precision", "bf16")
+    return (table(header, rows) + f"\n\nThe script's own {precision} matmul peak (the MFU denominator): "
             f"{_n(data['peak_gflops'])} GFLOP/s before its steps, {_n(data.get('peak_gflops_end', 0))} after ({steady}); "
             f"allocator: glibc {data.get('malloc', 'default')}.")
 
@@ -390,13 +391,14 @@ ATTENTION_PLOT = "img/attention_scaling.png"  # beside the page; drawn from the 
 # What each benchmark runs and against what: the method, which the figures above do not carry.
 METHODS = {
     "train_step": """\
-`benchmarks/train_step.py`: one training step (forward, loss, backward, fused AdamW) under bf16 autocast, batch
+`benchmarks/train_step.py`: one training step (forward, loss, backward, fused AdamW) under bf16 autocast (fp32 on
+hardware without native bf16), batch
 8 × 256, vocab 8192, on the tiny GPT, BERT (masked LM, 15% of positions) and T5 (span-corruption target lengths)
 shapes. **Reference**: the same shapes built from Hugging Face transformers (`GPT2LMHeadModel`,
 `BertForMaskedLM`, `T5ForConditionalGeneration`), eager. The compiled rows compile lmforge with
 `mode="max-autotune-no-cudagraphs"`; HF stays eager unless `--compile-hf`. `--nanogpt DIR` adds karpathy/nanoGPT's
-`model.py` from a checkout as a second reference on the GPT shape. MFU is against the bf16 matmul peak the script
-measures before its steps; it measures it again after them and marks the run unsteady when it moved by more than
+`model.py` from a checkout as a second reference on the GPT shape. MFU is against the matmul peak (same precision) the
+script measures before its steps; it measures it again after them and marks the run unsteady when it moved by more than
 15% (a neighbour taking the FMA units slows matmul-bound steps most, so such a run's ratios are too low).""",
     "generate": """\
 `benchmarks/generate.py`: greedy decoding of the tiny GPT shape (6 layers × 384, vocab 8192, random weights)
@@ -541,7 +543,7 @@ def machine_section(record: dict, note: str | None) -> str:
             ["torch threads", m.get("torch_threads", "?")], ["device", m.get("gpu") or m.get("device", "cpu")],
             ["Python", m.get("python")], ["torch", m.get("torch", "?")],
             ["transformers", m.get("transformers", "?")], ["tokenizers", m.get("tokenizers", "?")],
-            ["platform", m.get("platform")], ["bf16 matmul peak (2048³)", peak],
+            ["platform", m.get("platform")], ["bf16 matmul peak (cube of up to 2048)", peak],
             ["1-minute load average", load]]
     text = table(["", ""], rows)
     if m.get("steady") is False:

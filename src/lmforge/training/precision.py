@@ -27,6 +27,7 @@ import torch
 
 from lmforge.training.config import PRECISIONS
 from lmforge.errors import UserInputError
+from lmforge.utils.machine import native_bf16
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -37,18 +38,6 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserInputError("device='cuda' but torch sees no CUDA GPU; use device=auto or cpu")
     return device
-
-
-def native_bf16(device: torch.device) -> bool:
-    """True when ``device`` computes bf16 matmuls in hardware."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    if device.type == "cpu":
-        cpu = torch.cpu
-        # oneDNN runs the bf16 matmuls; the probes ask for the x86 instructions that make them fast.
-        checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-        return torch.backends.mkldnn.is_available() and any(getattr(cpu, n, lambda: False)() for n in checks)
-    return False
 
 
 def resolve_precision(precision: str, device: torch.device) -> torch.dtype | None:

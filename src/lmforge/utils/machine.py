@@ -28,6 +28,21 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def native_bf16(device: "str | torch.device" = "cpu") -> bool:
+    """True when ``device`` computes bf16 matmuls in hardware: a CUDA GPU that reports bf16 support, or an x86
+    CPU with AVX512-BF16 or AMX. Elsewhere oneDNN emulates bf16, many times slower than fp32, so callers pick
+    fp32 there."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+        return torch.backends.mkldnn.is_available() and any(getattr(torch.cpu, n, lambda: False)() for n in checks)
+    return False
+
+
 def machine_info(torch_details: bool = False) -> dict[str, Any]:
     """``cpu, cpu_count, platform, python`` and the 1-minute ``load_average`` (where the OS has one); with
     ``torch_details`` also ``torch_threads`` and the ``gpu`` name (when CUDA is available)."""
