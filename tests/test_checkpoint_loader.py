@@ -43,3 +43,24 @@ def test_a_hugging_face_folder_loads_through_the_same_door(tmp_path):
     torch.testing.assert_close(model(ids).logits, hf(ids).logits, atol=1e-4, rtol=1e-4)
     body, tok = checkpoint.read_model_folder(tmp_path / "hf", with_tokenizer=True)
     assert isinstance(body, lmforge.Transformer) and tok is None  # the folder holds no tokenizer
+
+
+def test_loading_a_folder_and_decoding_never_import_the_compiler(tmp_path):
+    """A folder is loaded by building the model on the meta device; torch's normal_ on a meta tensor imports
+    torch._dynamo (seconds of every fresh ``lmforge generate``), so the constructors must not call it there."""
+    import subprocess
+    import sys
+
+    shapes = {"gpt-tiny": {}, "bert-tiny": {}, "t5-tiny": {}, "deberta-tiny": {}, "bart-tiny": {}, "llama-tiny": {},
+              "mixtral-tiny": {},
+              "sinusoidal": {"position": "sinusoidal", "step_embeddings": True, "share_layers": True},
+              "alibi": {"position": "alibi"}}
+    folders = [str(lmforge.build_model(name if name.endswith("-tiny") else "gpt-tiny", max_seq_len=64, **extra)
+                   .save(tmp_path / name)) for name, extra in shapes.items()]
+    code = ("import sys, torch, lmforge\n"
+            f"models = [lmforge.load(f) for f in {folders!r}]\n"
+            "models[0].generate(torch.tensor([[1, 2, 3]]), max_new_tokens=3)\n"
+            "print(sorted(m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.nn.activations import activation_fn
+from lmforge.nn.init import normal_
 from lmforge.nn.linear import linear
 from lmforge.nn.norms import build_norm
 from lmforge.nn.weight_only import WeightOnlyEmbedding
@@ -75,7 +76,7 @@ class LMHead(nn.Module):
         self.bias = nn.Parameter(torch.zeros(vocab_size)) if bias else None
         self.scale = d_model**-0.5 if scale else 1.0
         if self.weight is not None:
-            nn.init.normal_(self.weight, std=0.02)
+            normal_(self.weight, std=0.02)
 
     def forward(self, h: torch.Tensor, tied_weight: torch.Tensor | WeightOnlyEmbedding | None = None) -> torch.Tensor:
         """h (..., D) -> logits (..., V); ``tied_weight`` (V, E) is the input embedding when tied (a quantised

@@ -81,7 +81,7 @@ class TransformerStack(nn.Module):
 
     def reset_buffers(self) -> None:
         """Recompute the derived step signal (checkpoints do not store it)."""
-        if self.step_signal is not None:
+        if self.step_signal is not None and not self.step_signal.is_meta:  # meta: materialise() fills it
             self.step_signal.copy_(sinusoidal_table(*self.step_signal.shape))
 
     def packing(self, padding: torch.Tensor | None) -> Unpadded | None:

@@ -65,6 +65,7 @@ from lmforge.config import ModelConfig
 from lmforge.models.heads import LMHead, MLMHead, NSPHead, Pooler, RTDHead
 from lmforge.models.stack import TransformerStack
 from lmforge.nn.compile_disable import compile_disable
+from lmforge.nn.init import embedding, normal_
 from lmforge.nn.block import Block
 from lmforge.nn.kv_cache import KVCache
 from lmforge.nn.labels import IGNORE_INDEX, shift_right
@@ -121,7 +122,7 @@ class Transformer(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         cfg = self.config = config.validate()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.embed_dim)
+        self.embed_tokens = embedding(cfg.vocab_size, cfg.embed_dim)
         self.encoder = self.decoder = None
         self.decoder_embed_tokens = None
         if cfg.arch in ("encoder", "encoder-decoder"):
@@ -131,7 +132,7 @@ class Transformer(nn.Module):
         elif cfg.arch == "encoder-decoder":
             self.decoder = TransformerStack(cfg, cfg.decoder_layers, causal=True, cross=True)
             if not cfg.share_embeddings:
-                self.decoder_embed_tokens = nn.Embedding(cfg.vocab_size, cfg.embed_dim)
+                self.decoder_embed_tokens = embedding(cfg.vocab_size, cfg.embed_dim)
             if cfg.share_encoder_decoder:
                 share_blocks(self.encoder, self.decoder)
         self.lm_head = self.mlm_head = self.rtd_head = self.pooler = None
@@ -164,7 +165,7 @@ class Transformer(nn.Module):
         linear_std = self._t5_std if t5 else self._gpt2_std
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, std=linear_std(name, module))
+                normal_(module.weight, std=linear_std(name, module))
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, Experts):  # stacked (E, out, in) weights: each expert like its dense twin
@@ -172,9 +173,9 @@ class Transformer(nn.Module):
                     if pname.endswith("bias"):
                         nn.init.zeros_(p)
                     else:
-                        nn.init.normal_(p, std=linear_std(f"{name}.{pname}", p))
+                        normal_(p, std=linear_std(f"{name}.{pname}", p))
             elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, std=self._embedding_std(name, t5))
+                normal_(module.weight, std=self._embedding_std(name, t5))
             elif isinstance(module, nn.LayerNorm):
                 if module.weight is not None:
                     nn.init.ones_(module.weight)

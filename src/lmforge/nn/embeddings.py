@@ -29,6 +29,7 @@ from torch import nn
 
 from lmforge.config import ModelConfig
 from lmforge.nn.dropout import dropout
+from lmforge.nn.init import embedding
 from lmforge.nn.norms import build_norm
 from lmforge.nn.positions.learned import LearnedPositions
 from lmforge.nn.positions.sinusoidal import SinusoidalPositions
@@ -44,7 +45,7 @@ class StackEmbeddings(nn.Module):
             self.positions = LearnedPositions(cfg.max_seq_len, width, cfg.position_offset)
         elif cfg.position == "sinusoidal":
             self.positions = SinusoidalPositions(cfg.max_seq_len, width)
-        self.token_types = nn.Embedding(cfg.type_vocab_size, width) if cfg.type_vocab_size else None
+        self.token_types = embedding(cfg.type_vocab_size, width) if cfg.type_vocab_size else None
         self.norm = build_norm(cfg.norm, width, cfg.layer_norm_eps, cfg.bias) if cfg.embedding_norm else None
         self.proj = nn.Linear(width, cfg.d_model, bias=cfg.bias) if width != cfg.d_model else None
         self.dropout = cfg.dropout

@@ -42,6 +42,7 @@ from torch import nn
 
 from lmforge.config import ModelConfig
 from lmforge.errors import UserInputError
+from lmforge.nn.init import normal_
 
 
 class LinformerProjection(nn.Module):
@@ -63,7 +64,7 @@ class LinformerProjection(nn.Module):
         """N(0, 1/k), as the reference implementations: E K keeps the scale of K summed over k draws."""
         for p in (self.E, self.F):
             if p is not None:
-                nn.init.normal_(p, std=self.k**-0.5)
+                normal_(p, std=self.k**-0.5)
 
     def forward(
         self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None

@@ -61,6 +61,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from lmforge import checkpoint as model_checkpoint
 from lmforge.config import ModelConfig
+from lmforge.model_folder import materialise
 from lmforge.models import Transformer
 from lmforge.tokenization import Tokenizer
 from lmforge.training.distributed import DistContext
@@ -106,11 +107,7 @@ def empty_model(config: ModelConfig) -> nn.Module:
     (skipping the random initialisation that loading would overwrite)."""
     with torch.device("meta"):
         model = Transformer(config)
-    model = model.to_empty(device="cpu")
-    for module in model.modules():  # sinusoid, RoPE and ALiBi tables are not stored in checkpoints
-        if hasattr(module, "reset_buffers"):
-            module.reset_buffers()
-    return model
+    return materialise(model)
 
 
 # ---------------------------------------------------------------------------------- optimizer groups

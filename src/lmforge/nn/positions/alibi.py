@@ -43,6 +43,8 @@ class ALiBi(nn.Module):
 
     def reset_buffers(self) -> None:
         """Recompute the slopes (derived, so checkpoints do not store them)."""
+        if self.slopes.is_meta:  # a meta shell: materialise() computes it once there is storage
+            return
         self.slopes.copy_(alibi_slopes(self.n_heads))
 
     def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:

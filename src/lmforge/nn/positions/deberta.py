@@ -44,6 +44,7 @@ from torch import nn
 
 from lmforge.config import ModelConfig
 from lmforge.nn.dropout import dropout
+from lmforge.nn.init import normal_
 from lmforge.nn.linear import apply_linear
 
 
@@ -79,7 +80,7 @@ class RelativeEmbeddings(nn.Module):
         self.buckets, self.max_position = cfg.position_buckets, cfg.max_relative_positions
         span = self.buckets if self.buckets > 0 else self.max_position
         self.weight = nn.Parameter(torch.empty(2 * span, cfg.d_model))
-        nn.init.normal_(self.weight, std=cfg.initializer_range)
+        normal_(self.weight, std=cfg.initializer_range)
         self.norm = nn.LayerNorm(cfg.d_model, cfg.layer_norm_eps) if cfg.norm_rel_embeddings else None
 
     def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lmforge.nn.init import normal_
+
 
 class LearnedPositions(nn.Module):
     def __init__(self, max_len: int, dim: int, offset: int = 0):
@@ -23,7 +25,7 @@ class LearnedPositions(nn.Module):
         self.offset = offset
         self.max_len = max_len
         self.weight = nn.Parameter(torch.empty(max_len + offset, dim))
-        nn.init.normal_(self.weight, std=0.02)
+        normal_(self.weight, std=0.02)
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, D)
         # The range check reads a value back from the tensor; skip it inside torch.compile graphs.

@@ -31,6 +31,8 @@ class RotaryEmbedding(nn.Module):
 
     def reset_buffers(self) -> None:
         """Recompute the frequencies (derived, so checkpoints do not store them)."""
+        if self.inv_freq.is_meta:  # a meta shell: materialise() computes it once there is storage
+            return
         exponent = torch.arange(0, self.rotary_dim, 2, dtype=torch.int64).float() / self.rotary_dim
         self.inv_freq.copy_(1.0 / (self.base**exponent))
 

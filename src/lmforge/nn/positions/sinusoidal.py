@@ -40,6 +40,8 @@ class SinusoidalPositions(nn.Module):
 
     def reset_buffers(self) -> None:
         """Recompute the table (it is derived, so checkpoints do not store it)."""
+        if self.table.is_meta:  # a meta shell: materialise() computes it once there is storage
+            return
         self.table.copy_(sinusoidal_table(self.max_len, self.dim))
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:

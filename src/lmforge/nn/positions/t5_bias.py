@@ -20,6 +20,8 @@ import math
 import torch
 from torch import nn
 
+from lmforge.nn.init import normal_
+
 
 def relative_position_bucket(
     relative_position: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int
@@ -49,7 +51,7 @@ class T5RelativeBias(nn.Module):
         self.num_buckets = num_buckets
         self.max_distance = max_distance
         self.weight = nn.Parameter(torch.zeros(num_buckets, n_heads))
-        nn.init.normal_(self.weight, std=0.02)
+        normal_(self.weight, std=0.02)
 
     def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         """q_pos (T,), k_pos (S,) -> additive bias (1, H, T, S)."""
