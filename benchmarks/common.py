@@ -229,12 +229,13 @@ def prepared_corpus(root, chars: int, vocab_size: int):
 
 
 # ------------------------------------------------------------------------------------------- the machine
-def train_precision() -> str:
-    """``bf16`` where the CPU computes it natively (AVX512-BF16 or AMX), else ``fp32``: the precision the training
-    benchmarks run both sides in. Emulated bf16 would time oneDNN's fallback, many times slower than fp32."""
+def train_precision(device: str = "cpu") -> str:
+    """``bf16`` where ``device`` computes it natively (a CPU with AVX512-BF16 or AMX, most GPUs), else ``fp32``: the
+    precision the training benchmarks run both sides in. Emulated bf16 would time oneDNN's fallback, many times
+    slower than fp32."""
     from lmforge.utils.machine import native_bf16
 
-    return "bf16" if native_bf16("cpu") else "fp32"
+    return "bf16" if native_bf16(device) else "fp32"
 
 
 def matmul_peak(device: str = "cpu", n: int = 2048, repeats: int = 10, dtype: str = "bf16",

@@ -75,8 +75,8 @@ import transformers as hf  # noqa: E402
 import lmforge  # noqa: E402
 from benchmarks.generate import build, runners  # noqa: E402
 from lmforge.models.quantize import apply_precision  # noqa: E402
-from lmforge.utils.machine import native_bf16  # noqa: E402
 from lmforge.tokenization import Tokenizer  # noqa: E402
+from lmforge.utils.machine import native_bf16  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GPT2_BPE = ROOT / "tests" / "fixtures" / "gpt2"  # OpenAI's encoder.json + vocab.bpe

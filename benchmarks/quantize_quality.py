@@ -9,7 +9,7 @@ prompt set. The int8 row is what the CPU computes with: on x86, fbgemm's int8 GE
 to 7 bits as well (``kernel`` in the JSON; lmforge.nn.weight_only).
 
 Usage:
-    python benchmarks/quantize_quality.py --work /tmp/qq            # 600 steps: about 5 minutes on 2 cores
+    python benchmarks/quantize_quality.py --work /tmp/qq            # 600 steps: about 15 minutes on 2 cores
     python benchmarks/quantize_quality.py --work /tmp/qq --steps 2 --train-chars 50000   # a smoke test
 
 Output: one line per mode, then one JSON line. The trained model stays in WORK/model/.

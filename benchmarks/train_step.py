@@ -47,7 +47,7 @@ from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file (python benchmarks/train_step.py): the checkout root is the import root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import matmul_peak, quiet_transformers, steady, time_steps  # noqa: E402
+from benchmarks.common import matmul_peak, quiet_transformers, steady, time_steps, train_precision  # noqa: E402
 
 quiet_transformers()
 
@@ -56,13 +56,12 @@ import transformers as hf  # noqa: E402
 
 from lmforge.config import ModelConfig  # noqa: E402
 from lmforge.models import Transformer  # noqa: E402
-from lmforge.utils.machine import native_bf16  # noqa: E402
 
 
 def device_and_dtype() -> tuple[str, torch.dtype]:
     """CUDA when present, else the CPU; bf16 where that device computes it natively, else fp32."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    return device, torch.bfloat16 if native_bf16(device) else torch.float32
+    return device, torch.bfloat16 if train_precision(device) == "bf16" else torch.float32
 
 
 # ---------------------------------------------------------------------------- the three shapes
@@ -215,9 +214,9 @@ def main(argv: list[str] | None = None) -> int:
         args.repeats, args.warmup, args.no_compile = 3, 1, True
     if args.nanogpt:
         nanogpt_file(args.nanogpt)  # before minutes of measuring
-    device, dtype = device_and_dtype()
-    bf16 = dtype == torch.bfloat16
-    precision = "bf16" if bf16 else "fp32"
+    device, _ = device_and_dtype()
+    precision = train_precision(device)
+    bf16 = precision == "bf16"
     if args.malloc == "heap":
         keep_freed_memory()
     torch.manual_seed(0)

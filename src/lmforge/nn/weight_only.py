@@ -67,8 +67,9 @@ _INT4_GROUPS = (32, 64, 128, 256)  # group sizes the CPU int4 kernel takes
 # int8 layers on an x86 CPU round their activations too, for fbgemm's int8 GEMM (see the module docstring).
 INT8_DYNAMIC_ACTIVATIONS = True
 _FBGEMM_ENGINES = ("x86", "fbgemm")  # PyTorch's quantized engines whose linear_dynamic is fbgemm's
-# qweight -> ((its version, the scales' identity and version), fbgemm's packed weight): packed once per weight and
-# shared by the layer's eager calls and a compiled graph's op; weakly keyed, so it goes with the weight.
+# qweight -> ((its and the scales' storage and version), fbgemm's packed weight): packed once per weight (again after
+# an in-place write or new storage) and shared by the layer's eager calls and a compiled graph's op; weakly keyed, so
+# it goes with the weight.
 _PACKED_INT8: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
@@ -108,7 +109,7 @@ def uses_fbgemm_int8(model: nn.Module, device: torch.device) -> bool:
 
 def _packed_int8(qweight: torch.Tensor, scales: torch.Tensor):
     """fbgemm's packed form of ``qweight`` (int8 (out, in), per-row fp32 ``scales``), built once per weight."""
-    key = (qweight._version, id(scales), scales._version)
+    key = (qweight.data_ptr(), qweight._version, scales.data_ptr(), scales._version)
     entry = _PACKED_INT8.get(qweight)
     if entry is None or entry[0] != key:
         entry = _PACKED_INT8[qweight] = (key, _pack_int8(qweight, scales))
@@ -183,7 +184,7 @@ class WeightOnlyLinear(nn.Module):
             self.register_buffer("qweight", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
             self.register_buffer("scales", torch.ones(out_features, in_features // group_size))
         self.bias = nn.Parameter(torch.zeros(out_features), requires_grad=False) if bias else None
-        self._packed: tuple[tuple, object] | None = None  # (key, packed weight), rebuilt when stale
+        self._packed: tuple[tuple, object] | None = None  # int4: (key, packed weight), rebuilt when stale
 
     @classmethod
     def from_linear(cls, layer: nn.Linear, mode: str, group_size: int = DEFAULT_GROUP_SIZE) -> WeightOnlyLinear:
@@ -205,11 +206,8 @@ class WeightOnlyLinear(nn.Module):
         return w.view(self.out_features, self.in_features).to(dtype)
 
     def _int8_packed(self):
-        """fbgemm's packed weight, built once per weight (rebuilt after an in-place write or new scales)."""
-        key = (self.qweight.data_ptr(), self.qweight._version, self.scales.data_ptr(), self.scales._version)
-        if self._packed is None or self._packed[0] != key:  # the one packed copy the compiled op also finds
-            self._packed = (key, _packed_int8(self.qweight, self.scales))
-        return self._packed[1]
+        """fbgemm's packed weight: the one copy the compiled op also finds (see :func:`_packed_int8`)."""
+        return _packed_int8(self.qweight, self.scales)
 
     def _int4_packed(self) -> tuple[torch.Tensor, torch.Tensor]:
         """tinygemm's packed weight and its (in/group, out', 2) scales-and-zeros, built once per weight.
