@@ -40,6 +40,7 @@ def quiet_transformers() -> None:
     """Keep transformers offline and silent: a benchmark measures code, not downloads or a log flood."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # from_pretrained's weight-loading bar
 
 
 def single_thread_pools() -> None:

@@ -7,7 +7,8 @@ greedily generates exactly ``--new-tokens`` (128) tokens after them, at batch 1 
     lmforge fp32 eager      ``model.generate``                       (benchmarks/generate.py's runners)
     lmforge fp32 compiled   ``model.generate(..., compile=True)``    (its first call, which compiles, timed alone)
     lmforge bf16            ``--dtype bf16``, eager and compiled
-    lmforge int8/int4       ``--quantize int8`` (per row; fbgemm rounds the activations to 7 bits per call on x86)
+    lmforge int8/int4       ``--quantize int8`` (per row; on x86 the activations are rounded per call: to 8 bits
+                            by lmforge.nn.int8_gemv at batch 1, to 7 bits by fbgemm at batch 8)
                             or ``int4`` (groups of 32, weight-only), eager and compiled, with bf16 activations
                             where the CPU has native bf16, else fp32 (``quantized_activations`` in the JSON)
     HF generate fp32        ``GPT2LMHeadModel.generate``: the reference of every lmforge row
@@ -18,8 +19,9 @@ greedily generates exactly ``--new-tokens`` (128) tokens after them, at batch 1 
                             ``Llama(model_path, n_threads=...).generate(ids, temp=0, top_k=1)``: batch 1 only
 
 Each external engine's row is paired with lmforge's fastest row of the same precision (eager or compiled).
-Every engine gets ``--threads`` threads; CTranslate2 and llama.cpp each run in a worker process of their own
-(their thread pools would otherwise share this one with torch's), timed from here, request to answer. Per batch
+Every engine gets ``--threads`` threads, and every row runs in a worker process of its own (one model per
+process, as a user runs it; the engines' thread pools would otherwise share one process with torch's), timed
+from here, request to answer. Per batch
 size, the rows take turns (rotated each repeat) for ``--repeats`` timed runs after one untimed run each (which
 also gives the tokens); a run during which other processes kept more than ``--max-others`` of the machine's
 cores busy (/proc/stat against the CPU time of this process and its engine workers) is left out, unless fewer
@@ -127,36 +129,48 @@ def prompt_ids(n: int) -> tuple[torch.Tensor, str]:
 
 
 # ------------------------------------------------------------------------------------------- engines
-def lmforge_impls(ref, ours, new_tokens: int, compile: bool) -> list[Impl]:
-    def mode(dtype: str | None, quantize: str | None, compiled: bool = False):
-        model = apply_precision(lmforge.from_hf(ref).eval(), dtype, quantize)
-        return lambda ids: model.generate(ids, max_new_tokens=new_tokens, ignore_eos=True, compile=compiled).sequences
+def _lmforge_run(hf_dir: str, dtype: str | None, quantize: str | None, compiled: bool, threads: int,
+                 new_tokens: int) -> Callable:
+    torch.set_num_threads(threads)
+    model = apply_precision(lmforge.from_hf(hf.GPT2LMHeadModel.from_pretrained(hf_dir)).eval(), dtype, quantize)
 
-    # the fp32 paths as benchmarks/generate.py runs them (its runners take the prompt: bind it per call)
-    def path(key: str):
-        return lambda ids: runners(ref, ours, ids, new_tokens)[key]()
+    def run(ids: list[list[int]]) -> list[list[int]]:
+        return model.generate(torch.tensor(ids), max_new_tokens=new_tokens, ignore_eos=True,
+                              compile=compiled).sequences.tolist()
 
-    impls = [Impl("lmforge fp32 eager", "lmforge", "fp32", path("lmforge"))]
-    if compile:
-        impls.append(Impl("lmforge fp32 compiled", "lmforge", "fp32", path("compiled")))
+    return run
+
+
+def _hf_run(hf_dir: str, threads: int, new_tokens: int) -> Callable:
+    torch.set_num_threads(threads)
+    ref = hf.GPT2LMHeadModel.from_pretrained(hf_dir).eval()
+    return lambda ids: runners(ref, None, torch.tensor(ids), new_tokens)["hf"]().tolist()
+
+
+def lmforge_impls(hf_dir: Path, new_tokens: int, threads: int, compile: bool) -> list[Impl]:
+    """lmforge's rows, each mode in a worker of its own, as a user runs one model per process (in one process,
+    eight models' compiled graphs and packed weights slowed the compiled int8 row to half its speed alone)."""
+    impls = []
     # The quantised rows compute in bf16 where the CPU has native bf16 (the weight-only kernels' fast setting),
     # else in fp32: emulated bf16 is slower than fp32, and int8's fbgemm kernel takes fp32 activations anyway.
-    for quantize, precision in ((None, "bf16"), ("int8", "int8"), ("int4", "int4")):
-        dtype = "bf16" if quantize is None else ACTIVATIONS
-        impls.append(Impl(f"lmforge {precision}", "lmforge", precision, mode(dtype, quantize)))
-        if compile:
-            impls.append(Impl(f"lmforge {precision} compiled", "lmforge", precision, mode(dtype, quantize, True)))
+    for quantize, precision in ((None, "fp32"), (None, "bf16"), ("int8", "int8"), ("int4", "int4")):
+        dtype = precision if quantize is None else ACTIVATIONS
+        for compiled in (False, True) if compile else (False,):
+            name = f"lmforge {precision}{' compiled' if compiled else ' eager' if precision == 'fp32' else ''}"
+            run = Worker(_lmforge_run, str(hf_dir), dtype, quantize, compiled, threads, new_tokens)
+            impls.append(Impl(name, "lmforge", precision, run))
     return impls
 
 
-def hf_impl(ref, ours, new_tokens: int) -> Impl:
-    return Impl("HF generate fp32", "hf", "fp32", lambda ids: runners(ref, ours, ids, new_tokens)["hf"]())
+def hf_impl(hf_dir: Path, new_tokens: int, threads: int) -> Impl:
+    return Impl("HF generate fp32", "hf", "fp32", Worker(_hf_run, str(hf_dir), threads, new_tokens))
 
 
 class Worker:
-    """An engine in a process of its own, called like a row's ``run``: its thread pool cannot spin on the cores
-    while the other engines' rows run in this process (llama.cpp's, in one process with torch, slowed every torch
-    row by 20-50%). Its CPU time counts as this process's own in the quiet-run check (``common.OWN_PIDS``)."""
+    """A row's engine and model in a process of their own, called like a row's ``run``: no thread pool can spin
+    on the cores while the other rows run (llama.cpp's, in one process with torch, slowed every torch row by
+    20-50%), and no row shares caches or compiled graphs with another. Its CPU time counts as this process's own
+    in the quiet-run check (``common.OWN_PIDS``)."""
 
     def __init__(self, factory: Callable, *args):
         import multiprocessing
@@ -261,18 +275,23 @@ def llama_cpp_impls(hf_dir: Path, work: Path, converter: Path, new_tokens: int, 
     return impls
 
 
-def external(args, ref, work: Path, skipped: dict[str, str]) -> list[Impl]:
+def hf_folder(ref, work: Path) -> Path:
+    """``ref`` saved with the GPT-2 tokenizer: what every worker loads, and the engines' converters read."""
+    hf_dir = work / "hf"
+    ref.save_pretrained(hf_dir)
+    hf_tokenizer().save_pretrained(hf_dir)
+    config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+    config.setdefault("n_ctx", config["n_positions"])  # GPT-2's own config has it, and the GGUF converter reads it
+    (hf_dir / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    return hf_dir
+
+
+def external(args, hf_dir: Path, work: Path, skipped: dict[str, str]) -> list[Impl]:
     """The CTranslate2 and llama.cpp rows that can run here; the others go to ``skipped`` with the reason."""
     wanted = [e for e in ("ctranslate2", "llama.cpp") if e in args.engines]
     if not wanted:
         return []
-    tokenizer = hf_tokenizer()
-    hf_dir = work / "hf"
-    ref.save_pretrained(hf_dir)
-    tokenizer.save_pretrained(hf_dir)
-    config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
-    config.setdefault("n_ctx", config["n_positions"])  # GPT-2's own config has it, and the GGUF converter reads it
-    (hf_dir / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    tokenizer = hf.GPT2TokenizerFast.from_pretrained(hf_dir)
     impls = []
     converter = Path(args.gguf_converter)
     reasons = {"ctranslate2": missing("ctranslate2"),
@@ -417,9 +436,10 @@ def main() -> None:
           f"median of {repeats}; load average {load:.1f} on {os.cpu_count()} CPUs", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        impls = lmforge_impls(ref, ours, args.new_tokens, compile) if "lmforge" in args.engines else []
-        impls += [hf_impl(ref, ours, args.new_tokens)] if "hf" in args.engines else []
-        impls += external(args, ref, work, skipped)
+        hf_dir = hf_folder(ref, work)
+        impls = lmforge_impls(hf_dir, args.new_tokens, args.threads, compile) if "lmforge" in args.engines else []
+        impls += [hf_impl(hf_dir, args.new_tokens, args.threads)] if "hf" in args.engines else []
+        impls += external(args, hf_dir, work, skipped)
         rows = []
         for batch in args.batch_sizes:
             for row in bench_batch(impls, ids[:batch], args.new_tokens, repeats, args.max_others):

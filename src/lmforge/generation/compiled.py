@@ -64,8 +64,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import platform
-import re
 import shutil
 import types
 import warnings
@@ -78,6 +76,7 @@ import torch
 from lmforge.generation.stepper import Stepper
 from lmforge.nn.static_kv_cache import StaticKVCache
 from lmforge.nn.weight_only import uses_fbgemm_int8
+from lmforge.utils.machine import build_tag, user_cache_dir
 from lmforge.errors import UserInputError
 
 CAPACITY_BLOCK = 64  # capacities round up to this: at most one compile per 64 positions of prompt + output
@@ -112,10 +111,7 @@ def compile_cache_dir() -> Path | None:
     value = os.environ.get(CACHE_ENV)
     if value == "off":
         return None
-    user_cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    base = Path(value) if value else user_cache / "lmforge" / "compile"
-    key = f"torch-{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}-{platform.machine()}"
-    return base / re.sub(r"[^A-Za-z0-9_.-]", "_", key)
+    return (Path(value) if value else user_cache_dir("compile")) / build_tag()
 
 
 @contextlib.contextmanager

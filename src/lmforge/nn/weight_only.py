@@ -10,18 +10,21 @@ in fp32 or bf16 (weight-only quantisation, as in LLM.int8's weight path, GPTQ's 
                                                                             nibbles per byte (q + 8)
     W ≈ q * s  (the dequantised weight);  y = x @ (q * s)^T + b
 
-Kernels. On an x86 CPU an int8 layer calls fbgemm's int8 GEMM (``torch.ops.quantized.linear_dynamic``, the
-kernel of PyTorch's dynamic quantisation) on the stored per-row weights, packed once per weight: it also rounds
-the *activations* to 7-bit integers per call (one scale and zero point over the input, 128 levels: fbgemm's
-AVX2 kernel would overflow its 16-bit pair sums at 8 bits), which is what CTranslate2's int8 and llama.cpp's
-Q8_0 do too, and it is 3-7x faster than any weight-only kernel here (below). It adds about 1.5% (relative
-norm) of error to each product, well inside the 1% perplexity bound the quality tests hold int8 to (the
-activation rounding is part of what they measure). :data:`INT8_DYNAMIC_ACTIVATIONS` = False gives exact
+Kernels. On an x86 CPU an int8 layer rounds the *activations* to integers too, per call, and multiplies
+integers, as CTranslate2's int8 and llama.cpp's Q8_0 do; it is 3-7x faster than any weight-only kernel here
+(below). For one or two rows (decoding) it calls :mod:`lmforge.nn.int8_gemv`, a small AVX2 kernel of ours
+(8-bit activations, one scale per row; 1.4x fbgemm's speed at one row); for more rows, or where that kernel
+cannot be built, fbgemm's int8 GEMM (``torch.ops.quantized.linear_dynamic``, the kernel of PyTorch's dynamic
+quantisation) on the stored per-row weights, packed once per weight, which rounds the activations to 7 bits
+(one scale and zero point over the input, 128 levels: fbgemm's AVX2 kernel would overflow its 16-bit pair
+sums at 8 bits). The rounding adds about 0.5% (8 bits) or 1.5% (7 bits, relative norm) of error to each
+product, well inside the 1% perplexity bound the quality tests hold int8 to (the activation rounding is part
+of what they measure). :data:`INT8_DYNAMIC_ACTIVATIONS` = False gives exact
 weight-only int8 instead: PyTorch's ``torch._weight_int8pack_mm``, which reads the narrow weights and scales
 inside the matmul. int4 calls ``torch._weight_int4pack_mm_for_cpu`` on the tinygemm-packed form, always with
 bf16 activations (its fp32 path was 7-25x slower than fp32 ``F.linear`` at decoding shapes, its bf16 path 1.5-2x
 faster; bf16's rounding of the activations is small beside 16 weight levels). Under
-``torch.compile`` the fbgemm call is one opaque op (``lmforge::int8_dynamic_linear``); a weight-only int8 layer
+``torch.compile`` the integer matmul is one opaque op (``lmforge::int8_dynamic_linear``); a weight-only int8 layer
 with bf16 activations is written as ``linear(x, q.to(bf16)) * s``, the pattern inductor's freezing keeps as an
 int8 constant and lowers to its own weight-only int8 GEMM; other cases, and other devices, dequantise and call
 ``F.linear``. All equal ``x @ dequantised(W)^T`` to the rounding of the activation dtype (and, with dynamic
@@ -32,7 +35,7 @@ it reads as many bytes as an unquantised one; an fbgemm int8 step is compiled un
 
 Measured on the 12-layer GPT-2 shape's matmuls of one decode step, 2 threads on an AVX2 CPU (AMD EPYC, no
 native bf16), 2026-11-27: fp32 ``F.linear`` 41 ms at 1 row and 82 ms at 8 rows; weight-only int8 with bf16
-activations 14 and 35 ms; fbgemm's dynamic int8 10 and 12 ms.
+activations 14 and 35 ms; fbgemm's dynamic int8 10 and 12 ms (int8_gemv's docstring has its own).
 
 Why not torchao. torchao (0.18 here) was tried first: its ``Int8WeightOnlyConfig`` with fp32 activations
 was no faster than the fp32 matmul on this CPU, its ``Int8DynamicActivationInt8WeightConfig`` was 3-6x
@@ -60,6 +63,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
+
+from lmforge.nn import int8_gemv
 
 MODES = ("int8", "int4")
 DEFAULT_GROUP_SIZE = 32
@@ -133,7 +138,8 @@ def _int8_dynamic(x: torch.Tensor, packed) -> torch.Tensor:
 
 
 def int8_dynamic_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """x (..., in) @ (qweight * scales[:, None])^T with x rounded to 7-bit integers per call (fbgemm), in x's dtype.
+    """x (..., in) @ (qweight * scales[:, None])^T with x rounded to integers per call, in x's dtype: to 8 bits
+    per row by :mod:`lmforge.nn.int8_gemv` for up to its ``MAX_ROWS`` rows (decoding), else to 7 bits by fbgemm.
 
     The kernel of the op ``torch.ops.lmforge.int8_dynamic_linear``, which a compiled graph calls as one opaque
     node; layers call the kernel directly when eager.
@@ -147,6 +153,9 @@ def int8_dynamic_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Te
         >>> bool((y - ref).norm() / ref.norm() < 0.05)               # the activations' 7-bit rounding
         True
     """
+    if x.numel() <= int8_gemv.MAX_ROWS * x.shape[-1] and int8_gemv.available():
+        y = int8_gemv.int8_gemv(x.float(), qweight, scales)
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
     return _int8_dynamic(x, _packed_int8(qweight, scales))
 
 
@@ -205,10 +214,6 @@ class WeightOnlyLinear(nn.Module):
         w = q.view(self.out_features, -1, self.group_size) * self.scales[..., None]  # (O, G, gs)
         return w.view(self.out_features, self.in_features).to(dtype)
 
-    def _int8_packed(self):
-        """fbgemm's packed weight: the one copy the compiled op also finds (see :func:`_packed_int8`)."""
-        return _packed_int8(self.qweight, self.scales)
-
     def _int4_packed(self) -> tuple[torch.Tensor, torch.Tensor]:
         """tinygemm's packed weight and its (in/group, out', 2) scales-and-zeros, built once per weight.
 
@@ -242,7 +247,7 @@ class WeightOnlyLinear(nn.Module):
             if torch.compiler.is_compiling():
                 y = torch.ops.lmforge.int8_dynamic_linear(x, self.qweight, self.scales)
             else:  # the kernel itself: the custom op's dispatch costs as much as a small GEMM
-                y = _int8_dynamic(x, self._int8_packed())
+                y = int8_dynamic_linear(x, self.qweight, self.scales)
             return y if bias is None else y + bias
         if self.mode == "int8" and x.dtype == torch.bfloat16 and torch.compiler.is_compiling():
             # Inductor's weight-only pattern (linear of the int8 weight cast to bf16, times the scales): it keeps

@@ -11,7 +11,7 @@ re-quantising, and measures both models on the same held-out text and prompts:
                  continuations, as a fraction of the new tokens (1.0: identical outputs)
 
 Quantisation error is a rounding of every weight: int8 per row keeps each weight within half a step of
-1/127 of its row's largest weight (on an x86 CPU the activations are rounded to 7 bits per call too, and that
+1/127 of its row's largest weight (on an x86 CPU the activations are rounded to 7 or 8 bits per call too, and that
 is measured here as well), so logits and perplexity barely move (the tests bound the change at 1%);
 int4 with groups of 32 has 16 levels per group, much coarser, and the tests bound its change at 2% on a
 small trained GPT (see tests/test_quantize.py for why). A tied LM head's table is quantised with the layers

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import platform
+import re
+from pathlib import Path
 from typing import Any
 
 
@@ -41,6 +43,25 @@ def native_bf16(device: "str | torch.device" = "cpu") -> bool:
         checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
         return torch.backends.mkldnn.is_available() and any(getattr(torch.cpu, n, lambda: False)() for n in checks)
     return False
+
+
+def user_cache_dir(name: str) -> Path:
+    """``~/.cache/lmforge/<name>`` (``$XDG_CACHE_HOME`` honoured): where lmforge keeps what it builds for this
+    user and machine (compiled decode steps, CPU kernels)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lmforge" / name
+
+
+def build_tag() -> str:
+    """What built code depends on besides its own source, as a folder name: torch's version, the CPU capability
+    torch detects, the machine.
+
+    >>> build_tag().startswith("torch-")
+    True
+    """
+    import torch
+
+    key = f"torch-{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}-{platform.machine()}"
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", key)
 
 
 def machine_info(torch_details: bool = False) -> dict[str, Any]:

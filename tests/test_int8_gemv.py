@@ -1,0 +1,130 @@
+"""The int8 x int8 decoding kernel (lmforge/nn/kernels/int8_gemv.c): exact against torch's integer arithmetic,
+within its activation rounding of the dequantised reference, chosen only for few rows, and built, cached and
+rebuilt safely."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import sys
+
+import pytest
+import torch
+
+from lmforge.nn import int8_gemv, weight_only
+from lmforge.nn.weight_only import WeightOnlyLinear, quantize_int8
+
+
+def _kernel_here() -> bool:
+    """The kernel builds wherever its conditions hold (asserted), so these tests check it on every such machine
+    (CI's included) and check the fallback elsewhere."""
+    can = (sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
+           and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+           and bool(os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc"))
+           and os.environ.get(int8_gemv.ENV) != "off")
+    assert int8_gemv.available() == can, int8_gemv.unavailable_reason()
+    return can
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """An empty kernel cache, and this process's answer forgotten before and after."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    int8_gemv.reset()
+    yield tmp_path
+    int8_gemv.reset()
+
+
+def _by_hand(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """The kernel's arithmetic in float64: each row of x rounded to int8 with scale max|x|/127, exact dot
+    products, then both scales."""
+    xs = x.abs().amax(dim=1, keepdim=True) / 127  # (m, 1), in fp32 as the kernel computes it
+    xq = torch.round(x / xs).double()  # (m, in)
+    return (xq @ q.double().T) * xs.double() * s.double()  # (m, out)
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("n_in", [96, 70])  # 70: two 32-byte blocks and a tail of 6
+def test_kernel_equals_integer_arithmetic_by_hand(rows, n_in):
+    if not _kernel_here():
+        return
+    torch.manual_seed(0)
+    q, s = quantize_int8(torch.randn(33, n_in))
+    x = torch.randn(rows, n_in)
+    y = int8_gemv.int8_gemv(x, q, s)
+    assert y.shape == (rows, 33) and y.dtype == torch.float32
+    torch.testing.assert_close(y.double(), _by_hand(x, q, s), rtol=1e-6, atol=1e-6)
+
+
+# Rounding Gaussian activations to 8 bits per row costs ~0.5% of a product's norm; 2% bounds it, while a wrong
+# scale, sign or transposed weight is off by ~100%.
+def test_kernel_is_within_its_activation_rounding_of_the_dequantised_reference():
+    if not _kernel_here():
+        return
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(768, 300)
+    q = WeightOnlyLinear.from_linear(layer, "int8")
+    x = torch.randn(1, 1, 768)  # (B, T, in): one decoding row
+    ref = torch.nn.functional.linear(x, q.dequantized(), layer.bias)
+    for dtype in (torch.float32, torch.bfloat16):
+        y = q(x.to(dtype))
+        assert y.dtype == dtype and y.shape == (1, 1, 300)
+        assert ((y.float() - ref).norm() / ref.norm()).item() < 0.02 + (0.01 if dtype == torch.bfloat16 else 0)
+
+
+def test_nan_and_zero_rows_come_out_as_a_float_matmul_would():
+    if not _kernel_here():
+        return
+    q, s = quantize_int8(torch.randn(8, 64))
+    x = torch.zeros(2, 64)
+    x[1, 5] = float("nan")
+    y = int8_gemv.int8_gemv(x, q, s)
+    assert torch.equal(y[0], torch.zeros(8)) and bool(y[1].isnan().all())
+
+
+def test_few_rows_take_the_kernel_and_more_take_fbgemm():
+    """int8 layers send decoding's one or two rows to this kernel and larger batches to fbgemm (faster there)."""
+    kernel = _kernel_here()
+    torch.manual_seed(0)
+    q, s = quantize_int8(torch.randn(40, 96))
+    packed = weight_only._packed_int8(q, s)
+    for rows in (1, 2, 3, 8):
+        x = torch.randn(rows, 96)
+        got = weight_only.int8_dynamic_linear(x, q, s)
+        if kernel and rows <= int8_gemv.MAX_ROWS:
+            assert torch.equal(got, int8_gemv.int8_gemv(x, q, s))
+        else:
+            assert torch.equal(got, weight_only._int8_dynamic(x, packed))
+
+
+def test_built_into_the_cache_and_a_damaged_file_is_rebuilt(fresh_cache):
+    path = int8_gemv.library_path()
+    assert path.is_relative_to(fresh_cache / "lmforge" / "kernels")
+    # A damaged file under the kernel's name (as a crash or a full disk could leave; damaged before this process
+    # maps it: a mapped library is never written in place, builds are renamed over it) is built again.
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not a shared library")
+    if not _kernel_here():
+        return
+    assert path.read_bytes()[:4] == b"\x7fELF"
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left beside it
+    q, s = quantize_int8(torch.randn(4, 32))
+    x = torch.randn(1, 32)
+    torch.testing.assert_close(int8_gemv.int8_gemv(x, q, s).double(), _by_hand(x, q, s), rtol=1e-6, atol=1e-6)
+
+
+def test_switched_off_or_without_a_compiler_int8_layers_use_fbgemm(fresh_cache, monkeypatch):
+    torch.manual_seed(0)
+    q, s = quantize_int8(torch.randn(16, 64))
+    x = torch.randn(1, 64)
+    fbgemm = weight_only._int8_dynamic(x, weight_only._packed_int8(q, s))
+    monkeypatch.setenv(int8_gemv.ENV, "off")
+    assert not int8_gemv.available() and int8_gemv.unavailable_reason() == f"{int8_gemv.ENV}=off"
+    assert torch.equal(weight_only.int8_dynamic_linear(x, q, s), fbgemm)
+    monkeypatch.delenv(int8_gemv.ENV)
+    monkeypatch.setenv("CC", str(fresh_cache / "no-such-compiler"))
+    int8_gemv.reset()
+    assert not int8_gemv.available() and int8_gemv.unavailable_reason()
+    assert not [p for p in fresh_cache.rglob("*") if p.is_file()]  # nothing half-built left behind
+    assert torch.equal(weight_only.int8_dynamic_linear(x, q, s), fbgemm)
