@@ -4,8 +4,8 @@ One random GPT-2-shaped model (12 layers, d_model 768, 12 heads, GPT-2's vocabul
 GPT-2 byte-level BPE (tests/fixtures/gpt2): prompts are 32-token spans of the bundled corpus, and every engine
 greedily generates exactly ``--new-tokens`` (128) tokens after them, at batch 1 and 8 where the engine batches:
 
-    lmforge fp32 eager      ``model.generate``                       (benchmarks/generate.py's runners)
-    lmforge fp32 compiled   ``model.generate(..., compile=True)``    (its first call, which compiles, timed alone)
+    lmforge fp32 eager      ``model.generate``
+    lmforge fp32 compiled   ``model.generate(..., compile=True)``    (its first call compiles: ``first_call_s``)
     lmforge bf16            ``--dtype bf16``, eager and compiled
     lmforge int8/int4       ``--quantize int8`` (per row; on x86 the activations are rounded per call: to 8 bits
                             by lmforge.nn.int8_gemv at batch 1, to 7 bits by fbgemm at batch 8)

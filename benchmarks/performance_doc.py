@@ -464,11 +464,13 @@ METHODS["generate_engines"] = """\
 `benchmarks/generate_engines.py` (opt-in: `make bench-engines`): greedy decoding of one random GPT-2-shaped model
 (12 layers × 768, GPT-2's byte-level BPE and vocabulary) by lmforge in each mode (fp32 eager, fp32 compiled, bf16,
 int8 per row (on x86 the activations are rounded to integers per call too, as CTranslate2's int8 and llama.cpp's
-Q8_0 do: to 8 bits per row by lmforge's AVX2 kernel at one or two rows, to 7 bits by fbgemm's int8 GEMM above) and weight-only int4, these two with bf16 activations where the CPU has native bf16, else fp32;
-each eager and compiled) and by other engines on the same weights: HF `generate` (fp32), CTranslate2 (its own
+Q8_0 do: to 8 bits per row by lmforge's AVX2 kernel at one or two rows, to 7 bits by fbgemm's int8 GEMM above)
+and weight-only int4, these two with bf16 activations where the CPU has native bf16, else fp32; each eager and
+compiled) and by other engines on the same weights: HF `generate` (fp32), CTranslate2 (its own
 `TransformersConverter`, fp32 and int8) and llama.cpp through llama-cpp-python (GGUF from llama.cpp's
 `convert_hf_to_gguf.py`: f32, q8_0, and q4_0 by `llama_model_quantize`; batch 1 only). 32-token prompts from the
-bundled corpus, exactly 128 new tokens, batch 1 and 8, every engine on the same threads, each row in a worker process of its own, the rows taking turns.
+bundled corpus, exactly 128 new tokens, batch 1 and 8, every engine on the same threads, each row in a worker
+process of its own, the rows taking turns.
 **Reference**: HF `generate` fp32 for every lmforge mode; for CTranslate2 and llama.cpp, the ratio is lmforge's
 fastest row (eager or compiled) of the same precision over theirs. Runs during which other processes used the CPU are left out. The
 fresh-process rows time `lmforge generate --compile` (fp32, and `--quantize int8`) from process start to its

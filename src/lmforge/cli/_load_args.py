@@ -31,8 +31,8 @@ def add_precision_flags(parser) -> None:
                         help="compute dtype of the loaded model: fp32, or bf16 (half the bytes per weight; fast on "
                         "CPUs with AVX512-BF16/AMX, warned about elsewhere); default: as saved (fp32)")
     parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None, dest="precision_quantize",
-                        help="quantisation of the linear layers at load: int8 (per row; on x86 CPUs fbgemm's int8 "
-                        "GEMM, which also rounds the activations per call) or int4 (weight-only, per group of 32); a "
+                        help="quantisation of the linear layers at load: int8 (per row; on x86 CPUs an integer "
+                        "matmul, which also rounds the activations per call) or int4 (weight-only, per group of 32); a "
                         "folder saved by `lmforge quantize` loads as saved")
 
 

@@ -25,7 +25,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "quantize", help="convert a model folder to int8/int4 weights and report its quality vs fp32",
         description="Quantise the linear layers of a decoder model folder (int8 per output row, int4 per group; "
-        "on x86 CPUs int8 layers also round their activations per call, for fbgemm's int8 GEMM), save it as a "
+        "on x86 CPUs int8 layers also round their activations per call, for an integer matmul), save it as a "
         "model folder that loads without re-quantising, and report perplexity on held-out bundled text and greedy "
         "agreement, each against the fp32 model. int4 layers whose input width is not a multiple of the group size "
         "stay in full precision (a notice names each).",

@@ -6,7 +6,7 @@
 with the same kernels, and lookups dequantise the rows they read). Norms, position tables and untied tables
 stay in full precision. An int4 layer whose input width is not a multiple of the group size is **kept in full
 precision with a notice naming it** (quantising it would need padding the kernel does not take). On an x86 CPU an
-int8 layer also rounds its activations per call, for fbgemm's int8 GEMM (see :mod:`lmforge.nn.weight_only`).
+int8 layer also rounds its activations per call, for an integer matmul (see :mod:`lmforge.nn.weight_only`).
 
 A quantised model saves as an ordinary model folder whose ``quantization.json`` (covered by the manifest)
 records the mode, group size and the layers converted; :func:`lmforge.checkpoint.load` rebuilds those layers
