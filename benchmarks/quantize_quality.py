@@ -5,9 +5,9 @@ argmax), so this pre-trains the ``gpt-tiny`` preset (6 layers x 384, fp32) for `
 corpus, less its last 6,000 characters, then runs what ``lmforge quantize`` runs for each mode
 (:func:`lmforge.tasks.quantize.quantize_folder`): the perplexity of the fp32 and the quantised model on those
 held-out characters, and the share of greedy tokens the quantised model keeps in common with fp32 over a fixed
-prompt set. The int8 row is what the CPU computes with: on x86 the activations are rounded to integers as well, to 7 bits
-by fbgemm's int8 GEMM for the perplexity's windows, to 8 bits by lmforge.nn.int8_gemv for the one-row steps of
-greedy decoding (``kernel`` in the JSON; lmforge.nn.weight_only).
+prompt set. The int8 row is what the CPU computes with: on x86 the activations are rounded to integers as
+well, to 7 bits by fbgemm's int8 GEMM for the perplexity's windows, to 8 bits by lmforge.nn.int8_gemv for the
+one-row steps of greedy decoding (``kernel`` in the JSON; lmforge.nn.weight_only).
 
 Usage:
     python benchmarks/quantize_quality.py --work /tmp/qq            # 600 steps: about 15 minutes on 2 cores

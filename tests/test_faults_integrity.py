@@ -118,6 +118,21 @@ def test_nan_weights_are_refused_naming_the_tensor_even_without_verification(tok
             lmforge.load(path, verify=verify)
 
 
+def test_int8_weights_outside_the_symmetric_range_are_refused_naming_the_tensor(gpt_folder, tmp_path):
+    from lmforge.models.quantize import quantize_model, save_quantized
+    from safetensors.torch import load_file, save_file
+
+    model = lmforge.load(gpt_folder)
+    quantize_model(model, "int8")
+    path = save_quantized(model, tmp_path / "int8")
+    tensors = load_file(path / "model.safetensors")
+    name = next(n for n, t in tensors.items() if t.dtype == torch.int8)
+    tensors[name][0, 0] = -128
+    save_file(tensors, path / "model.safetensors")
+    with pytest.raises(IntegrityError, match=rf"tensor '{name}' holds -128, outside the \[-127, 127\]"):
+        lmforge.load(path, verify=False)
+
+
 def test_task_folder_head_is_covered_by_the_manifest(toks, tmp_path):
     spec = TaskSpec(task="classify", labels=["n", "p"])
     path = save_task_model(build_task_model(th.body("bert", toks[0]), spec), tmp_path / "task", toks[0])

@@ -128,3 +128,12 @@ def test_switched_off_or_without_a_compiler_int8_layers_use_fbgemm(fresh_cache, 
     assert not int8_gemv.available() and int8_gemv.unavailable_reason()
     assert not [p for p in fresh_cache.rglob("*") if p.is_file()]  # nothing half-built left behind
     assert torch.equal(weight_only.int8_dynamic_linear(x, q, s), fbgemm)
+
+
+def test_empty_shapes_give_empty_or_zero_outputs():
+    if not _kernel_here():
+        return
+    q, s = quantize_int8(torch.randn(5, 32))
+    assert int8_gemv.int8_gemv(torch.randn(0, 32), q, s).shape == (0, 5)
+    empty_q, empty_s = torch.zeros(5, 0, dtype=torch.int8), torch.ones(5)
+    assert torch.equal(int8_gemv.int8_gemv(torch.randn(1, 0), empty_q, empty_s), torch.zeros(1, 5))

@@ -263,6 +263,10 @@ def load_weights(model: torch.nn.Module, weights: str | Path, strict: bool = Tru
                 raise IntegrityError(f"{weights}: tensor {source!r} holds NaN or infinite values (the file is damaged "
                                      "or training diverged); non-finite weights are always refused, even with "
                                      "--no-verify: use an earlier checkpoint")
+            if tensor.dtype == torch.int8 and bool((tensor == -128).any()):
+                # Quantised weights are symmetric: the int8 kernels negate them, and -128 has no int8 negation.
+                raise IntegrityError(f"{weights}: tensor {source!r} holds -128, outside the [-127, 127] of lmforge's "
+                                     "int8 weights (the file is damaged or was not written by lmforge quantize)")
             loaded[name] = tensor
         unexpected = {k for k in stored if k.startswith(prefix)} - {prefix + n for n in state} - set(aliases.values())
         if strict and unexpected:

@@ -33,9 +33,9 @@ Persistent cache. The first call of a step compiles inside :func:`compile_cache_
 its on-disk caches: the generated C++ kernels and their built libraries (keyed by a hash of their source),
 and FX graphs where inductor can cache them. It bypasses graphs holding frozen, mkldnn-packed weights, so for
 an fp32 or bf16 model a new process traces, lowers and autotunes again and only reuses the built libraries
-(the C++ compiler's share). An int8 model's step (its integer matmuls, one opaque op each) is compiled unfrozen, which its opaque
-matmul calls do not slow, and its graph is cached whole: a new process only traces it (on the GPT-2 shape,
-2 cores: 31 s for the first compile, 7 s with the cache). Nothing stale is used:
+(the C++ compiler's share). An int8 model's step (its integer matmuls, one opaque op each) is compiled
+unfrozen, which its opaque matmul calls do not slow, and its graph is cached whole: a new process only traces
+it (on the GPT-2 shape, 2 cores: 31 s for the first compile, 7 s with the cache). Nothing stale is used:
 the folder is named for the torch version, CPU capability and machine, artifacts are keyed by their source,
 and frozen weights are bound from the live model, never read from the cache. A damaged artifact does not
 crash decoding: inductor's autotuner skips a candidate kernel that fails to load, and a compile that still

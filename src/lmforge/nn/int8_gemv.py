@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 import os
 import platform
 import shutil
@@ -137,7 +138,7 @@ def reset() -> None:
 def int8_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """x (..., in) fp32 @ (qweight int8 (out, in) * scales fp32 (out,)[:, None])^T -> (..., out) fp32, with
     each row of ``x`` rounded to int8 (module docstring). Call only when :func:`available`."""
-    flat = x.reshape(-1, x.shape[-1]).contiguous()  # (m, in)
+    flat = x.reshape(math.prod(x.shape[:-1]), x.shape[-1]).contiguous()  # (m, in)
     q, s = qweight.contiguous(), scales.float().contiguous()
     y = torch.empty(flat.shape[0], q.shape[0])  # (m, out)
     if _state["lib"].lmforge_int8_gemv(flat.data_ptr(), q.data_ptr(), s.data_ptr(), y.data_ptr(), flat.shape[0],

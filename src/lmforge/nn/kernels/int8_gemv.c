@@ -37,6 +37,11 @@ static int32_t dot_int8(const int8_t *a, const int8_t *w, int64_t n) {
  * memory (nothing written). */
 int lmforge_int8_gemv(const float *x, const int8_t *q, const float *ws, float *y, int64_t m, int64_t n_in,
                       int64_t n_out) {
+    if (m <= 0 || n_out <= 0) return 0;
+    if (n_in <= 0) {  /* an empty sum */
+        for (int64_t i = 0; i < m * n_out; i++) y[i] = 0.0f;
+        return 0;
+    }
     int8_t *xq = malloc((size_t)(m * n_in));
     float *xs = malloc((size_t)m * sizeof(float));
     if (!xq || !xs) {
