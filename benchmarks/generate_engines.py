@@ -175,7 +175,11 @@ class Worker:
     def __init__(self, factory: Callable, *args):
         import multiprocessing
 
-        ctx = multiprocessing.get_context("spawn")
+        # Forked from a server process that has imported torch, transformers' GPT-2 and lmforge once (and started
+        # no thread pool, so forking it is safe): a worker starts without re-importing them all.
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["transformers.models.gpt2.modeling_gpt2", "lmforge.interop.hf",
+                                    "lmforge.generation", "lmforge.models.quantize", "benchmarks.common"])
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_serve, args=(child, factory, args), daemon=True)
         self.process.start()
