@@ -142,11 +142,11 @@ def speed(args) -> dict:
     import torch
 
     from benchmarks.common import time_steps
-    from benchmarks.train_step import device_and_dtype, make_step
+    from benchmarks.train_step import make_step, train_device
     from lmforge.config import ModelConfig
     from lmforge.models import Transformer
 
-    device, _ = device_and_dtype()
+    device = train_device()
     torch.set_num_threads(args.threads)
     tokens = args.batch_size * args.seq_len
     results = []

@@ -58,10 +58,9 @@ from lmforge.config import ModelConfig  # noqa: E402
 from lmforge.models import Transformer  # noqa: E402
 
 
-def device_and_dtype() -> tuple[str, torch.dtype]:
-    """CUDA when present, else the CPU; bf16 where that device computes it natively, else fp32."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    return device, torch.bfloat16 if train_precision(device) == "bf16" else torch.float32
+def train_device() -> str:
+    """CUDA when present, else the CPU (``common.train_precision(device)`` says in which precision)."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 # ---------------------------------------------------------------------------- the three shapes
@@ -214,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         args.repeats, args.warmup, args.no_compile = 3, 1, True
     if args.nanogpt:
         nanogpt_file(args.nanogpt)  # before minutes of measuring
-    device, _ = device_and_dtype()
+    device = train_device()
     precision = train_precision(device)
     bf16 = precision == "bf16"
     if args.malloc == "heap":

@@ -16,7 +16,7 @@ EPYC with AVX2, 2026-11-27: 4.7 ms at one row against fbgemm's 6.7 ms, 5.5 again
 
 Built on first use with the C compiler torch.compile also needs (``$CC``, else ``gcc`` or ``cc``), into
 ``~/.cache/lmforge/kernels/<torch, CPU, machine>/`` under a name hashed from the source and flags, written
-atomically; a file that does not load is built again once. Where it cannot be built or run (no compiler, not an
+atomically (``lmforge.utils.io.atomic_write_bytes``); a file that does not load is built again once. Where it cannot be built or run (no compiler, not an
 x86-64 Linux CPU with AVX2 and FMA, or ``LMFORGE_INT8_GEMV=off``), :func:`available` is False,
 :func:`unavailable_reason` says why, and the int8 layers use fbgemm at every batch size.
 
@@ -46,6 +46,7 @@ from pathlib import Path
 
 import torch
 
+from lmforge.utils.io import atomic_write_bytes
 from lmforge.utils.machine import build_tag, user_cache_dir
 
 SOURCE = Path(__file__).with_name("kernels") / "int8_gemv.c"
@@ -80,18 +81,14 @@ def library_path() -> Path:
 
 
 def _build(path: Path) -> None:
-    """Compile ``SOURCE`` to ``path`` through a temporary file beside it, renamed into place when complete."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(fd)
-    try:
-        done = subprocess.run([_compiler(), *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True)
+    """Compile ``SOURCE`` in a temporary folder, then write the library to ``path`` atomically (a full disk is an
+    ``EnvironmentFault``, an ``OSError``, and leaves nothing under the name)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / path.name
+        done = subprocess.run([_compiler(), *FLAGS, str(SOURCE), "-o", str(out)], capture_output=True, text=True)
         if done.returncode != 0:
             raise OSError(f"compiling {SOURCE.name} failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        atomic_write_bytes(path, out.read_bytes())
 
 
 def _load() -> ctypes.CDLL:
