@@ -6,9 +6,10 @@ greedily generates exactly ``--new-tokens`` (128) tokens after them, at batch 1 
 
     lmforge fp32 eager      ``model.generate``
     lmforge fp32 compiled   ``model.generate(..., compile=True)``    (its first call compiles: ``first_call_s``)
-    lmforge bf16            ``--dtype bf16``, eager and compiled
+    lmforge bf16            ``--dtype bf16``, eager and compiled (on a CPU without native bf16 every bf16 matmul
+                            runs lmforge.nn.gemv.bf16_gemv, which widens the weights to fp32 in registers)
     lmforge int8/int4       ``--quantize int8`` (per row; on x86 the activations are rounded per call: to 8 bits
-                            by lmforge.nn.int8_gemv at batch 1, to 7 bits by fbgemm at batch 8)
+                            by lmforge.nn.gemv.int8_gemv at batch 1, to 7 bits by fbgemm at batch 8)
                             or ``int4`` (groups of 32, weight-only), eager and compiled, with bf16 activations
                             where the CPU has native bf16, else fp32 (``quantized_activations`` in the JSON)
     HF generate fp32        ``GPT2LMHeadModel.generate``: the reference of every lmforge row

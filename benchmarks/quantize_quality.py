@@ -6,7 +6,7 @@ corpus, less its last 6,000 characters, then runs what ``lmforge quantize`` runs
 (:func:`lmforge.tasks.quantize.quantize_folder`): the perplexity of the fp32 and the quantised model on those
 held-out characters, and the share of greedy tokens the quantised model keeps in common with fp32 over a fixed
 prompt set. The int8 row is what the CPU computes with: on x86 the activations are rounded to integers as
-well, to 7 bits by fbgemm's int8 GEMM for the perplexity's windows, to 8 bits by lmforge.nn.int8_gemv for the
+well, to 7 bits by fbgemm's int8 GEMM for the perplexity's windows, to 8 bits by lmforge.nn.gemv.int8_gemv for the
 one-row steps of greedy decoding (``kernel`` in the JSON; lmforge.nn.weight_only).
 
 Usage:
@@ -33,7 +33,7 @@ import torch  # noqa: E402
 from lmforge import datasets  # noqa: E402
 from lmforge.cli.main import main as lmforge_main  # noqa: E402
 from lmforge.data.prepare import prepare  # noqa: E402
-from lmforge.nn import int8_gemv, weight_only  # noqa: E402
+from lmforge.nn import gemv, weight_only  # noqa: E402
 from lmforge.tasks.quantize import HELD_OUT_CHARS, quantize_folder  # noqa: E402
 from lmforge.tokenization import train_tokenizer  # noqa: E402
 
@@ -75,7 +75,7 @@ def main() -> None:
     model = pretrain(work, args.steps, args.train_chars)
     kernel = "weight-only"
     if weight_only._fbgemm_int8_ready():
-        kernel = "fbgemm (7-bit activations)" + (", int8_gemv at 1-2 rows (8-bit)" if int8_gemv.available() else "")
+        kernel = "fbgemm (7-bit activations)" + (", int8_gemv at 1-2 rows (8-bit)" if gemv.available() else "")
     rows = []
     for mode in MODES:
         report = quantize_folder(model, mode, work / mode)

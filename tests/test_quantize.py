@@ -159,6 +159,21 @@ def test_compiled_int8_decoding_equals_eager_and_is_not_frozen(trained):
     assert [step.freeze for step in _STEPS[model].values()] == [not fbgemm]
 
 
+def test_compiled_bf16_decoding_at_batch_1_calls_the_kernel_unfrozen(trained):
+    """A bf16 model's compiled step at batch 1 runs lmforge's bf16 kernel (one opaque op per matmul, as its eager
+    decoding does), so it is compiled unfrozen; its tokens are eager's where the two agree to bf16 rounding."""
+    from lmforge.generation.compiled import _STEPS
+    from lmforge.nn import gemv
+
+    model = apply_precision(lmforge.load(trained).eval(), "bf16")
+    ids = torch.tensor([[5, 17, 42, 7, 99]])
+    with torch.no_grad():
+        eager = model.generate(ids, max_new_tokens=12, ignore_eos=True).sequences
+        compiled = model.generate(ids, max_new_tokens=12, ignore_eos=True, compile=True).sequences
+    assert torch.equal(compiled, eager)
+    assert [step.freeze for step in _STEPS[model].values()] == [not gemv.available()]
+
+
 def test_tied_head_of_a_quantised_decoder_uses_the_quantised_table():
     torch.manual_seed(0)
     model = lmforge.build_model("gpt-tiny", n_layers=1, d_model=64, n_heads=2, d_ff=128, vocab_size=200,
@@ -263,11 +278,25 @@ def test_precision_block_reaches_load_and_bf16_runs(trained):
     assert quantization_of(lmforge.load(trained)) is None  # outside the block: as saved
 
 
-def test_bf16_without_cpu_support_warns_naming_the_fallback(monkeypatch):
+def test_bf16_without_cpu_support_or_kernel_warns_naming_the_fallback(monkeypatch):
+    import warnings
+
     from lmforge.models import quantize as q
+    from lmforge.nn import gemv
     monkeypatch.setattr(q, "native_bf16", lambda device: False)
-    with pytest.warns(UserWarning, match="slower emulated fallback.*--dtype fp32"):
-        apply_precision(torch.nn.Sequential(torch.nn.Linear(4, 4)), "bf16")
+    monkeypatch.setenv(gemv.ENV, "off")
+    gemv.reset()
+    try:
+        with pytest.warns(UserWarning, match=f"kernel is unavailable \\({gemv.ENV}=off\\).*slower emulated fallback.*--dtype fp32"):
+            apply_precision(torch.nn.Sequential(torch.nn.Linear(4, 4)), "bf16")
+        monkeypatch.delenv(gemv.ENV)
+        gemv.reset()
+        if gemv.available():  # the kernel takes bf16 inference's matmuls: no slower fallback to warn of
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                apply_precision(torch.nn.Sequential(torch.nn.Linear(4, 4)), "bf16")
+    finally:
+        gemv.reset()
 
 
 def test_generate_cli_takes_dtype_and_quantize(trained, capsys):

@@ -75,6 +75,7 @@ import torch
 
 from lmforge.generation.stepper import Stepper
 from lmforge.nn.static_kv_cache import StaticKVCache
+from lmforge.nn import gemv
 from lmforge.nn.weight_only import uses_fbgemm_int8
 from lmforge.utils.machine import build_tag, user_cache_dir
 from lmforge.errors import UserInputError
@@ -187,14 +188,14 @@ class _CompiledStep:
     call. With :data:`FREEZE` the weights are compiled in as constants (inductor's freezing: pre-packed
     GEMM weights, q/k/v concatenated once), so the step remembers which tensors they were and their
     version counters: a weight written in place (fine-tuning, ``load_state_dict``) or replaced since
-    makes it :meth:`stale`. A model whose linears run fbgemm's int8 GEMM is not frozen: its matmuls are opaque
-    calls either way, and an unfrozen graph (weights as inputs) is one inductor's FX graph cache keeps, so a
-    new process skips lowering and code generation."""
+    makes it :meth:`stale`. A step whose matmuls are opaque kernel calls (:func:`opaque_matmuls`) is not frozen:
+    there is nothing for freezing to pack, and an unfrozen graph (weights as inputs) is one inductor's FX graph
+    cache keeps, so a new process skips lowering and code generation."""
 
-    def __init__(self, model, device: torch.device):
+    def __init__(self, model, device: torch.device, batch: int = 1, dtype: torch.dtype = torch.float32):
         self.graphs = CUDA_GRAPHS and device.type == "cuda"
         self.buffers: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
-        self.freeze = FREEZE and not uses_fbgemm_int8(model, device)
+        self.freeze = FREEZE and not opaque_matmuls(model, device, batch, dtype)
         self.backend = _backend(device, self.graphs, self.freeze)
         self.fn = torch.compile(_fresh_step(), fullgraph=True, dynamic=False, backend=self.backend)
         self.versions = [(t, t._version) for t in _weights(model)]
@@ -256,6 +257,15 @@ class _CompiledStep:
         return out
 
 
+def opaque_matmuls(model, device: torch.device, batch: int, dtype: torch.dtype) -> bool:
+    """Whether a step's matmuls run lmforge's own kernels, one opaque op each: an int8 model's integer matmuls
+    (:mod:`lmforge.nn.weight_only`), or a bf16 model's rows on a CPU (:func:`lmforge.nn.linear.linear`, where the
+    kernel builds: built here, before tracing, up to :func:`lmforge.nn.gemv.bf16_max_rows` rows)."""
+    if uses_fbgemm_int8(model, device):
+        return True
+    return device.type == "cpu" and dtype == torch.bfloat16 and gemv.available() and batch <= gemv.bf16_max_rows()
+
+
 def _compile_failed(exc: Exception) -> RuntimeError:
     return RuntimeError(f"compile=True: torch.compile of the decode step failed ({type(exc).__name__}: {exc}); "
                         "generate with compile=False instead")
@@ -288,7 +298,7 @@ def compiled_step(model, batch: int, capacity: int, dtype: torch.dtype, device: 
     key = (batch, capacity, dtype, str(device))
     step = steps.get(key)
     if step is None or step.stale(model):
-        step = steps[key] = _CompiledStep(model, torch.device(device))
+        step = steps[key] = _CompiledStep(model, torch.device(device), batch, dtype)
         while len(steps) > MAX_STEPS_PER_MODEL:
             steps.popitem(last=False)
     steps.move_to_end(key)

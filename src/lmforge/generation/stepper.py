@@ -150,7 +150,8 @@ class Stepper:
     def _forward(self, start: int) -> torch.Tensor:
         """Logits (N, V) at the last position, feeding ``tokens[:, start:length]``."""
         L = self.length
-        kwargs = {"position_ids": self.positions[:, start:L]}  # (N|1, T): positions of the new tokens
+        # positions of the new tokens (N|1, T); logits at the last one only
+        kwargs = {"position_ids": self.positions[:, start:L], "logits_to_keep": 1}
         if self.cache is not None:
             kwargs.update(past_key_values=self.cache, use_cache=True)
         if self.padded:  # covers cached and new keys

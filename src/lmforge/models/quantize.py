@@ -43,6 +43,7 @@ from torch import nn
 from lmforge.errors import UserInputError
 from lmforge.model_folder import save
 from lmforge.models.heads import LMHead
+from lmforge.nn import gemv
 from lmforge.nn.weight_only import DEFAULT_GROUP_SIZE, MODES, WeightOnlyEmbedding, WeightOnlyLinear
 from lmforge.utils.machine import native_bf16
 
@@ -187,7 +188,8 @@ def apply_precision(model: nn.Module, dtype: str | None = None, quantize: str | 
     """``model`` quantised (weight-only, unless already quantised) and cast to ``dtype``, in place.
 
     Quantisation reads the fp32 weights, before the cast; a quantised model given ``quantize`` again keeps
-    its own quantisation. ``bf16`` on a CPU without native bf16 warns: its matmuls take a slower fallback.
+    its own quantisation. ``bf16`` on a CPU without native bf16 runs lmforge's bf16 kernel
+    (:mod:`lmforge.nn.gemv`), or warns where that is unavailable: its matmuls then take oneDNN's slower fallback.
     """
     if dtype is not None and dtype not in DTYPES:
         raise UserInputError(f"--dtype {dtype}: expected one of {', '.join(DTYPES)}")
@@ -196,10 +198,10 @@ def apply_precision(model: nn.Module, dtype: str | None = None, quantize: str | 
     if quantize not in (None, "none") and quantization_of(model) is None:
         quantize_model(model, quantize)
     if dtype == "bf16":
-        if next(model.parameters()).device.type == "cpu" and not native_bf16("cpu"):
-            warnings.warn("--dtype bf16: this CPU has no native bf16 instructions (AVX512-BF16/AMX), so bf16 "
-                          "matmuls take oneDNN's slower emulated fallback, likely slower than fp32; use --dtype fp32",
-                          stacklevel=2)
+        if next(model.parameters()).device.type == "cpu" and not native_bf16("cpu") and not gemv.available():
+            warnings.warn("--dtype bf16: this CPU has no native bf16 instructions (AVX512-BF16/AMX) and lmforge's "
+                          f"bf16 kernel is unavailable ({gemv.unavailable_reason()}), so bf16 matmuls take oneDNN's "
+                          "slower emulated fallback, likely slower than fp32; use --dtype fp32", stacklevel=2)
         quantized = [m for m in model.modules() if isinstance(m, WeightOnlyLinear)]
         scales = [m.scales.data for m in quantized]
         model.to(torch.bfloat16)  # casts floating tensors only: the int8/uint8 weights keep their dtype

@@ -279,11 +279,15 @@ class Transformer(nn.Module):
         next_sentence_label: torch.Tensor | None = None,
         output_attentions: bool = False,
         return_attentions: bool = False,
+        logits_to_keep: int = 0,
     ) -> ModelOutput:
         """See the module docstring. ``encoder_hidden_states`` (B, S, D) skips re-running the encoder
         (generation); ``inputs_embeds`` (B, T, E) replaces the token lookup (prompt tuning);
         ``label_weights`` (B, T) weighs each label's cross-entropy in a summed loss (an example-averaged
-        loss, say), read only where ``labels`` != -100; ``next_sentence_label`` (B,) adds BERT's NSP loss."""
+        loss, say), read only where ``labels`` != -100; ``next_sentence_label`` (B,) adds BERT's NSP loss;
+        ``logits_to_keep`` = n > 0 computes the logits of the last n positions only, (B, n, V) (HF's argument of the
+        name): a prompt's decoding needs the last one, and the vocabulary projection over every position of a
+        32-token prompt is a third of its forward."""
         cfg = self.config
         out = ModelOutput()
         if cfg.moe_experts:
@@ -335,7 +339,7 @@ class Transformer(nn.Module):
             out.nsp_logits = self.nsp_head(out.pooler_output)  # (B, 2)
         if cfg.head != "none":
             if labels is None:
-                out.logits = self._head(h)  # (B, T, V)
+                out.logits = self._head(h if logits_to_keep <= 0 else h[:, -logits_to_keep:])  # (B, T | n, V)
             else:
                 if label_weights is not None and label_weights.shape != labels.shape:
                     raise ValueError(f"label_weights has shape {tuple(label_weights.shape)}; "

@@ -34,7 +34,7 @@ from torch import nn
 from lmforge.config import ModelConfig
 from lmforge.nn.dropout import dropout as apply_dropout
 from lmforge.nn.kv_cache import KVCache
-from lmforge.nn.linear import apply_linear
+from lmforge.nn.linear import apply_linear, bf16_kernel_takes
 from lmforge.nn.linformer import LinformerProjection
 from lmforge.nn.positions.deberta import DisentangledBias
 from lmforge.nn.positions.rope import apply_rotary
@@ -128,11 +128,13 @@ class Attention(nn.Module):
             return q, k, v
         # is_compiling() first: dynamo cannot trace is_inference_mode_enabled() (a graph break per layer).
         fuse = self.fuse_qkv and (torch.compiler.is_compiling() or not torch.is_inference_mode_enabled())
-        if fuse and all(type(m) is nn.Linear for m in (self.q, self.k, self.v)):
+        if (fuse and all(type(m) is nn.Linear for m in (self.q, self.k, self.v))
+                and not bf16_kernel_takes(x, self.q.weight)):
             # One (D -> (H + 2 Hkv) hd) matmul instead of three: fewer, larger GEMMs run faster. Only
             # for plain Linears, so a PEFT-wrapped projection still goes through its own forward. Not at
             # inference: decoding a token is bound by reading weights, and the concatenation would
-            # copy all three every step.
+            # copy all three every step (a compiled step with frozen weights concatenates them once; one whose
+            # rows go to the bf16 kernel is not frozen, so it too keeps the three).
             weight = torch.cat([self.q.weight, self.k.weight, self.v.weight])
             bias = torch.cat([self.q.bias, self.k.bias, self.v.bias]) if self.q.bias is not None else None
             kv_inner = self.n_kv_heads * self.head_dim

@@ -19,6 +19,12 @@ form only for a registered weight, with gradients off and the weight unchanged s
 everything else is ``F.linear``. The copies cost memory (the wide weights once more) only inside the
 block. Results equal ``F.linear``'s to fp32 rounding.
 
+bf16 weights. bf16 rows on a CPU, with gradients off, go to :func:`lmforge.nn.gemv.bf16_gemv` (where it is
+built), which reads the bf16 weights near the read bandwidth and sums in fp32: decoding's one or two rows, and on
+a CPU without native bf16 (where oneDNN emulates bf16, slower than fp32) any number of rows. Under
+``torch.compile`` it is one opaque op, ``lmforge::bf16_linear``. Its results equal a bf16 ``F.linear`` to bf16
+rounding of the output.
+
 Example:
     >>> import torch
     >>> layer = torch.nn.Linear(8, 32)
@@ -38,12 +44,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lmforge.nn import gemv
+
 # id(weight) -> (weight, its version when registered, weight.T contiguous (in, out) for wide weights, else None)
 _DECODE: dict[int, tuple[torch.Tensor, int, torch.Tensor | None]] = {}
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``: x (..., in), weight (out, in) -> (..., out)."""
+    if bf16_kernel_takes(x, weight):
+        if torch.compiler.is_compiling():
+            return torch.ops.lmforge.bf16_linear(x, weight, bias)
+        return gemv.bf16_gemv(x, weight, bias)
     if _DECODE:
         entry = _DECODE.get(id(weight))
         # Registered forms hold no gradient path and go stale if the weight is written: use them only then.
@@ -58,6 +70,30 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
                 y = torch.mm(flat, wt) if bias is None else torch.addmm(bias, flat, wt)  # (N, out)
                 return y.view(*x.shape[:-1], weight.shape[0])
     return F.linear(x, weight, bias)
+
+
+def bf16_kernel_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether :func:`linear` multiplies ``x`` by ``weight`` with the bf16 kernel: both bf16 on a CPU, gradients
+    off, the kernel built (under ``torch.compile``: built before tracing, as :mod:`lmforge.generation.compiled`
+    does, for nothing is built in a trace), and at most :func:`lmforge.nn.gemv.bf16_max_rows` rows."""
+    return (weight.dtype is torch.bfloat16 and x.dtype is torch.bfloat16 and x.device.type == "cpu"
+            and not torch.is_grad_enabled() and (gemv.ready() if torch.compiler.is_compiling() else gemv.available())
+            and x.numel() <= gemv.bf16_max_rows() * x.shape[-1])
+
+
+def _bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return gemv.bf16_gemv(x, weight, bias) if gemv.available() else F.linear(x, weight, bias)
+
+
+# A plain library op (as ``lmforge::int8_dynamic_linear`` in lmforge.nn.weight_only): no autograd, CPU only.
+_LIB = torch.library.Library("lmforge", "FRAGMENT")
+_LIB.define("bf16_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
+_LIB.impl("bf16_linear", _bf16_linear, "CPU")
+
+
+@torch.library.register_fake("lmforge::bf16_linear", lib=_LIB)
+def _(x, weight, bias):
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
 def apply_linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:

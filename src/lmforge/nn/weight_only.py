@@ -12,7 +12,7 @@ in fp32 or bf16 (weight-only quantisation, as in LLM.int8's weight path, GPTQ's 
 
 Kernels. On an x86 CPU an int8 layer rounds the *activations* to integers too, per call, and multiplies
 integers, as CTranslate2's int8 and llama.cpp's Q8_0 do; it is 3-7x faster than any weight-only kernel here
-(below). For one or two rows (decoding) it calls :mod:`lmforge.nn.int8_gemv`, a small AVX2 kernel of ours
+(below). For one or two rows (decoding) it calls :mod:`lmforge.nn.gemv`, a small AVX2 kernel of ours
 (8-bit activations, one scale per row; 1.4x fbgemm's speed at one row); for more rows, or where that kernel
 cannot be built, fbgemm's int8 GEMM (``torch.ops.quantized.linear_dynamic``, the kernel of PyTorch's dynamic
 quantisation) on the stored per-row weights, packed once per weight, which rounds the activations to 7 bits
@@ -35,7 +35,7 @@ it reads as many bytes as an unquantised one; an fbgemm int8 step is compiled un
 
 Measured on the 12-layer GPT-2 shape's matmuls of one decode step, 2 threads on an AVX2 CPU (AMD EPYC, no
 native bf16), 2026-11-27: fp32 ``F.linear`` 41 ms at 1 row and 82 ms at 8 rows; weight-only int8 with bf16
-activations 14 and 35 ms; fbgemm's dynamic int8 10 and 12 ms (int8_gemv's docstring has its own).
+activations 14 and 35 ms; fbgemm's dynamic int8 10 and 12 ms (:mod:`lmforge.nn.gemv` has its own).
 
 Why not torchao. torchao (0.18 here) was tried first: its ``Int8WeightOnlyConfig`` with fp32 activations
 was no faster than the fp32 matmul on this CPU, its ``Int8DynamicActivationInt8WeightConfig`` was 3-6x
@@ -64,7 +64,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from lmforge.nn import int8_gemv
+from lmforge.nn import gemv
 
 MODES = ("int8", "int4")
 DEFAULT_GROUP_SIZE = 32
@@ -139,7 +139,7 @@ def _int8_dynamic(x: torch.Tensor, packed) -> torch.Tensor:
 
 def int8_dynamic_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """x (..., in) @ (qweight * scales[:, None])^T with x rounded to integers per call, in x's dtype: to 8 bits
-    per row by :mod:`lmforge.nn.int8_gemv` for up to its ``MAX_ROWS`` rows (decoding), else to 7 bits by fbgemm.
+    per row by :mod:`lmforge.nn.gemv` for up to its ``MAX_ROWS`` rows (decoding), else to 7 bits by fbgemm.
 
     The kernel of the op ``torch.ops.lmforge.int8_dynamic_linear``, which a compiled graph calls as one opaque
     node; layers call the kernel directly when eager.
@@ -153,8 +153,8 @@ def int8_dynamic_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Te
         >>> bool((y - ref).norm() / ref.norm() < 0.05)               # the activations' 7-bit rounding
         True
     """
-    if x.numel() <= int8_gemv.MAX_ROWS * x.shape[-1] and int8_gemv.available():
-        y = int8_gemv.int8_gemv(x.float(), qweight, scales)
+    if x.numel() <= gemv.MAX_ROWS * x.shape[-1] and gemv.available():
+        y = gemv.int8_gemv(x, qweight, scales)
         return y if x.dtype == torch.float32 else y.to(x.dtype)
     return _int8_dynamic(x, _packed_int8(qweight, scales))
 

@@ -1,0 +1,183 @@
+/* Decoding's matrix-vector products on an x86 CPU with AVX2: a few activation rows times int8 or bf16 weights.
+ * Decoding one sequence is bound by streaming the weights, so both read them in their narrow form and widen in
+ * registers. Output rows are shared among the OpenMP threads of the calling process (torch's pool, once torch
+ * is loaded). lmforge/nn/gemv.py builds and calls this file; tests/test_gemv.py checks it against torch.
+ *
+ * int8 (lmforge_int8_gemv). Each row of x is rounded to int8 with one scale (symmetric, max |x| -> 127), as llama.cpp rounds activations
+ * for its Q8_0 dot products; every dot product is then exact in int32 and scaled once:
+ *
+ *     y[r, o] = xs[r] * ws[o] * sum_i xq[r, i] * q[o, i]
+ *
+ * AVX2 multiplies unsigned by signed bytes (maddubs), so |x| times q carrying x's sign stands for x times q.
+ * Both stay within [-127, 127], so a pair of products fits int16 (2 * 127 * 127 = 32258) and nothing saturates.
+ *
+ * bf16 (lmforge_bf16_gemv). A bf16 number is the top half of an fp32 one, so shifting it left by 16 bits widens
+ * it exactly; products are summed in fp32 and the output rounded to bf16 once (to nearest even), as a bf16
+ * matmul that accumulates in fp32 does:
+ *
+ *     y[r, o] = bf16(b[o] + sum_i x[r, i] * w[o, i])
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int32_t dot_int8(const int8_t *a, const int8_t *w, int64_t n) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc = _mm256_setzero_si256();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256i av = _mm256_loadu_si256((const __m256i *)(a + i));
+        __m256i wv = _mm256_loadu_si256((const __m256i *)(w + i));
+        __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(av, av), _mm256_sign_epi8(wv, av));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ones));
+    }
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+    s = _mm_hadd_epi32(s, s);
+    s = _mm_hadd_epi32(s, s);
+    int32_t total = _mm_cvtsi128_si32(s);
+    for (; i < n; i++) total += (int32_t)a[i] * (int32_t)w[i];
+    return total;
+}
+
+/* x (m, n_in) fp32, q (n_out, n_in) int8, ws (n_out) fp32 -> y (m, n_out) fp32. Returns 0, or 1 when out of
+ * memory (nothing written). */
+int lmforge_int8_gemv(const float *x, const int8_t *q, const float *ws, float *y, int64_t m, int64_t n_in,
+                      int64_t n_out) {
+    if (m <= 0 || n_out <= 0) return 0;
+    if (n_in <= 0) {  /* an empty sum */
+        for (int64_t i = 0; i < m * n_out; i++) y[i] = 0.0f;
+        return 0;
+    }
+    int8_t *xq = malloc((size_t)(m * n_in));
+    float *xs = malloc((size_t)m * sizeof(float));
+    if (!xq || !xs) {
+        free(xq);
+        free(xs);
+        return 1;
+    }
+    for (int64_t r = 0; r < m; r++) {
+        const float *xr = x + r * n_in;
+        float amax = 0.0f;
+        int finite = 1;
+        for (int64_t i = 0; i < n_in; i++) {
+            finite &= isfinite(xr[i]);
+            amax = fmaxf(amax, fabsf(xr[i]));
+        }
+        float scale = amax / 127.0f;
+        xs[r] = finite ? scale : NAN;  /* a NaN or infinite input gives NaN outputs, as a float matmul would */
+        for (int64_t i = 0; i < n_in; i++)  /* x / scale, rounded half to even as torch.round does */
+            xq[r * n_in + i] = finite && scale > 0.0f ? (int8_t)nearbyintf(xr[i] / scale) : 0;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t o = 0; o < n_out; o++) {
+        const int8_t *w = q + o * n_in;
+        for (int64_t r = 0; r < m; r++) y[r * n_out + o] = (float)dot_int8(xq + r * n_in, w, n_in) * xs[r] * ws[o];
+    }
+    free(xq);
+    free(xs);
+    return 0;
+}
+
+static float bf16_to_float(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static uint16_t float_to_bf16(float f) {  /* round to nearest even; a NaN stays a (quiet) NaN */
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* 16 bf16 weights per 32-byte load: as 8 uint32 lanes, lane k holds weight 2k in its low half and 2k+1 in its
+ * high half, so a shift widens the even weights and a mask the odd ones. The activations are laid out to match
+ * once per call (deinterleave): per block of 16, the 8 even positions, then the 8 odd ones. */
+static void deinterleave(const uint16_t *x, float *xp, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 8; k++) {
+            xp[i + k] = bf16_to_float(x[i + 2 * k]);
+            xp[i + 8 + k] = bf16_to_float(x[i + 2 * k + 1]);
+        }
+    for (; i < n; i++) xp[i] = bf16_to_float(x[i]);
+}
+
+static float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_hadd_ps(s, s);
+    s = _mm_hadd_ps(s, s);
+    return _mm_cvtss_f32(s);
+}
+
+#define OUT_BLOCK 4 /* weight rows per pass: independent sums (FMA latency) and memory streams */
+
+/* out[j * 2 + r] = sum_i xp[r][i] * w[j][i] for weight rows j < nb (w + j * n) and activation rows r < nr (1 or 2),
+ * with xp deinterleaved: each weight is widened once, each activation load serves nb rows. Called with constant
+ * nb and nr, so the compiler keeps the sums in registers. */
+static inline __attribute__((always_inline)) void dot_bf16(const float *xp, int64_t stride, int nr, const uint16_t *w,
+                                                           int nb, int64_t n, float *out) {
+    const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
+    __m256 acc[OUT_BLOCK][2];
+    for (int j = 0; j < nb; j++) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+    const float *x0 = xp, *x1 = xp + (nr > 1 ? stride : 0);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 xe0 = _mm256_loadu_ps(x0 + i), xo0 = _mm256_loadu_ps(x0 + i + 8);
+        __m256 xe1 = _mm256_loadu_ps(x1 + i), xo1 = _mm256_loadu_ps(x1 + i + 8);
+        for (int j = 0; j < nb; j++) {
+            __m256i pair = _mm256_loadu_si256((const __m256i *)(w + j * n + i));
+            __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(pair, 16));
+            __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(pair, high));
+            acc[j][0] = _mm256_fmadd_ps(odd, xo0, _mm256_fmadd_ps(even, xe0, acc[j][0]));
+            if (nr > 1) acc[j][1] = _mm256_fmadd_ps(odd, xo1, _mm256_fmadd_ps(even, xe1, acc[j][1]));
+        }
+    }
+    for (int j = 0; j < nb; j++)
+        for (int r = 0; r < nr; r++) {
+            const float *xr = r ? x1 : x0;
+            float total = hsum(acc[j][r]);
+            for (int64_t k = i; k < n; k++) total += xr[k] * bf16_to_float(w[j * n + k]);
+            out[j * 2 + r] = total;
+        }
+}
+
+/* x (m, n_in) bf16, w (n_out, n_in) bf16, b (n_out) bf16 or NULL -> y (m, n_out) bf16. Returns 0, or 1 when
+ * out of memory (nothing written). */
+int lmforge_bf16_gemv(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t m,
+                      int64_t n_in, int64_t n_out) {
+    if (m <= 0 || n_out <= 0) return 0;
+    float *xp = malloc((size_t)(m * (n_in > 0 ? n_in : 1)) * sizeof(float));
+    if (!xp) return 1;
+    for (int64_t r = 0; r < m; r++) deinterleave(x + r * n_in, xp + r * n_in, n_in);
+    int64_t blocks = (n_out + OUT_BLOCK - 1) / OUT_BLOCK;
+#pragma omp parallel for schedule(static)
+    for (int64_t blk = 0; blk < blocks; blk++) {
+        int64_t o = blk * OUT_BLOCK;
+        int nb = n_out - o < OUT_BLOCK ? (int)(n_out - o) : OUT_BLOCK;
+        const uint16_t *wo = w + o * n_in;
+        float sums[OUT_BLOCK * 2];
+        for (int64_t r = 0; r < m; r += 2) {
+            int nr = m - r > 1 ? 2 : 1;
+            const float *xr = xp + r * n_in;
+            /* constant counts, so each call is specialised: full blocks, and one row at a time at the end */
+            if (nb == OUT_BLOCK && nr == 2) dot_bf16(xr, n_in, 2, wo, OUT_BLOCK, n_in, sums);
+            else if (nb == OUT_BLOCK) dot_bf16(xr, n_in, 1, wo, OUT_BLOCK, n_in, sums);
+            else
+                for (int j = 0; j < nb; j++) {
+                    if (nr == 2) dot_bf16(xr, n_in, 2, wo + j * n_in, 1, n_in, sums + j * 2);
+                    else dot_bf16(xr, n_in, 1, wo + j * n_in, 1, n_in, sums + j * 2);
+                }
+            for (int j = 0; j < nb; j++) {
+                float bias = b ? bf16_to_float(b[o + j]) : 0.0f;
+                for (int k = 0; k < nr; k++) y[(r + k) * n_out + o + j] = float_to_bf16(bias + sums[j * 2 + k]);
+            }
+        }
+    }
+    free(xp);
+    return 0;
+}
