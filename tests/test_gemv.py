@@ -195,8 +195,6 @@ def test_linear_sends_bf16_rows_without_gradients_to_the_kernel():
             else:
                 assert torch.equal(got, torch.nn.functional.linear(x, w, b))
             assert got.shape == (1, rows, 40)
-            fp32 = linear.linear(x.float(), w.float(), b.float())
-            assert torch.equal(fp32, torch.nn.functional.linear(x.float(), w.float(), b.float()))
     x = torch.randn(1, 96).bfloat16()
     y = linear.linear(x, w, b)  # gradients on: F.linear, with its backward
     y.float().sum().backward()
@@ -224,3 +222,48 @@ def test_bf16_op_compiles_as_one_opaque_node_and_falls_back_when_switched_off(fr
         gemv.reset()
         assert torch.equal(op(x, w, b), torch.nn.functional.linear(x, w, b))
         assert torch.equal(linear.linear(x, w, b), torch.nn.functional.linear(x, w, b))
+
+
+# ------------------------------------------------------------------------------------------- fp32
+@pytest.mark.parametrize("rows", [1, 2, 5])
+@pytest.mark.parametrize("n_in", [96, 70])  # 70: eight 8-wide blocks and a tail of 6
+def test_f32_kernel_equals_the_sum_by_hand(rows, n_in):
+    if not _kernel_here():
+        return
+    torch.manual_seed(0)
+    x, w, b = torch.randn(rows, n_in), torch.randn(37, n_in), torch.randn(37)  # 37: nine blocks of 4 and one row
+    for bias in (None, b):
+        y = gemv.f32_gemv(x, w, bias)
+        assert y.shape == (rows, 37) and y.dtype == torch.float32
+        exact = _bf16_by_hand(x, w, bias)  # float64 sums
+        magnitude = _bf16_by_hand(x.abs(), w.abs(), None if bias is None else bias.abs())
+        assert bool(((y.double() - exact).abs() <= 1e-5 * magnitude).all())  # fp32 rounding of the sums
+
+
+def test_linear_sends_few_fp32_rows_without_gradients_to_the_kernel_eagerly():
+    """fp32: up to F32_MAX_ROWS rows under no_grad go to the kernel outside torch.compile; more rows, a pass that
+    records gradients, or a compiled graph keep F.linear."""
+    kernel = _kernel_here()
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(96, 40)
+    w, b = layer.weight, layer.bias
+    for rows in (1, 2, gemv.F32_MAX_ROWS, gemv.F32_MAX_ROWS + 1):
+        x = torch.randn(rows, 96)
+        with torch.no_grad():
+            got = linear.linear(x, w, b)
+            want = gemv.f32_gemv(x, w, b) if kernel and rows <= gemv.F32_MAX_ROWS else torch.nn.functional.linear(x, w, b)
+            assert torch.equal(got, want)
+    x = torch.randn(1, 96)
+    y = linear.linear(x, w, b)  # gradients on: F.linear, with its backward
+    y.sum().backward()
+    assert w.grad is not None and torch.equal(y, torch.nn.functional.linear(x, w, b))
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm.code)
+        return gm.forward
+
+    with torch.no_grad():
+        compiled = torch.compile(lambda x: linear.linear(x, w, b), fullgraph=True, backend=backend)
+        compiled(x)
+    assert "lmforge" not in graphs[0] and "linear" in graphs[0]

@@ -40,6 +40,7 @@ from lmforge.generation.config import GenerationConfig
 from lmforge.generation.search import GenerationOutput, beam_search, greedy_or_sample, iter_tokens
 from lmforge.generation.stepper import Stepper, pack
 from lmforge.generation.stopping import EosCriterion, StopStrings, cut_at_stop
+from lmforge.nn import gemv
 from lmforge.nn.linear import decoding_weights
 from lmforge.errors import UserInputError
 
@@ -54,9 +55,10 @@ def resolve_config(config: GenerationConfig | None, settings: dict) -> Generatio
 
 def _decode_weights(model) -> list[torch.Tensor]:
     """Weights that :mod:`lmforge.nn.linear` multiplies faster while decoding: those of plain Linears with
-    out >= in, and the LM head's; only for fp32 CPU models (the forms are tuned for MKL)."""
+    out >= in, and the LM head's; only for fp32 CPU models (the forms are tuned for MKL), and none where
+    lmforge's fp32 kernel takes decoding's rows (:mod:`lmforge.nn.gemv`: faster, and no copies to make)."""
     p = next(model.parameters())
-    if p.device.type != "cpu" or p.dtype != torch.float32 or model.lm_head is None:
+    if p.device.type != "cpu" or p.dtype != torch.float32 or model.lm_head is None or gemv.available():
         return []
     head = model.lm_head.weight if model.lm_head.weight is not None else model.output_embedding
     weights = [m.weight for m in model.modules() if type(m) is nn.Linear]

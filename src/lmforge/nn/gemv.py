@@ -2,9 +2,10 @@
 
 Decoding one sequence multiplies a single row by every weight matrix, so a step is bound by how fast the
 weights stream from memory. The library kernels reach a fraction of the read bandwidth at one row: fbgemm's int8
-GEMM (what :mod:`lmforge.nn.weight_only` calls for larger batches) about a third, and oneDNN's bf16 matmul, on a
-CPU without native bf16, is slower than fp32. ``kernels/gemv.c`` has two small AVX2 kernels that read the weights
-in their narrow form and widen them in registers, output rows split among torch's OpenMP threads:
+GEMM (what :mod:`lmforge.nn.weight_only` calls for larger batches) about a third, MKL's sgemm about half, and
+oneDNN's bf16 matmul, on a CPU without native bf16, is slower than fp32. ``kernels/gemv.c`` has three small AVX2
+kernels that read the weights in their stored form (widening narrow ones in registers), output rows split among
+torch's OpenMP threads:
 
 - :func:`int8_gemv` is llama.cpp's Q8_0 dot product: each activation row is rounded to int8 with one scale,
   ``maddubs`` multiplies 32 byte pairs per instruction, and the sums stay exact in int32:
@@ -14,13 +15,17 @@ in their narrow form and widen them in registers, output rows split among torch'
   Its activations keep 8 bits (fbgemm's AVX2 path keeps 7), so it is also the more accurate of the two.
 - :func:`bf16_gemv` widens bf16 weights to fp32 exactly (a shift), sums in fp32 and rounds the output to bf16
   once, as a bf16 matmul accumulating in fp32 does: half the bytes of fp32 at the same arithmetic.
+- :func:`f32_gemv` is the same loop over fp32 weights: four weight rows per pass, two activation rows per weight
+  read.
 
 Measured on the GPT-2 shape's matmuls of one decode step (12 layers and the tied head, 124 MB of int8), 2 threads,
 AMD EPYC with AVX2, 2026-11-27: int8 4.7 ms at one row against fbgemm's 6.7 ms, 5.5 against 6.5 at two rows, and
 15.4 against 8.8 at eight, where fbgemm's blocking wins: so :data:`MAX_ROWS` is 2. bf16, same machine and
 2026-11-27 (no native bf16), the 12 layers without the head: 10 ms at one row against oneDNN's 18 (and fp32
 ``F.linear``'s 38), 29 against 125 at eight rows, 74 against 349 at 32 (a prompt): so where oneDNN emulates bf16,
-:func:`bf16_max_rows` is unbounded.
+:func:`bf16_max_rows` is unbounded. fp32, same run conditions: 19 ms at one row against MKL's 30 (and the
+transposed-copy forms of :mod:`lmforge.nn.linear`'s 24, head included), 32 against 58 at eight rows, 56 against
+76 at 16; at 128 rows they are level, so :data:`F32_MAX_ROWS` is 16 and prompts stay with MKL.
 
 Built on first use with the C compiler torch.compile also needs (``$CC``, else ``gcc`` or ``cc``), into
 ``~/.cache/lmforge/kernels/<torch, CPU, machine>/`` under a name hashed from the source and flags, written
@@ -67,9 +72,11 @@ SOURCE = Path(__file__).with_name("kernels") / "gemv.c"
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
 MAX_ROWS = 2  # up to this many activation rows the kernels beat the library ones (module docstring)
 # ... except bf16 on a CPU without native bf16, where oneDNN emulates it: there the kernel wins at every size
+F32_MAX_ROWS = 16  # fp32: up to this many rows (a decoding batch) the kernel beats MKL (module docstring)
 ENV = "LMFORGE_GEMV"  # "off": always the library kernels
 
-# once per process: "lib" (the loaded library or None), "reason" (why None), and the kernels "int8" and "bf16"
+# once per process: "lib" (the loaded library or None), "reason" (why None), the kernels "int8", "bf16" and "f32",
+# and "bf16_rows" (bf16_max_rows)
 _state: dict = {}
 
 
@@ -117,7 +124,7 @@ def _load() -> ctypes.CDLL:
         path.unlink(missing_ok=True)
         _build(path)
         lib = ctypes.CDLL(str(path))
-    for name in ("int8", "bf16"):
+    for name in ("int8", "bf16", "f32"):
         fn = getattr(lib, f"lmforge_{name}_gemv")
         fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
         fn.restype = ctypes.c_int
@@ -193,4 +200,20 @@ def bf16_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     if _state["bf16"](x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(),
                       math.prod(x.shape[:-1]), x.shape[-1], n_out):
         raise MemoryError("bf16_gemv: out of memory for the widened activations")
+    return y
+
+
+def f32_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (..., in) fp32 @ weight fp32 (out, in)^T + bias fp32 (out,) -> (..., out) fp32 (module docstring). Call
+    only when :func:`available`."""
+    if x.dtype is not torch.float32 or not x.is_contiguous():
+        x = x.float().contiguous()
+    if weight.dtype is not torch.float32 or not weight.is_contiguous():
+        weight = weight.float().contiguous()
+    if bias is not None and (bias.dtype is not torch.float32 or not bias.is_contiguous()):
+        bias = bias.float().contiguous()
+    n_out = weight.shape[0]
+    y = torch.empty(x.shape[:-1] + (n_out,))  # (..., out)
+    _state["f32"](x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(),
+                  math.prod(x.shape[:-1]), x.shape[-1], n_out)
     return y

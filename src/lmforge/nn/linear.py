@@ -1,9 +1,14 @@
-"""Linear layers while decoding: weight forms that MKL multiplies faster, chosen in one place.
+"""Linear layers while decoding: lmforge's CPU kernels, or weight forms that MKL multiplies faster, chosen in one
+place.
 
 Decoding multiplies one or a few rows per sequence by every weight matrix, so each step is bound by
 how fast the weights are read, and ``F.linear`` (MKL's sgemm with the ``(out, in)`` weight as its
-transposed operand) reads them well below that rate at these shapes. On the tiny GPT shape (fp32,
-weights coming from DRAM as in decoding) these forms read them faster:
+transposed operand) reads them well below that rate at these shapes.
+
+fp32 weights. Up to :data:`lmforge.nn.gemv.F32_MAX_ROWS` fp32 rows on a CPU, with gradients off and outside
+``torch.compile`` (whose decode step packs its own GEMMs), go to :func:`lmforge.nn.gemv.f32_gemv` where it is
+built. Elsewhere, on the tiny GPT shape (fp32, weights coming from DRAM as in decoding) these forms read them
+faster than ``F.linear``:
 
     rows   weight                        instead of F.linear
     1      wide (out >= 2 in): up, head  x @ W^T from a transposed (in, out) copy (the layout GPT-2's
@@ -56,6 +61,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         if torch.compiler.is_compiling():
             return torch.ops.lmforge.bf16_linear(x, weight, bias)
         return gemv.bf16_gemv(x, weight, bias)
+    if (weight.dtype is torch.float32 and x.dtype is torch.float32 and x.device.type == "cpu"
+            and x.numel() <= gemv.F32_MAX_ROWS * x.shape[-1] and not torch.is_grad_enabled()
+            and not torch.compiler.is_compiling() and gemv.available()):
+        return gemv.f32_gemv(x, weight, bias)
     if _DECODE:
         entry = _DECODE.get(id(weight))
         # Registered forms hold no gradient path and go stale if the weight is written: use them only then.

@@ -1,4 +1,4 @@
-/* Decoding's matrix-vector products on an x86 CPU with AVX2: a few activation rows times int8 or bf16 weights.
+/* Decoding's matrix-vector products on an x86 CPU with AVX2: a few activation rows times int8, bf16 or fp32 weights.
  * Decoding one sequence is bound by streaming the weights, so both read them in their narrow form and widen in
  * registers. Output rows are shared among the OpenMP threads of the calling process (torch's pool, once torch
  * is loaded). lmforge/nn/gemv.py builds and calls this file; tests/test_gemv.py checks it against torch.
@@ -16,6 +16,9 @@
  * matmul that accumulates in fp32 does:
  *
  *     y[r, o] = bf16(b[o] + sum_i x[r, i] * w[o, i])
+ *
+ * fp32 (lmforge_f32_gemv). The same loop with nothing to widen: MKL's sgemm reads the weights well below the
+ * bandwidth at one or two rows.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -146,6 +149,71 @@ static inline __attribute__((always_inline)) void dot_bf16(const float *xp, int6
         }
 }
 
+/* fp32: out[j * 2 + r] = sum_i x[r][i] * w[j][i], as dot_bf16 with nothing to widen. */
+static inline __attribute__((always_inline)) void dot_f32(const float *x, int64_t stride, int nr, const float *w,
+                                                          int nb, int64_t n, float *out) {
+    __m256 acc[OUT_BLOCK][2];
+    for (int j = 0; j < nb; j++) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+    const float *x0 = x, *x1 = x + (nr > 1 ? stride : 0);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 a = _mm256_loadu_ps(x0 + i), c = _mm256_loadu_ps(x1 + i);
+        for (int j = 0; j < nb; j++) {
+            __m256 wj = _mm256_loadu_ps(w + j * n + i);
+            acc[j][0] = _mm256_fmadd_ps(wj, a, acc[j][0]);
+            if (nr > 1) acc[j][1] = _mm256_fmadd_ps(wj, c, acc[j][1]);
+        }
+    }
+    for (int j = 0; j < nb; j++)
+        for (int r = 0; r < nr; r++) {
+            const float *xr = r ? x1 : x0;
+            float total = hsum(acc[j][r]);
+            for (int64_t k = i; k < n; k++) total += xr[k] * w[j * n + k];
+            out[j * 2 + r] = total;
+        }
+}
+
+/* The rows of y = x @ w^T + b for bf16 (widened) or fp32 weights: weight rows in blocks of OUT_BLOCK shared among
+ * the threads, activation rows in pairs. Inlined with a constant `bf16` and called with constant counts, so each
+ * dot product is compiled for its case. x is fp32 (bf16 activations deinterleaved first); y and b are in the
+ * weights' dtype. */
+static inline __attribute__((always_inline)) void gemv_rows(int bf16, const float *x, const void *w, const void *b,
+                                                            void *y, int64_t m, int64_t n_in, int64_t n_out) {
+    int64_t blocks = (n_out + OUT_BLOCK - 1) / OUT_BLOCK;
+#pragma omp parallel for schedule(static)
+    for (int64_t blk = 0; blk < blocks; blk++) {
+        int64_t o = blk * OUT_BLOCK;
+        int nb = n_out - o < OUT_BLOCK ? (int)(n_out - o) : OUT_BLOCK;
+        const uint16_t *wh = (const uint16_t *)w + o * n_in;
+        const float *wf = (const float *)w + o * n_in;
+        float sums[OUT_BLOCK * 2];
+        for (int64_t r = 0; r < m; r += 2) {
+            int nr = m - r > 1 ? 2 : 1;
+            const float *xr = x + r * n_in;
+#define DOT(NR, NB, J) (bf16 ? dot_bf16(xr, n_in, NR, wh + (J) * n_in, NB, n_in, sums + (J) * 2) \
+                             : dot_f32(xr, n_in, NR, wf + (J) * n_in, NB, n_in, sums + (J) * 2))
+            if (nb == OUT_BLOCK && nr == 2) DOT(2, OUT_BLOCK, 0);
+            else if (nb == OUT_BLOCK) DOT(1, OUT_BLOCK, 0);
+            else  /* the last, partial block: one weight row at a time */
+                for (int j = 0; j < nb; j++) {
+                    if (nr == 2) DOT(2, 1, j);
+                    else DOT(1, 1, j);
+                }
+#undef DOT
+            for (int j = 0; j < nb; j++)
+                for (int k = 0; k < nr; k++) {
+                    int64_t at = (r + k) * n_out + o + j;
+                    if (bf16) {
+                        float bias = b ? bf16_to_float(((const uint16_t *)b)[o + j]) : 0.0f;
+                        ((uint16_t *)y)[at] = float_to_bf16(bias + sums[j * 2 + k]);
+                    } else {
+                        ((float *)y)[at] = (b ? ((const float *)b)[o + j] : 0.0f) + sums[j * 2 + k];
+                    }
+                }
+        }
+    }
+}
+
 /* x (m, n_in) bf16, w (n_out, n_in) bf16, b (n_out) bf16 or NULL -> y (m, n_out) bf16. Returns 0, or 1 when
  * out of memory (nothing written). */
 int lmforge_bf16_gemv(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t m,
@@ -154,30 +222,14 @@ int lmforge_bf16_gemv(const uint16_t *x, const uint16_t *w, const uint16_t *b, u
     float *xp = malloc((size_t)(m * (n_in > 0 ? n_in : 1)) * sizeof(float));
     if (!xp) return 1;
     for (int64_t r = 0; r < m; r++) deinterleave(x + r * n_in, xp + r * n_in, n_in);
-    int64_t blocks = (n_out + OUT_BLOCK - 1) / OUT_BLOCK;
-#pragma omp parallel for schedule(static)
-    for (int64_t blk = 0; blk < blocks; blk++) {
-        int64_t o = blk * OUT_BLOCK;
-        int nb = n_out - o < OUT_BLOCK ? (int)(n_out - o) : OUT_BLOCK;
-        const uint16_t *wo = w + o * n_in;
-        float sums[OUT_BLOCK * 2];
-        for (int64_t r = 0; r < m; r += 2) {
-            int nr = m - r > 1 ? 2 : 1;
-            const float *xr = xp + r * n_in;
-            /* constant counts, so each call is specialised: full blocks, and one row at a time at the end */
-            if (nb == OUT_BLOCK && nr == 2) dot_bf16(xr, n_in, 2, wo, OUT_BLOCK, n_in, sums);
-            else if (nb == OUT_BLOCK) dot_bf16(xr, n_in, 1, wo, OUT_BLOCK, n_in, sums);
-            else
-                for (int j = 0; j < nb; j++) {
-                    if (nr == 2) dot_bf16(xr, n_in, 2, wo + j * n_in, 1, n_in, sums + j * 2);
-                    else dot_bf16(xr, n_in, 1, wo + j * n_in, 1, n_in, sums + j * 2);
-                }
-            for (int j = 0; j < nb; j++) {
-                float bias = b ? bf16_to_float(b[o + j]) : 0.0f;
-                for (int k = 0; k < nr; k++) y[(r + k) * n_out + o + j] = float_to_bf16(bias + sums[j * 2 + k]);
-            }
-        }
-    }
+    gemv_rows(1, xp, w, b, y, m, n_in, n_out);
     free(xp);
+    return 0;
+}
+
+/* x (m, n_in) fp32, w (n_out, n_in) fp32, b (n_out) fp32 or NULL -> y (m, n_out) fp32. Returns 0. */
+int lmforge_f32_gemv(const float *x, const float *w, const float *b, float *y, int64_t m, int64_t n_in,
+                     int64_t n_out) {
+    if (m > 0 && n_out > 0) gemv_rows(0, x, w, b, y, m, n_in, n_out);
     return 0;
 }
