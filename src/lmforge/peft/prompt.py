@@ -154,7 +154,9 @@ def strip(out, P: int):
     if not P:
         return out
     if out.logits is not None and out.loss is None:
-        out.logits = out.logits[:, P:]
+        # the logits of the last n positions only (logits_to_keep=n): drop just the prompt positions among them
+        T = out.logits.shape[1] if out.last_hidden_state is None else out.last_hidden_state.shape[1]
+        out.logits = out.logits[:, max(0, out.logits.shape[1] - (T - P)):]
     if out.last_hidden_state is not None:
         out.last_hidden_state = out.last_hidden_state[:, P:]
     if out.hidden_states is not None:
