@@ -462,8 +462,9 @@ is the host's at its first and last round. Prompts of one length are prefilled i
 
 METHODS["generate_engines"] = """\
 `benchmarks/generate_engines.py` (opt-in: `make bench-engines`): greedy decoding of one random GPT-2-shaped model
-(12 layers × 768, GPT-2's byte-level BPE and vocabulary) by lmforge in each mode (fp32 eager, fp32 compiled, bf16,
-int8 per row (on x86 the activations are rounded to integers per call too, as CTranslate2's int8 and llama.cpp's
+(12 layers × 768, GPT-2's byte-level BPE and vocabulary) by lmforge in each mode (fp32 eager, where lmforge's AVX2
+kernel multiplies decoding's rows; fp32 compiled, inductor's packed GEMMs; bf16, through lmforge's bf16 kernel on a
+CPU without native bf16 (weights widened to fp32 in registers); int8 per row (on x86 the activations are rounded to integers per call too, as CTranslate2's int8 and llama.cpp's
 Q8_0 do: to 8 bits per row by lmforge's AVX2 kernel at one or two rows, to 7 bits by fbgemm's int8 GEMM above)
 and weight-only int4, these two with bf16 activations where the CPU has native bf16, else fp32; each eager and
 compiled) and by other engines on the same weights: HF `generate` (fp32), CTranslate2 (its own
