@@ -74,8 +74,8 @@ from pathlib import Path
 import torch
 
 from lmforge.generation.stepper import Stepper
-from lmforge.nn.static_kv_cache import StaticKVCache
 from lmforge.nn import gemv
+from lmforge.nn.static_kv_cache import StaticKVCache
 from lmforge.nn.weight_only import uses_fbgemm_int8
 from lmforge.utils.machine import build_tag, user_cache_dir
 from lmforge.errors import UserInputError
