@@ -189,31 +189,41 @@ def int8_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> t
 def bf16_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x (..., in) bf16 @ weight bf16 (out, in)^T + bias bf16 (out,) -> (..., out) bf16, summed in fp32 and
     rounded once (module docstring). Call only when :func:`available`."""
-    if x.dtype is not torch.bfloat16 or not x.is_contiguous():
-        x = x.bfloat16().contiguous()
-    if weight.dtype is not torch.bfloat16 or not weight.is_contiguous():
-        weight = weight.bfloat16().contiguous()
-    if bias is not None and (bias.dtype is not torch.bfloat16 or not bias.is_contiguous()):
-        bias = bias.bfloat16().contiguous()
-    n_out = weight.shape[0]
-    y = torch.empty(x.shape[:-1] + (n_out,), dtype=torch.bfloat16)  # (..., out)
-    if _state["bf16"](x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(),
-                      math.prod(x.shape[:-1]), x.shape[-1], n_out):
-        raise MemoryError("bf16_gemv: out of memory for the widened activations")
-    return y
+    return _float_gemv("bf16", torch.bfloat16, x, weight, bias)
 
 
 def f32_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x (..., in) fp32 @ weight fp32 (out, in)^T + bias fp32 (out,) -> (..., out) fp32 (module docstring). Call
     only when :func:`available`."""
-    if x.dtype is not torch.float32 or not x.is_contiguous():
-        x = x.float().contiguous()
-    if weight.dtype is not torch.float32 or not weight.is_contiguous():
-        weight = weight.float().contiguous()
-    if bias is not None and (bias.dtype is not torch.float32 or not bias.is_contiguous()):
-        bias = bias.float().contiguous()
+    return _float_gemv("f32", torch.float32, x, weight, bias)
+
+
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t if t.dtype is dtype and t.is_contiguous() else t.to(dtype).contiguous()
+
+
+def _float_gemv(kind: str, dtype: torch.dtype, x: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None) -> torch.Tensor:
+    x, weight = _as(x, dtype), _as(weight, dtype)
+    bias = None if bias is None else _as(bias, dtype)
     n_out = weight.shape[0]
-    y = torch.empty(x.shape[:-1] + (n_out,))  # (..., out)
-    _state["f32"](x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(),
-                  math.prod(x.shape[:-1]), x.shape[-1], n_out)
+    y = torch.empty(x.shape[:-1] + (n_out,), dtype=dtype)  # (..., out)
+    if _state[kind](x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(),
+                    math.prod(x.shape[:-1]), x.shape[-1], n_out):
+        raise MemoryError(f"{kind}_gemv: out of memory for the widened activations")
     return y
+
+
+# ------------------------------------------------------------------------------------------- ops
+_LIB = torch.library.Library("lmforge", "FRAGMENT")
+
+
+def register_linear_op(name: str, arguments: str, kernel) -> None:
+    """Define ``lmforge::<name>(<arguments>) -> Tensor``, whose first argument is the activations x (..., in) and
+    second the (out, in) weight, as a plain library op with the CPU ``kernel``: what a compiled graph calls as one
+    opaque node. Plain rather than ``torch.library.custom_op``, whose Python wrapper costs about as much again as a
+    one-row GEMM; no autograd (inference only)."""
+    _LIB.define(f"{name}({arguments}) -> Tensor")
+    _LIB.impl(name, kernel, "CPU")
+    torch.library.register_fake(f"lmforge::{name}", lib=_LIB)(
+        lambda x, weight, *rest: x.new_empty(*x.shape[:-1], weight.shape[0]))

@@ -94,15 +94,7 @@ def _bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return gemv.bf16_gemv(x, weight, bias) if gemv.available() else F.linear(x, weight, bias)
 
 
-# A plain library op (as ``lmforge::int8_dynamic_linear`` in lmforge.nn.weight_only): no autograd, CPU only.
-_LIB = torch.library.Library("lmforge", "FRAGMENT")
-_LIB.define("bf16_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
-_LIB.impl("bf16_linear", _bf16_linear, "CPU")
-
-
-@torch.library.register_fake("lmforge::bf16_linear", lib=_LIB)
-def _(x, weight, bias):
-    return x.new_empty(*x.shape[:-1], weight.shape[0])
+gemv.register_linear_op("bf16_linear", "Tensor x, Tensor weight, Tensor? bias", _bf16_linear)
 
 
 def apply_linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -159,16 +159,7 @@ def int8_dynamic_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Te
     return _int8_dynamic(x, _packed_int8(qweight, scales))
 
 
-# A plain library op rather than ``torch.library.custom_op``, whose Python wrapper costs about as much again as
-# a one-row GEMM of this size; the op has no autograd (inference only) and a CPU kernel only.
-_LIB = torch.library.Library("lmforge", "FRAGMENT")
-_LIB.define("int8_dynamic_linear(Tensor x, Tensor qweight, Tensor scales) -> Tensor")
-_LIB.impl("int8_dynamic_linear", int8_dynamic_linear, "CPU")
-
-
-@torch.library.register_fake("lmforge::int8_dynamic_linear", lib=_LIB)
-def _(x, qweight, scales):
-    return x.new_empty(*x.shape[:-1], qweight.shape[0])
+gemv.register_linear_op("int8_dynamic_linear", "Tensor x, Tensor qweight, Tensor scales", int8_dynamic_linear)
 
 
 class WeightOnlyLinear(nn.Module):
