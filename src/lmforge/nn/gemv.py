@@ -1,4 +1,4 @@
-"""Decoding's matrix-vector products on an x86 CPU: one or two activation rows times int8 or bf16 weights.
+"""Decoding's matrix-vector products on an x86 CPU: a few activation rows times int8, bf16 or fp32 weights.
 
 Decoding one sequence multiplies a single row by every weight matrix, so a step is bound by how fast the
 weights stream from memory. The library kernels reach a fraction of the read bandwidth at one row: fbgemm's int8

@@ -19,9 +19,9 @@ faster than ``F.linear``:
 ``benchmarks/generate.py`` measures eager decoding, which uses them, against HF ``generate``.
 
 :func:`decoding_weights` registers weights (out >= in) for the duration of a ``with`` block, giving wide
-ones their transposed copy; generation uses it for fp32 CPU models. :func:`linear` takes the faster
-form only for a registered weight, with gradients off and the weight unchanged since registration;
-everything else is ``F.linear``. The copies cost memory (the wide weights once more) only inside the
+ones their transposed copy; generation uses it for fp32 CPU models where the kernel is not built. :func:`linear`
+takes the faster form only for a registered weight, with gradients off and the weight unchanged since
+registration; everything else is ``F.linear``. The copies cost memory (the wide weights once more) only inside the
 block. Results equal ``F.linear``'s to fp32 rounding.
 
 bf16 weights. bf16 rows on a CPU, with gradients off, go to :func:`lmforge.nn.gemv.bf16_gemv` (where it is
@@ -35,7 +35,7 @@ Example:
     >>> layer = torch.nn.Linear(8, 32)
     >>> x = torch.randn(2, 3, 8)
     >>> with decoding_weights([layer.weight]), torch.no_grad():
-    ...     y = apply_linear(layer, x)                         # (B, T, 32), 6 rows: W @ x^T
+    ...     y = apply_linear(layer, x)             # (B, T, 32), 6 rows: the fp32 kernel, or W @ x^T without it
     >>> torch.allclose(y, layer(x), atol=1e-6)
     True
 """
