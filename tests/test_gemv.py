@@ -153,8 +153,8 @@ def _traced(fn, x) -> str:
     return graphs[0]
 
 
-def _bf16_by_hand(x, w, b=None):
-    """float64 sums of the bf16 values (what the kernel's fp32 sums approximate), before the output rounding."""
+def _float64_sums(x, w, b=None):
+    """x @ w^T + b in float64: what the float kernels' fp32 sums approximate (before bf16's output rounding)."""
     y = x.double() @ w.double().T
     return y if b is None else y + b.double()
 
@@ -170,11 +170,11 @@ def test_bf16_kernel_is_the_sum_rounded_once_to_bf16(rows, n_in, bias):
     b = torch.randn(37).bfloat16() if bias else None
     y = gemv.bf16_gemv(x, w, b)
     assert y.shape == (rows, 37) and y.dtype == torch.bfloat16
-    exact = _bf16_by_hand(x, w, b)
+    exact = _float64_sums(x, w, b)
     # The output is the sum rounded to bf16 (half an ulp of error), from an fp32 sum whose own error is below
     # n * 2^-24 of the terms' magnitudes (1e-5 here): a wrong widening, row or bias is off by whole units.
     ulp = 2.0 ** (torch.floor(torch.log2(exact.abs().clamp(min=1e-30))) - 7)  # bf16 keeps 8 significant bits
-    magnitude = _bf16_by_hand(x.abs(), w.abs(), None if b is None else b.abs())
+    magnitude = _float64_sums(x.abs(), w.abs(), None if b is None else b.abs())
     assert bool(((y.double() - exact).abs() <= 0.5 * ulp + 1e-5 * magnitude).all())
 
 
@@ -243,8 +243,8 @@ def test_f32_kernel_equals_the_sum_by_hand(rows, n_in):
     for bias in (None, b):
         y = gemv.f32_gemv(x, w, bias)
         assert y.shape == (rows, 37) and y.dtype == torch.float32
-        exact = _bf16_by_hand(x, w, bias)  # float64 sums
-        magnitude = _bf16_by_hand(x.abs(), w.abs(), None if bias is None else bias.abs())
+        exact = _float64_sums(x, w, bias)  # float64 sums
+        magnitude = _float64_sums(x.abs(), w.abs(), None if bias is None else bias.abs())
         assert bool(((y.double() - exact).abs() <= 1e-5 * magnitude).all())  # fp32 rounding of the sums
 
 

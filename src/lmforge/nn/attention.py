@@ -34,7 +34,7 @@ from torch import nn
 from lmforge.config import ModelConfig
 from lmforge.nn.dropout import dropout as apply_dropout
 from lmforge.nn.kv_cache import KVCache
-from lmforge.nn.linear import apply_linear, bf16_kernel_takes
+from lmforge.nn.linear import apply_linear, cpu_kernel
 from lmforge.nn.linformer import LinformerProjection
 from lmforge.nn.positions.deberta import DisentangledBias
 from lmforge.nn.positions.rope import apply_rotary
@@ -129,7 +129,7 @@ class Attention(nn.Module):
         # is_compiling() first: dynamo cannot trace is_inference_mode_enabled() (a graph break per layer).
         fuse = self.fuse_qkv and (torch.compiler.is_compiling() or not torch.is_inference_mode_enabled())
         if (fuse and all(type(m) is nn.Linear for m in (self.q, self.k, self.v))
-                and not bf16_kernel_takes(x, self.q.weight)):
+                and cpu_kernel(x, self.q.weight) != "bf16"):
             # One (D -> (H + 2 Hkv) hd) matmul instead of three: fewer, larger GEMMs run faster. Only
             # for plain Linears, so a PEFT-wrapped projection still goes through its own forward. Not at
             # inference: decoding a token is bound by reading weights, and the concatenation would

@@ -170,7 +170,7 @@ def reset() -> None:
     _state.clear()
 
 
-# Both wrappers stay thin: a decode step calls them ~70 times, and each Python-level op costs about a microsecond.
+# The wrappers stay thin: a decode step calls them ~70 times, and each Python-level op costs about a microsecond.
 def int8_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """x (..., in) fp32 @ (qweight int8 (out, in) * scales fp32 (out,)[:, None])^T -> (..., out) fp32, with
     each row of ``x`` rounded to int8 (module docstring). Call only when :func:`available`."""

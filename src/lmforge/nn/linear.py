@@ -57,13 +57,12 @@ _DECODE: dict[int, tuple[torch.Tensor, int, torch.Tensor | None]] = {}
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``: x (..., in), weight (out, in) -> (..., out)."""
-    if bf16_kernel_takes(x, weight):
+    kernel = cpu_kernel(x, weight)
+    if kernel == "bf16":
         if torch.compiler.is_compiling():
             return torch.ops.lmforge.bf16_linear(x, weight, bias)
         return gemv.bf16_gemv(x, weight, bias)
-    if (weight.dtype is torch.float32 and x.dtype is torch.float32 and x.device.type == "cpu"
-            and x.numel() <= gemv.F32_MAX_ROWS * x.shape[-1] and not torch.is_grad_enabled()
-            and not torch.compiler.is_compiling() and gemv.available()):
+    if kernel == "f32":
         return gemv.f32_gemv(x, weight, bias)
     if _DECODE:
         entry = _DECODE.get(id(weight))
@@ -81,13 +80,21 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
-def bf16_kernel_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether :func:`linear` multiplies ``x`` by ``weight`` with the bf16 kernel: both bf16 on a CPU, gradients
-    off, the kernel built (under ``torch.compile``: built before tracing, as :mod:`lmforge.generation.compiled`
-    does, for nothing is built in a trace), and at most :func:`lmforge.nn.gemv.bf16_max_rows` rows."""
-    return (weight.dtype is torch.bfloat16 and x.dtype is torch.bfloat16 and x.device.type == "cpu"
-            and not torch.is_grad_enabled() and (gemv.ready() if torch.compiler.is_compiling() else gemv.available())
-            and x.numel() <= gemv.bf16_max_rows() * x.shape[-1])
+def cpu_kernel(x: torch.Tensor, weight: torch.Tensor) -> str | None:
+    """Which of lmforge's CPU kernels :func:`linear` multiplies ``x`` by ``weight`` with: ``"bf16"``, ``"f32"``, or
+    None for ``F.linear``. Both need x and the weight in their dtype on a CPU, gradients off, and the kernel built
+    (under ``torch.compile``: built before tracing, as :mod:`lmforge.generation.compiled` does, for nothing is
+    built in a trace). bf16 takes up to :func:`lmforge.nn.gemv.bf16_max_rows` rows; fp32 up to
+    :data:`lmforge.nn.gemv.F32_MAX_ROWS`, and never in a compiled graph (a compiled step packs its own GEMMs)."""
+    if x.device.type != "cpu" or x.dtype is not weight.dtype or torch.is_grad_enabled():
+        return None
+    compiling = torch.compiler.is_compiling()
+    if x.dtype is torch.bfloat16:
+        built = gemv.ready() if compiling else gemv.available()  # first: available() sets bf16_max_rows
+        return "bf16" if built and x.numel() <= gemv.bf16_max_rows() * x.shape[-1] else None
+    if x.dtype is torch.float32 and not compiling and x.numel() <= gemv.F32_MAX_ROWS * x.shape[-1]:
+        return "f32" if gemv.available() else None
+    return None
 
 
 def _bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
