@@ -9,29 +9,39 @@ import json
 import os
 import subprocess
 import sys
+from collections import OrderedDict
 from pathlib import Path
 
 import pytest
 import torch
 
-from lmforge.generation import compiled
+import lmforge
+from lmforge.generation import compiled, step_artifact
+from lmforge.models.quantize import quantize_model
+from lmforge.nn.weight_only import uses_fbgemm_int8
+from lmforge.utils.machine import build_tag
 
 SRC = str(Path(compiled.__file__).resolve().parents[2])
-# One process: a tiny GPT with seed S, its compiled and eager greedy tokens as JSON on the last line.
+# One process: a tiny GPT with seed S (int8 weights when asked), its compiled and eager greedy tokens as JSON
+# on the last line.
 SCRIPT = """
 import json, sys, torch, lmforge
+from lmforge.models.quantize import quantize_model
 torch.manual_seed(int(sys.argv[1]))
 model = lmforge.build_model("gpt-tiny", n_layers=1, d_model=32, n_heads=2, d_ff=64, vocab_size=100).eval()
+if sys.argv[2] == "int8":
+    quantize_model(model, "int8")
 ids = torch.tensor([[5, 6, 7]])
-out = [model.generate(ids, max_new_tokens=4, compile=c).tolist() for c in (True, False)]
+with torch.no_grad():
+    out = [model.generate(ids, max_new_tokens=4, compile=c).tolist() for c in (True, False)]
 print(json.dumps(out))
 """
 
 
-def decode_in_a_new_process(seed: int, cache: Path) -> tuple[list, list, str]:
+def decode_in_a_new_process(seed: int, cache: Path, precision: str = "fp32") -> tuple[list, list, str]:
     env = {**os.environ, compiled.CACHE_ENV: str(cache), "PYTHONPATH": SRC}
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(seed)], env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(seed), precision], env=env, capture_output=True,
+                          text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     compiled_tokens, eager_tokens = json.loads(done.stdout.strip().splitlines()[-1])
     return compiled_tokens, eager_tokens, done.stderr
@@ -98,3 +108,64 @@ def test_a_failure_without_a_cache_says_to_turn_compile_off(monkeypatch):
     step.fn = broken
     with pytest.raises(RuntimeError, match="generate with compile=False instead"):
         step()
+
+
+def test_an_int8_step_is_saved_whole_reused_by_a_new_process_and_replaced_when_stale_or_damaged(tmp_path):
+    """An int8 model's step (unfrozen: its matmuls are opaque ops) is saved whole by torch's precompile
+    (lmforge.generation.step_artifact): a new process loads it instead of tracing, so it does not write it again.
+    A file whose recorded sources differ from the code now, or whose body is damaged, is compiled again."""
+    folder = tmp_path / build_tag()
+    got, eager_a, _ = decode_in_a_new_process(0, tmp_path, "int8")
+    assert got == eager_a
+    saved = sorted((folder / "steps").glob("*" + step_artifact.SUFFIX))
+    model = lmforge.build_model("gpt-tiny", n_layers=1, d_model=32, n_heads=2, d_ff=64, vocab_size=100)
+    quantize_model(model, "int8")
+    if not uses_fbgemm_int8(model, torch.device("cpu")):  # no opaque int8 op here: the step is frozen, not saved
+        assert saved == []
+        return
+    assert len(saved) == 1
+    path, inode = saved[0], saved[0].stat().st_ino
+
+    got, eager_b, _ = decode_in_a_new_process(1, tmp_path, "int8")  # other weights: read from the live model
+    assert got == eager_b != eager_a
+    assert path.stat().st_ino == inode, "a new process compiled the step again instead of loading it"
+
+    head, _, body = path.read_bytes().partition(b"\n")
+    header = json.loads(head)
+    module = "lmforge.generation.compiled"
+    assert module in header["sources"]
+    header["sources"][module] = "0" * 64  # as if compiled.py had changed since
+    path.write_bytes(json.dumps(header).encode() + b"\n" + body)
+    got, eager, err = decode_in_a_new_process(0, tmp_path, "int8")
+    assert got == eager == eager_a, err
+    assert json.loads(path.read_bytes().partition(b"\n")[0])["sources"][module] != "0" * 64  # saved again
+
+    path.write_bytes(head + b"\nnot a pickle")
+    got, eager, err = decode_in_a_new_process(0, tmp_path, "int8")
+    assert got == eager == eager_a, err
+    assert "could not be loaded" in err and path.read_bytes().partition(b"\n")[2] != b"not a pickle"
+
+
+def test_a_saved_step_is_checked_at_each_generation_and_compiled_again_when_its_guards_fail(monkeypatch):
+    monkeypatch.setenv(compiled.CACHE_ENV, "off")
+    model = torch.nn.Linear(2, 2)
+    step = compiled._CompiledStep(model, torch.device("cpu"))
+
+    class Saved:  # an aot_compile result: guards, then the graph
+        guards_hold = True
+
+        def guard_check(self, *args):
+            return self.guards_hold
+
+        def __call__(self, *args):
+            return "saved step"
+
+    step.fn, step.compiled, step.saved = Saved(), True, True
+    compiled._STEPS[model] = OrderedDict({(1, 64, torch.float32, "cpu"): step})
+    assert compiled.compiled_step(model, 1, 64, torch.float32, torch.device("cpu")) is step and step.check_guards
+    assert step(1) == "saved step" and not step.check_guards
+    step.fn.guards_hold = False
+    assert step(1) == "saved step"  # within a generation the guards are not checked again
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: (lambda *args: ("compiled again", args)))
+    compiled.compiled_step(model, 1, 64, torch.float32, torch.device("cpu"))
+    assert step(1) == ("compiled again", (1,)) and step.compiled

@@ -73,6 +73,7 @@ from pathlib import Path
 
 import torch
 
+from lmforge.generation import step_artifact
 from lmforge.generation.stepper import Stepper
 from lmforge.nn import gemv
 from lmforge.nn.static_kv_cache import StaticKVCache
@@ -200,6 +201,9 @@ class _CompiledStep:
         self.fn = torch.compile(_fresh_step(), fullgraph=True, dynamic=False, backend=self.backend)
         self.versions = [(t, t._version) for t in _weights(model)]
         self.compiled = False
+        # An unfrozen CPU step is compiled ahead (torch's precompile) and saved whole (lmforge.generation.step_artifact)
+        self.saved = not self.freeze and device.type == "cpu"
+        self.check_guards = False  # a saved step's guards: checked at the first step of each generation
 
     def stale(self, model) -> bool:
         if not self.freeze:
@@ -227,8 +231,14 @@ class _CompiledStep:
         return out.clone() if self.graphs else out
 
     def _run(self, *args):
-        if self.compiled:
+        if self.compiled and not self.check_guards:
             return self.fn(*args)
+        if self.compiled:  # a saved step, at the first step of a generation: is it still this model's?
+            self.check_guards = False
+            if self.fn.guard_check(*args):
+                return self.fn(*args)
+            self.fn = torch.compile(_fresh_step(), fullgraph=True, dynamic=False, backend=self.backend)
+            self.compiled = False
         # Dynamo reads the freezing switch while tracing (it decides whether weights become graph
         # constants), from the global config; only this first call traces.
         import torch._inductor.config as inductor_config  # here: importing inductor takes a second or more
@@ -237,9 +247,11 @@ class _CompiledStep:
             for t in (*args[5], *args[6]):
                 torch._dynamo.mark_static_address(t)
         folder = compile_cache_dir()
+        saved = step_artifact.path_for(folder, step_artifact.fingerprint(args, _switches())) \
+            if self.saved and folder is not None else None
         try:
             with inductor_config.patch(freezing=self.freeze), _cache_in(folder):
-                out = self.fn(*args)
+                out = self._first_call(args, saved)
         except Exception as exc:
             if folder is None or not folder.is_dir():
                 raise _compile_failed(exc) from exc
@@ -250,11 +262,29 @@ class _CompiledStep:
             self.fn = torch.compile(_fresh_step(), fullgraph=True, dynamic=False, backend=self.backend)
             try:
                 with inductor_config.patch(freezing=self.freeze), _cache_in(folder):
-                    out = self.fn(*args)
+                    out = self._first_call(args, saved)
             except Exception as again:  # a compiler or toolchain failure: say which switch to turn off
                 raise _compile_failed(again) from again
         self.compiled = True
         return out
+
+    def _first_call(self, args, saved: Path | None):
+        """Compile (or load the step saved at ``saved``) and run it once. A loaded step's guards are checked
+        here; later calls skip them (:meth:`_run` checks them again at each generation's first step)."""
+        if saved is None:
+            return self.fn(*args)
+        fn = step_artifact.load(saved, _decode_step.__globals__)
+        if fn is None or not fn.guard_check(*args):
+            try:
+                fn = self.fn.aot_compile((args, {}))
+            except Exception as exc:  # precompile covers less than torch.compile: compile for this process only
+                warnings.warn(f"compile=True: torch's precompile failed ({type(exc).__name__}: {exc}); the step is "
+                              "compiled for this process only", stacklevel=4)
+                return self.fn(*args)
+            step_artifact.save(fn, saved)
+        fn.disable_guard_check()
+        self.fn = fn
+        return fn(*args)
 
 
 def opaque_matmuls(model, device: torch.device, batch: int, dtype: torch.dtype) -> bool:
@@ -301,8 +331,17 @@ def compiled_step(model, batch: int, capacity: int, dtype: torch.dtype, device: 
         step = steps[key] = _CompiledStep(model, torch.device(device), batch, dtype)
         while len(steps) > MAX_STEPS_PER_MODEL:
             steps.popitem(last=False)
+    step.check_guards = step.compiled and step.saved
     steps.move_to_end(key)
     return step
+
+
+def _switches() -> dict:
+    """What else a saved step depends on (:mod:`lmforge.generation.step_artifact`): the CPU kernels' switch and
+    availability, the thread count (built into inductor's C++ loops) and the grad mode."""
+    return {"gemv": [os.environ.get(gemv.ENV), gemv.available(), gemv.bf16_max_rows()],
+            "threads": torch.get_num_threads(), "grad": torch.is_grad_enabled(),
+            "inference": torch.is_inference_mode_enabled()}
 
 
 def cached_steps(model) -> list[tuple]:
