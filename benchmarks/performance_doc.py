@@ -475,7 +475,9 @@ process of its own, the rows taking turns.
 **Reference**: HF `generate` fp32 for every lmforge mode; for CTranslate2 and llama.cpp, the ratio is lmforge's
 fastest row (eager or compiled) of the same precision over theirs. Runs during which other processes used the CPU are left out. The
 fresh-process rows time `lmforge generate --compile` (fp32, and `--quantize int8`) from process start to its
-second streamed text (the first compiled token) with an empty and then a warm compile cache."""
+second streamed text (the first compiled token) with an empty and then a warm compile cache: the warm fp32 row
+traces the step again and reuses inductor's built kernels, the warm int8 row loads the step saved whole by torch's
+precompile (`lmforge.generation.step_artifact`)."""
 
 METHODS["verify_cost"] = """\
 `benchmarks/verify_cost.py`: what integrity checking adds to loading a model folder. A randomly initialised

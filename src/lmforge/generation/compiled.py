@@ -33,14 +33,17 @@ Persistent cache. The first call of a step compiles inside :func:`compile_cache_
 its on-disk caches: the generated C++ kernels and their built libraries (keyed by a hash of their source),
 and FX graphs where inductor can cache them. It bypasses graphs holding frozen, mkldnn-packed weights, so for
 an fp32 or bf16 model a new process traces, lowers and autotunes again and only reuses the built libraries
-(the C++ compiler's share). An int8 model's step (its integer matmuls, one opaque op each) is compiled
-unfrozen, which its opaque matmul calls do not slow, and its graph is cached whole: a new process only traces
-it (on the GPT-2 shape, 2 cores: 31 s for the first compile, 7 s with the cache). Nothing stale is used:
-the folder is named for the torch version, CPU capability and machine, artifacts are keyed by their source,
-and frozen weights are bound from the live model, never read from the cache. A damaged artifact does not
-crash decoding: inductor's autotuner skips a candidate kernel that fails to load, and a compile that still
-fails empties the folder and compiles once more from scratch, with a warning. ``LMFORGE_COMPILE_CACHE``
-names another folder, or ``off`` for inductor's default (a per-user folder in the system's temporary directory).
+(the C++ compiler's share). A step whose matmuls are opaque ops (:func:`opaque_matmuls`: int8, and bf16
+where lmforge's kernel takes the rows) is compiled unfrozen, which those calls do not slow, and on a CPU it
+is precompiled and saved whole beside inductor's caches (:mod:`lmforge.generation.step_artifact`): a new
+process loads it in about two seconds instead of tracing it again. Nothing stale is used: the folder is
+named for the torch version, CPU capability and machine, artifacts are keyed by their source, a saved step
+by the model's structure, the step's shapes and the traced sources, and weights are bound from the live
+model, never read from the cache. A damaged artifact does not crash decoding: a saved step that fails to
+load is deleted and compiled again, inductor's autotuner skips a candidate kernel that fails to load, and a
+compile that still fails empties the folder and compiles once more from scratch, with a warning.
+``LMFORGE_COMPILE_CACHE`` names another folder, or ``off`` for inductor's default (a per-user folder in the
+system's temporary directory; no step is saved then).
 
 Supported: decoders whose positions go through ``position_ids`` (learned, sinusoidal, RoPE, none), with
 greedy search, sampling (all logits processors, EOS, stop strings, several samples per prompt) and

@@ -44,6 +44,44 @@ static int32_t dot_int8(const int8_t *a, const int8_t *w, int64_t n) {
     return total;
 }
 
+/* Row x (n) -> xq = round(x / scale) as int8, half to even as torch.round does; returns scale = max|x| / 127, or
+ * NaN when x holds a NaN or an infinity (all outputs then NaN, as a float matmul would give). */
+static float round_row(const float *x, int8_t *xq, int64_t n) {
+    /* |x| as bits: for non-negative floats the integer order is the float order, and an infinity or NaN is
+     * every bit pattern from 0x7f800000 up, so one unsigned max gives both max|x| and whether all are finite. */
+    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+    __m256i vmax = _mm256_setzero_si256();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        vmax = _mm256_max_epu32(vmax, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + i)), abs_mask));
+    uint32_t lanes[8], top = 0;
+    _mm256_storeu_si256((__m256i *)lanes, vmax);
+    for (int k = 0; k < 8; k++) top = lanes[k] > top ? lanes[k] : top;
+    for (; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, x + i, 4);
+        bits &= 0x7fffffff;
+        top = bits > top ? bits : top;
+    }
+    int finite = top < 0x7f800000u;
+    float amax;
+    memcpy(&amax, &top, 4);
+    float scale = amax / 127.0f;
+    if (!finite || !(scale > 0.0f)) {
+        memset(xq, 0, (size_t)n);
+        return finite ? scale : NAN;
+    }
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 q = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256i v = _mm256_cvtps_epi32(q);
+        __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        _mm_storel_epi64((__m128i *)(xq + i), _mm_packs_epi16(w16, w16));
+    }
+    for (; i < n; i++) xq[i] = (int8_t)nearbyintf(x[i] / scale);
+    return scale;
+}
+
 /* x (m, n_in) fp32, q (n_out, n_in) int8, ws (n_out) fp32 -> y (m, n_out) fp32. Returns 0, or 1 when out of
  * memory (nothing written). */
 int lmforge_int8_gemv(const float *x, const int8_t *q, const float *ws, float *y, int64_t m, int64_t n_in,
@@ -60,19 +98,8 @@ int lmforge_int8_gemv(const float *x, const int8_t *q, const float *ws, float *y
         free(xs);
         return 1;
     }
-    for (int64_t r = 0; r < m; r++) {
-        const float *xr = x + r * n_in;
-        float amax = 0.0f;
-        int finite = 1;
-        for (int64_t i = 0; i < n_in; i++) {
-            finite &= isfinite(xr[i]);
-            amax = fmaxf(amax, fabsf(xr[i]));
-        }
-        float scale = amax / 127.0f;
-        xs[r] = finite ? scale : NAN;  /* a NaN or infinite input gives NaN outputs, as a float matmul would */
-        for (int64_t i = 0; i < n_in; i++)  /* x / scale, rounded half to even as torch.round does */
-            xq[r * n_in + i] = finite && scale > 0.0f ? (int8_t)nearbyintf(xr[i] / scale) : 0;
-    }
+    for (int64_t r = 0; r < m; r++)
+        xs[r] = round_row(x + r * n_in, xq + r * n_in, n_in);
 #pragma omp parallel for schedule(static)
     for (int64_t o = 0; o < n_out; o++) {
         const int8_t *w = q + o * n_in;
