@@ -160,7 +160,7 @@ def test_a_saved_step_is_checked_at_each_generation_and_compiled_again_when_its_
         def __call__(self, *args):
             return "saved step"
 
-    step.fn, step.compiled, step.saved = Saved(), True, True
+    step.fn, step.compiled, step.precompiled = Saved(), True, True
     compiled._STEPS[model] = OrderedDict({(1, 64, torch.float32, "cpu"): step})
     assert compiled.compiled_step(model, 1, 64, torch.float32, torch.device("cpu")) is step and step.check_guards
     assert step(1) == "saved step" and not step.check_guards
@@ -168,4 +168,6 @@ def test_a_saved_step_is_checked_at_each_generation_and_compiled_again_when_its_
     assert step(1) == "saved step"  # within a generation the guards are not checked again
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: (lambda *args: ("compiled again", args)))
     compiled.compiled_step(model, 1, 64, torch.float32, torch.device("cpu"))
-    assert step(1) == ("compiled again", (1,)) and step.compiled
+    assert step(1) == ("compiled again", (1,)) and step.compiled and not step.precompiled
+    compiled.compiled_step(model, 1, 64, torch.float32, torch.device("cpu"))
+    assert not step.check_guards  # a step compiled for this process only has Dynamo's own guards

@@ -205,8 +205,9 @@ class _CompiledStep:
         self.versions = [(t, t._version) for t in _weights(model)]
         self.compiled = False
         # An unfrozen CPU step is compiled ahead (torch's precompile) and saved whole (lmforge.generation.step_artifact)
-        self.saved = not self.freeze and device.type == "cpu"
-        self.check_guards = False  # a saved step's guards: checked at the first step of each generation
+        self.savable = not self.freeze and device.type == "cpu"
+        self.precompiled = False  # self.fn is a precompiled step, whose guards this class checks itself ...
+        self.check_guards = False  # ... at the first step of each generation
 
     def stale(self, model) -> bool:
         if not self.freeze:
@@ -241,7 +242,7 @@ class _CompiledStep:
             if self.fn.guard_check(*args):
                 return self.fn(*args)
             self.fn = torch.compile(_fresh_step(), fullgraph=True, dynamic=False, backend=self.backend)
-            self.compiled = False
+            self.compiled = self.precompiled = False
         # Dynamo reads the freezing switch while tracing (it decides whether weights become graph
         # constants), from the global config; only this first call traces.
         import torch._inductor.config as inductor_config  # here: importing inductor takes a second or more
@@ -251,7 +252,7 @@ class _CompiledStep:
                 torch._dynamo.mark_static_address(t)
         folder = compile_cache_dir()
         saved = step_artifact.path_for(folder, step_artifact.fingerprint(args, _switches())) \
-            if self.saved and folder is not None else None
+            if self.savable and folder is not None else None
         try:
             with inductor_config.patch(freezing=self.freeze), _cache_in(folder):
                 out = self._first_call(args, saved)
@@ -286,7 +287,7 @@ class _CompiledStep:
                 return self.fn(*args)
             step_artifact.save(fn, saved)
         fn.disable_guard_check()
-        self.fn = fn
+        self.fn, self.precompiled = fn, True
         return fn(*args)
 
 
@@ -334,7 +335,7 @@ def compiled_step(model, batch: int, capacity: int, dtype: torch.dtype, device: 
         step = steps[key] = _CompiledStep(model, torch.device(device), batch, dtype)
         while len(steps) > MAX_STEPS_PER_MODEL:
             steps.popitem(last=False)
-    step.check_guards = step.compiled and step.saved
+    step.check_guards = step.compiled and step.precompiled
     steps.move_to_end(key)
     return step
 
