@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import types
 import warnings
 
 import pytest
@@ -73,3 +75,17 @@ def test_a_file_from_another_torch_or_format_is_left_unused(tmp_path):
             warnings.simplefilter("error")  # never unpickled: no warning, nothing deleted
             assert step_artifact.load(path, {}) is None
         assert path.exists()
+
+
+def test_a_step_traced_through_code_without_a_source_file_is_not_saved(tmp_path, monkeypatch):
+    class Source:
+        module = "made_at_run_time"
+
+    class Traced:  # what save() asks of an aot_compile result, before serialising it
+        def source_info(self):
+            return types.SimpleNamespace(inlined_sources={Source()})
+
+    monkeypatch.setitem(sys.modules, Source.module, types.ModuleType(Source.module))
+    path = step_artifact.path_for(tmp_path, "k")
+    step_artifact.save(Traced(), path)  # nothing to tell a later change of that code by: no file
+    assert not path.exists() and step_artifact._module_state(Source.module) is None

@@ -76,7 +76,7 @@ from pathlib import Path
 
 import torch
 
-from lmforge.generation import step_artifact
+import lmforge.generation.step_artifact as step_artifact  # the module, not the package (which imports this one)
 from lmforge.generation.stepper import Stepper
 from lmforge.nn import gemv
 from lmforge.nn.static_kv_cache import StaticKVCache
