@@ -110,10 +110,10 @@ def test_a_failure_without_a_cache_says_to_turn_compile_off(monkeypatch):
         step()
 
 
-def test_an_int8_step_is_saved_whole_reused_by_a_new_process_and_replaced_when_stale_or_damaged(tmp_path):
+def test_an_int8_step_is_saved_whole_reused_by_a_new_process_and_rebuilt_when_damaged(tmp_path):
     """An int8 model's step (unfrozen: its matmuls are opaque ops) is saved whole by torch's precompile
     (lmforge.generation.step_artifact): a new process loads it instead of tracing, so it does not write it again.
-    A file whose recorded sources differ from the code now, or whose body is damaged, is compiled again."""
+    A file whose body is damaged is deleted, with a warning, and compiled and saved again."""
     folder = tmp_path / build_tag()
     got, eager_a, _ = decode_in_a_new_process(0, tmp_path, "int8")
     assert got == eager_a
@@ -130,16 +130,9 @@ def test_an_int8_step_is_saved_whole_reused_by_a_new_process_and_replaced_when_s
     assert got == eager_b != eager_a
     assert path.stat().st_ino == inode, "a new process compiled the step again instead of loading it"
 
-    head, _, body = path.read_bytes().partition(b"\n")
-    header = json.loads(head)
-    module = "lmforge.generation.compiled"
-    assert module in header["sources"]
-    header["sources"][module] = "0" * 64  # as if compiled.py had changed since
-    path.write_bytes(json.dumps(header).encode() + b"\n" + body)
-    got, eager, err = decode_in_a_new_process(0, tmp_path, "int8")
-    assert got == eager == eager_a, err
-    assert json.loads(path.read_bytes().partition(b"\n")[0])["sources"][module] != "0" * 64  # saved again
-
+    # (A header naming changed sources is never unpickled: test_step_artifact.py; it takes the path of a missing file.)
+    head = path.read_bytes().partition(b"\n")[0]
+    assert "lmforge.generation.compiled" in json.loads(head)["sources"]
     path.write_bytes(head + b"\nnot a pickle")
     got, eager, err = decode_in_a_new_process(0, tmp_path, "int8")
     assert got == eager == eager_a, err
