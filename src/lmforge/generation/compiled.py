@@ -194,20 +194,25 @@ class _CompiledStep:
     version counters: a weight written in place (fine-tuning, ``load_state_dict``) or replaced since
     makes it :meth:`stale`. A step whose matmuls are opaque kernel calls (:func:`opaque_matmuls`) is not frozen:
     there is nothing for freezing to pack, and an unfrozen graph (weights as inputs) is one inductor's FX graph
-    cache keeps, so a new process skips lowering and code generation."""
+    cache keeps, so a new process skips lowering and code generation; on a CPU it is precompiled and saved whole
+    (:mod:`lmforge.generation.step_artifact`), so a new process skips the trace too."""
 
     def __init__(self, model, device: torch.device, batch: int = 1, dtype: torch.dtype = torch.float32):
         self.graphs = CUDA_GRAPHS and device.type == "cuda"
         self.buffers: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         self.freeze = FREEZE and not opaque_matmuls(model, device, batch, dtype)
         self.backend = _backend(device, self.graphs, self.freeze)
-        self.fn = torch.compile(_fresh_step(), fullgraph=True, dynamic=False, backend=self.backend)
+        self.fn = self._fresh_fn()
         self.versions = [(t, t._version) for t in _weights(model)]
         self.compiled = False
         # An unfrozen CPU step is compiled ahead (torch's precompile) and saved whole (lmforge.generation.step_artifact)
         self.savable = not self.freeze and device.type == "cpu"
         self.precompiled = False  # self.fn is a precompiled step, whose guards this class checks itself ...
         self.check_guards = False  # ... at the first step of each generation
+
+    def _fresh_fn(self):
+        """A new ``torch.compile`` of :func:`_decode_step` (compiled at its first call)."""
+        return torch.compile(_fresh_step(), fullgraph=True, dynamic=False, backend=self.backend)
 
     def stale(self, model) -> bool:
         if not self.freeze:
@@ -241,7 +246,7 @@ class _CompiledStep:
             self.check_guards = False
             if self.fn.guard_check(*args):
                 return self.fn(*args)
-            self.fn = torch.compile(_fresh_step(), fullgraph=True, dynamic=False, backend=self.backend)
+            self.fn = self._fresh_fn()
             self.compiled = self.precompiled = False
         # Dynamo reads the freezing switch while tracing (it decides whether weights become graph
         # constants), from the global config; only this first call traces.
@@ -263,7 +268,7 @@ class _CompiledStep:
             warnings.warn(f"compile=True: the compile cache {folder} gave an error ({type(exc).__name__}); "
                           "rebuilding it", stacklevel=2)
             shutil.rmtree(folder, ignore_errors=True)
-            self.fn = torch.compile(_fresh_step(), fullgraph=True, dynamic=False, backend=self.backend)
+            self.fn = self._fresh_fn()
             try:
                 with inductor_config.patch(freezing=self.freeze), _cache_in(folder):
                     out = self._first_call(args, saved)
