@@ -35,7 +35,8 @@ Time to first token in a fresh process, for lmforge compiled: ``lmforge generate
 ``--quantize int8``) as a user runs it, from process start to its first and second streamed text (the first token
 comes from the eager prompt pass, the second from the compiled step, so the compile shows there), with an empty
 compile cache (``LMFORGE_COMPILE_CACHE`` pointing at a new folder) and then with the cache that run left, against
-the eager ``lmforge generate``.
+the eager ``lmforge generate``; ``--ttft-repeats`` rounds (5), each figure the median with its range. These
+single-shot processes are not filtered for a busy host: the range shows how much it moved them.
 
 CTranslate2 and llama.cpp are optional (``pip install 'lmforge[engines]'``; ``make bench-engines`` installs them
 and clones llama.cpp for its ``convert_hf_to_gguf.py``): an engine that is missing is skipped with the reason
@@ -57,6 +58,8 @@ import importlib.util
 import itertools
 import json
 import os
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -392,15 +395,26 @@ def fresh_process(folder: Path, prompt: str, new_tokens: int, threads: int, cach
             "total_s": round(total, 2)}
 
 
-def ttft(ours, prompt: str, new_tokens: int, threads: int, work: Path) -> dict:
-    """Fresh processes: eager, then compiled fp32 and compiled ``--quantize int8``, each with an empty compile
-    cache of its own and then with the cache that run left."""
+def ttft(ours, prompt: str, new_tokens: int, threads: int, work: Path, repeats: int = 1) -> dict:
+    """Fresh processes, ``repeats`` rounds: eager, then compiled fp32 and compiled ``--quantize int8``, each with an
+    empty compile cache of its own and then with the cache that run left. Each figure is the median over the rounds,
+    with its range (``*_range``: min, max) and the number of rounds (``runs``)."""
     folder = lmforge.save(ours, work / "lmforge", tokenizer=Tokenizer.load(GPT2_BPE))
-    out = {"eager": fresh_process(folder, prompt, new_tokens, threads, None)}
-    for name, extra in (("compiled", ()), ("int8_compiled", ("--quantize", "int8"))):
-        cache = work / f"compile-cache-{name}"
-        out[f"{name}_cold"] = fresh_process(folder, prompt, new_tokens, threads, cache, extra)
-        out[f"{name}_warm"] = fresh_process(folder, prompt, new_tokens, threads, cache, extra)
+    runs: dict[str, list[dict]] = {}
+    for r in range(repeats):
+        runs.setdefault("eager", []).append(fresh_process(folder, prompt, new_tokens, threads, None))
+        for name, extra in (("compiled", ()), ("int8_compiled", ("--quantize", "int8"))):
+            cache = work / f"compile-cache-{name}-{r}"
+            runs.setdefault(f"{name}_cold", []).append(fresh_process(folder, prompt, new_tokens, threads, cache, extra))
+            runs.setdefault(f"{name}_warm", []).append(fresh_process(folder, prompt, new_tokens, threads, cache, extra))
+            shutil.rmtree(cache, ignore_errors=True)
+    out = {}
+    for name, marks in runs.items():
+        out[name] = {"runs": len(marks)}
+        for key in ("first_output_s", "second_output_s", "total_s"):
+            values = sorted(m[key] for m in marks)
+            out[name][key] = round(statistics.median(values), 2)
+            out[name][key.replace("_s", "_range")] = [values[0], values[-1]]
     return out
 
 
@@ -417,6 +431,8 @@ def main() -> None:
                         help="threads of every engine (default: torch's, one per core)")
     parser.add_argument("--no-compile", action="store_true", help="skip lmforge's compiled path and its fresh-process "
                         "time to first token")
+    parser.add_argument("--ttft-repeats", type=int, default=5,
+                        help="rounds of fresh processes for the time to first token (5; each cold and then warm)")
     parser.add_argument("--max-others", type=float, default=0.1,
                         help="leave out runs during which other processes kept more than this share of the cores "
                              "busy (0.1)")
@@ -458,10 +474,12 @@ def main() -> None:
         pair(rows)
         result["results"] = rows
         if compile:
-            result["ttft"] = ttft(ours, prompt, args.new_tokens, args.threads, work)
+            result["ttft"] = ttft(ours, prompt, args.new_tokens, args.threads, work, args.ttft_repeats)
             for name, t in result["ttft"].items():
+                lo, hi = t["second_output_range"]
                 print(f"fresh process, {name}: first text {t['first_output_s']:.2f} s, second "
-                      f"{t['second_output_s']:.2f} s, all {args.new_tokens} tokens {t['total_s']:.2f} s", flush=True)
+                      f"{t['second_output_s']:.2f} s ({lo:.2f}-{hi:.2f}), all {args.new_tokens} tokens "
+                      f"{t['total_s']:.2f} s; median of {t['runs']}", flush=True)
     result.update({"skipped": skipped, "load_before": round(load, 2), "load_after": round(os.getloadavg()[0], 2)})
     print(json.dumps(result))
 

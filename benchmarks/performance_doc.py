@@ -357,10 +357,16 @@ def generate_engines_detail(data: dict) -> str:
                  "compiled_warm": "compiled, the cache the cold run left",
                  "int8_compiled_cold": "compiled `--quantize int8`, empty compile cache",
                  "int8_compiled_warm": "compiled `--quantize int8`, the cache the cold run left"}
-        text += "\n\n" + table(["`lmforge generate` in a fresh process", "first text", "second text",
-                                 f"all {data['new_tokens']} tokens"],
-                                [[names.get(k, k), f"{t['first_output_s']:.1f} s", f"{t['second_output_s']:.1f} s",
-                                  f"{t['total_s']:.1f} s"] for k, t in data["ttft"].items()])
+        def seconds(t: dict, key: str) -> str:  # a median with its range over rounds, or one run's figure
+            lo_hi = t.get(key.replace("_s", "_range"))
+            return f"{t[key]:.1f} s" + (f" ({lo_hi[0]:.1f}–{lo_hi[1]:.1f})" if lo_hi and t.get("runs", 1) > 1 else "")
+
+        runs = max(t.get("runs", 1) for t in data["ttft"].values())
+        text += "\n\n" + table([f"`lmforge generate` in a fresh process (median of {runs}, min–max)"
+                                 if runs > 1 else "`lmforge generate` in a fresh process", "first text",
+                                 "second text", f"all {data['new_tokens']} tokens"],
+                                [[names.get(k, k), seconds(t, "first_output_s"), seconds(t, "second_output_s"),
+                                  seconds(t, "total_s")] for k, t in data["ttft"].items()])
     quality = data.get("quality")
     if quality:  # benchmarks/quantize_quality.py's record, kept with these rows
         text += "\n\n" + table(

@@ -139,6 +139,32 @@ def test_an_int8_step_is_saved_whole_reused_by_a_new_process_and_rebuilt_when_da
     assert "could not be loaded" in err and path.read_bytes().partition(b"\n")[2] != b"not a pickle"
 
 
+def test_an_int8_step_compiles_one_layer_for_all_and_a_layer_that_does_not_fit_compiles_the_step_whole(
+        monkeypatch, tmp_path):
+    """Regional compilation (compiled._Region): an unfrozen step traces one layer and runs it for every layer, with
+    each layer's guards checked once per generation. GPT-2's per-layer attention scale is a constant the region's
+    guards reject at the second layer: that step is compiled whole instead. Both decode as eager does."""
+    monkeypatch.setenv(compiled.CACHE_ENV, str(tmp_path))
+    ids = torch.tensor([[5, 6, 7]])
+    for by_layer in (False, True):
+        torch.manual_seed(0)
+        model = lmforge.build_model("gpt-tiny", n_layers=3, d_model=32, n_heads=2, d_ff=64, vocab_size=100,
+                                    attn_scale_by_layer=by_layer).eval()
+        quantize_model(model, "int8")
+        with torch.no_grad():
+            eager = model.generate(ids, max_new_tokens=6).tolist()
+            assert model.generate(ids, max_new_tokens=6, compile=True).tolist() == eager
+            assert model.generate(ids, max_new_tokens=6, compile=True).tolist() == eager  # guards checked again
+        (step,) = compiled._STEPS[model].values()
+        if not uses_fbgemm_int8(model, torch.device("cpu")):  # no opaque int8 op here: a frozen step, compiled whole
+            assert step.region is None and step.freeze
+            continue
+        if by_layer:
+            assert step.region is None and step.precompiled  # the second layer's scale failed the region's guards
+        else:
+            assert step.region.precompiled and step.region.checked == {0, 1, 2} and not step.precompiled
+
+
 def test_a_saved_step_is_checked_at_each_generation_and_compiled_again_when_its_guards_fail(monkeypatch):
     monkeypatch.setenv(compiled.CACHE_ENV, "off")
     model = torch.nn.Linear(2, 2)

@@ -178,7 +178,8 @@ class TransformerStack(nn.Module):
             layer = self.layers[0 if len(self.layers) == 1 else i]
             if self.step_signal is not None:
                 x = x + self.step_signal[i].to(x.dtype)
-            x = layer(x, ctx, memory, layer=i)
+            run = getattr(cache, "run_layer", None)  # a compiled step's one compiled layer (StaticKVCache)
+            x = layer(x, ctx, memory, layer=i) if run is None else run(layer, x, ctx, i)
             if hidden is not None:
                 hidden.append(ctx.padded(x))
         if self.final_norm is not None:

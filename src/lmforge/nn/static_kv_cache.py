@@ -38,6 +38,9 @@ class StaticKVCache:
         keys, values: per layer (B, H_kv, capacity, hd) buffers, written in place.
         index: (T,) long tensor, the capacity slots the next ``update`` writes (T = new tokens).
         cross: per-layer cross-attention (K, V), as in :class:`KVCache` (computed once per source).
+        run_layer: how the stack runs its layers over this cache: ``run_layer(block, x, ctx, i)`` instead of
+            ``block(x, ctx, memory, layer=i)`` (a compiled step's one compiled layer, reused for all:
+            :mod:`lmforge.generation.compiled`); None, the layers themselves.
     """
 
     def __init__(
@@ -46,9 +49,11 @@ class StaticKVCache:
         values: Sequence[torch.Tensor],
         index: torch.Tensor,
         cross: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
+        run_layer=None,
     ) -> None:
         self.keys, self.values, self.index = list(keys), list(values), index
         self.cross = dict(cross or {})
+        self.run_layer = run_layer
 
     @property
     def capacity(self) -> int:
