@@ -481,9 +481,11 @@ process of its own, the rows taking turns.
 **Reference**: HF `generate` fp32 for every lmforge mode; for CTranslate2 and llama.cpp, the ratio is lmforge's
 fastest row (eager or compiled) of the same precision over theirs. Runs during which other processes used the CPU are left out. The
 fresh-process rows time `lmforge generate --compile` (fp32, and `--quantize int8`) from process start to its
-second streamed text (the first compiled token) with an empty and then a warm compile cache: the warm fp32 row
-traces the step again and reuses inductor's built kernels, the warm int8 row loads the step saved whole by torch's
-precompile (`lmforge.generation.step_artifact`)."""
+second streamed text (the first compiled token) with an empty and then a warm compile cache, in rounds (each
+figure the median over them, with its range; single processes, not filtered for a busy host): the fp32 step is
+compiled whole, and its warm row traces it again and reuses inductor's built kernels; the int8 step compiles one
+layer and runs it for all twelve (regional compilation, `lmforge.generation.compiled`), and its warm row loads
+that layer saved by torch's precompile (`lmforge.generation.step_artifact`)."""
 
 METHODS["verify_cost"] = """\
 `benchmarks/verify_cost.py`: what integrity checking adds to loading a model folder. A randomly initialised
