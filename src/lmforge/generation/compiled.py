@@ -275,8 +275,12 @@ class _CompiledStep:
         return self.buffers
 
     def __call__(self, *args):
+        try:
+            out = self._run(*args)
+        except _GuardsFailed:  # rerunning the step rewrites the same keys and values at the slot
+            self._whole()
+            out = self._run(*args)
         # A CUDA graph's output lives in memory its next replay overwrites: hand out a copy (N x V, small).
-        out = self._run(*args)
         return out.clone() if self.graphs else out
 
     def _run(self, *args):
@@ -286,11 +290,7 @@ class _CompiledStep:
             self.check_guards = False
             if self.region is not None:
                 self.region.checked.clear()  # each layer's guards are checked at its first call
-                try:
-                    return self.fn(*args)
-                except _GuardsFailed:  # rerunning the step rewrites the same keys and values at the slot
-                    self._whole()
-                    return self._run(*args)
+                return self.fn(*args)
             if self.fn.guard_check(*args):
                 return self.fn(*args)
             self.fn = self._fresh_fn()
@@ -309,8 +309,7 @@ class _CompiledStep:
             with inductor_config.patch(freezing=self.freeze), _cache_in(folder):
                 out = self._first_call(args, saved)
         except _GuardsFailed:
-            self._whole()
-            return self._run(*args)
+            raise
         except Exception as exc:
             if folder is None or not folder.is_dir():
                 raise _compile_failed(exc) from exc
@@ -323,8 +322,7 @@ class _CompiledStep:
                 with inductor_config.patch(freezing=self.freeze), _cache_in(folder):
                     out = self._first_call(args, saved)
             except _GuardsFailed:
-                self._whole()
-                return self._run(*args)
+                raise
             except Exception as again:  # a compiler or toolchain failure: say which switch to turn off
                 raise _compile_failed(again) from again
         self.compiled = True
