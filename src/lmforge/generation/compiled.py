@@ -345,8 +345,8 @@ class _Region:
     """The compiled code of one layer, run for every layer of a step (regional compilation).
 
     The layers of a stack are one class, with their weights as graph inputs (an unfrozen step), so one layer's
-    trace serves all of them: a twelfth of the tracing, lowering and code a whole step takes, and a twelfth of
-    the file saved. The embeddings, mask and head run eagerly around it, a few dozen ops per token. The region
+    trace serves all of them: one layer's graph to trace, lower and build kernels for instead of twelve, and a
+    smaller file (GPT-2's int8 step: 345 KB against 2.66 MB saved whole). The embeddings, mask and head run eagerly around it, a few dozen ops per token. The region
     is precompiled (``aot_compile``), so a call runs the compiled code without Dynamo's per-call guard checks;
     they are checked here once per layer at the first step of every generation instead. A layer they reject
     (another class, or a constant of its own, like GPT-2's per-layer attention scale) raises
