@@ -414,7 +414,7 @@ def ttft(ours, prompt: str, new_tokens: int, threads: int, work: Path, repeats: 
         for key in ("first_output_s", "second_output_s", "total_s"):
             values = sorted(m[key] for m in marks)
             out[name][key] = round(statistics.median(values), 2)
-            out[name][key.replace("_s", "_range")] = [values[0], values[-1]]
+            out[name][key.removesuffix("_s") + "_range"] = [values[0], values[-1]]
     return out
 
 

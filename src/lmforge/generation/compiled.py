@@ -231,27 +231,25 @@ class _CompiledStep:
         self.backend = _backend(device, self.graphs, self.freeze)
         # An unfrozen CPU step is compiled ahead (torch's precompile) and saved whole (lmforge.generation.step_artifact)
         self.savable = not self.freeze and device.type == "cpu"
-        self.regional = self.savable and REGIONAL  # one layer compiled for all (_Region), until one does not fit
-        self.region: _Region | None = None
-        self.fn = self._fresh_fn()
+        self.region: _Region | None = None  # one layer compiled for all, until a layer does not fit it
+        self.fn = self._fresh_fn(self.savable and REGIONAL)
         self.versions = [(t, t._version) for t in _weights(model)]
         self.compiled = False
         self.precompiled = False  # self.fn is a precompiled step, whose guards this class checks itself ...
         self.check_guards = False  # ... at the first step of each generation
 
-    def _fresh_fn(self):
-        """A new ``torch.compile`` of :func:`_decode_step` (compiled at its first call); for a regional step, the
-        eager step over a new :class:`_Region` (compiled at its first layer)."""
-        if self.regional:
-            self.region = _Region(self.backend)
-            return functools.partial(_decode_step, run_layer=self.region)
-        self.region = None
-        return torch.compile(_fresh(), fullgraph=True, dynamic=False, backend=self.backend)
+    def _fresh_fn(self, regional: bool):
+        """A new ``torch.compile`` of :func:`_decode_step` (compiled at its first call); ``regional``: the eager step
+        over a new :class:`_Region` (compiled at its first layer)."""
+        if not regional:
+            self.region = None
+            return torch.compile(_fresh(), fullgraph=True, dynamic=False, backend=self.backend)
+        self.region = _Region(self.backend)
+        return functools.partial(_decode_step, run_layer=self.region)
 
     def _whole(self) -> None:
         """Compile the step whole from now on: some layer does not fit the region compiled from the first."""
-        self.regional = False
-        self.fn = self._fresh_fn()
+        self.fn = self._fresh_fn(regional=False)
         self.compiled = self.precompiled = False
 
     def stale(self, model) -> bool:
@@ -293,8 +291,7 @@ class _CompiledStep:
                 return self.fn(*args)
             if self.fn.guard_check(*args):
                 return self.fn(*args)
-            self.fn = self._fresh_fn()
-            self.compiled = self.precompiled = False
+            self._whole()
         # Dynamo reads the freezing switch while tracing (it decides whether weights become graph
         # constants), from the global config; only this first call traces.
         import torch._inductor.config as inductor_config  # here: importing inductor takes a second or more
@@ -303,11 +300,14 @@ class _CompiledStep:
             for t in (*args[5], *args[6]):
                 torch._dynamo.mark_static_address(t)
         folder = compile_cache_dir()
-        saved = step_artifact.path_for(folder, step_artifact.fingerprint(args, _switches())) \
-            if self.savable and self.region is None and folder is not None else None
-        try:
+        saved = _artifact_path(folder, args) if self.savable and self.region is None else None
+
+        def first_call():
             with inductor_config.patch(freezing=self.freeze), _cache_in(folder):
-                out = self._first_call(args, saved)
+                return self._first_call(args, saved)
+
+        try:
+            out = first_call()
         except _GuardsFailed:
             raise
         except Exception as exc:
@@ -317,10 +317,9 @@ class _CompiledStep:
             warnings.warn(f"compile=True: the compile cache {folder} gave an error ({type(exc).__name__}); "
                           "rebuilding it", stacklevel=2)
             shutil.rmtree(folder, ignore_errors=True)
-            self.fn = self._fresh_fn()
+            self.fn = self._fresh_fn(self.region is not None)
             try:
-                with inductor_config.patch(freezing=self.freeze), _cache_in(folder):
-                    out = self._first_call(args, saved)
+                out = first_call()
             except _GuardsFailed:
                 raise
             except Exception as again:  # a compiler or toolchain failure: say which switch to turn off
@@ -346,11 +345,11 @@ class _Region:
 
     The layers of a stack are one class, with their weights as graph inputs (an unfrozen step), so one layer's
     trace serves all of them: one layer's graph to trace, lower and build kernels for instead of twelve, and a
-    smaller file (GPT-2's int8 step: 345 KB against 2.66 MB saved whole). The embeddings, mask and head run eagerly around it, a few dozen ops per token. The region
-    is precompiled (``aot_compile``), so a call runs the compiled code without Dynamo's per-call guard checks;
-    they are checked here once per layer at the first step of every generation instead. A layer they reject
-    (another class, or a constant of its own, like GPT-2's per-layer attention scale) raises
-    :class:`_GuardsFailed`, and the step is compiled whole."""
+    smaller file (GPT-2's int8 step: 345 KB against 2.66 MB saved whole). The embeddings, mask and head run
+    eagerly around it, a few dozen ops per token. The region is precompiled (``aot_compile``), so a call runs the
+    compiled code without Dynamo's per-call guard checks; they are checked here once per layer at the first step
+    of every generation instead. A layer they reject (another class, or a constant of its own, like GPT-2's
+    per-layer attention scale) raises :class:`_GuardsFailed`, and the step is compiled whole."""
 
     def __init__(self, backend):
         self.fn = torch.compile(_fresh(_layer_region), fullgraph=True, dynamic=False, backend=backend)
@@ -364,15 +363,17 @@ class _Region:
         if i in self.checked or (self.compiled and not self.precompiled):  # (Dynamo checks a plain compile's guards)
             return self.fn(*args)
         if not self.compiled:
-            folder = compile_cache_dir()
-            saved = step_artifact.path_for(folder, step_artifact.fingerprint(args, _switches())) \
-                if folder is not None else None
-            fn = _precompiled(self.fn, args, saved)
+            fn = _precompiled(self.fn, args, _artifact_path(compile_cache_dir(), args))
             self.fn, self.compiled, self.precompiled = fn or self.fn, True, fn is not None
         elif not self.fn.guard_check(*args):
             raise _GuardsFailed(f"layer {i}")
         self.checked.add(i)
         return self.fn(*args)
+
+
+def _artifact_path(folder: Path | None, args) -> Path | None:
+    """Where the precompiled function of these inputs is saved in the compile cache ``folder`` (None: no cache)."""
+    return None if folder is None else step_artifact.path_for(folder, step_artifact.fingerprint(args, _switches()))
 
 
 def _precompiled(fn, args, saved: Path | None):

@@ -174,11 +174,11 @@ class TransformerStack(nn.Module):
         hidden = [x] if output_hidden_states else None
         if unpadded is not None:
             x = unpadded.pack(x)  # (N, D)
+        run = getattr(cache, "run_layer", None)  # a compiled step's one compiled layer (StaticKVCache)
         for i in range(self.n_layers):
             layer = self.layers[0 if len(self.layers) == 1 else i]
             if self.step_signal is not None:
                 x = x + self.step_signal[i].to(x.dtype)
-            run = getattr(cache, "run_layer", None)  # a compiled step's one compiled layer (StaticKVCache)
             x = layer(x, ctx, memory, layer=i) if run is None else run(layer, x, ctx, i)
             if hidden is not None:
                 hidden.append(ctx.padded(x))
