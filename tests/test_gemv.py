@@ -22,6 +22,7 @@ def _kernel_here() -> bool:
     can = (sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
            and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
            and bool(os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc"))
+           and bool(os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++"))
            and os.environ.get(gemv.ENV) != "off")
     assert gemv.available() == can, gemv.unavailable_reason()
     return can
@@ -97,6 +98,26 @@ def test_few_rows_take_the_kernel_and_more_take_fbgemm():
             assert torch.equal(got, gemv.int8_gemv(x, q, s))
         else:
             assert torch.equal(got, weight_only._int8_dynamic(x, packed))
+
+
+def test_several_weights_of_one_input_in_one_call_equal_one_call_each():
+    """int8_gemv_n (an attention's q, k and v): x rounded once, the same numbers as separate calls; and an attention
+    with int8 projections takes it for decoding's rows, in eager mode and in a compiled graph."""
+    if not _kernel_here():
+        return
+    torch.manual_seed(0)
+    weights = [quantize_int8(torch.randn(n, 70)) for n in (33, 1, 64)]  # 70 inputs: a tail of 6
+    for rows in (1, 2):
+        x = torch.randn(rows, 70)
+        got = gemv.int8_gemv_n(x, [q for q, _ in weights], [s for _, s in weights])
+        for y, (q, s) in zip(got, weights):
+            assert torch.equal(y, gemv.int8_gemv(x, q, s))
+    layers = [WeightOnlyLinear.from_linear(torch.nn.Linear(70, n), "int8") for n in (33, 64)]
+    x = torch.randn(1, 1, 70)
+    assert all(torch.equal(y, m(x)) for y, m in zip(weight_only.int8_projections(x, layers), layers))
+    assert weight_only.int8_projections(torch.randn(1, 3, 70), layers) is None  # three rows: fbgemm's, one by one
+    graph = _traced(lambda x: weight_only.int8_projections(x, layers)[1], x)
+    assert "lmforge.int8_gemv_n" in graph
 
 
 def test_built_into_the_cache_and_a_damaged_file_is_rebuilt(fresh_cache):
@@ -215,22 +236,21 @@ def test_linear_sends_bf16_rows_without_gradients_to_the_kernel():
     assert w.grad is not None and torch.equal(y, torch.nn.functional.linear(x, w, b))
 
 
-def test_bf16_op_compiles_as_one_opaque_node_and_falls_back_when_switched_off(fresh_cache, monkeypatch):
+def test_bf16_rows_compile_as_one_opaque_operator_and_switched_off_use_f_linear(fresh_cache, monkeypatch):
     kernel = _kernel_here()
     torch.manual_seed(0)
     w, b, x = torch.randn(24, 64).bfloat16(), torch.randn(24).bfloat16(), torch.randn(1, 64).bfloat16()
-    op = torch.ops.lmforge.bf16_linear
     graph = _traced(lambda x: linear.linear(x, w, b), x)
-    assert ("lmforge.bf16_linear" in graph) == kernel and ("linear" in graph)
+    assert ("lmforge.bf16_gemv" in graph) == kernel and ("linear" in graph) != kernel
     with torch.no_grad():
         compiled = torch.compile(lambda x: linear.linear(x, w, b), fullgraph=True, backend="aot_eager")
-        assert torch.equal(compiled(x), op(x, w, b))
-        if kernel:
-            assert torch.equal(op(x, w, b), gemv.bf16_gemv(x, w, b))
+        expected = gemv.bf16_gemv(x, w, b) if kernel else torch.nn.functional.linear(x, w, b)
+        assert torch.equal(compiled(x), expected)
         monkeypatch.setenv(gemv.ENV, "off")
         gemv.reset()
-        assert torch.equal(op(x, w, b), torch.nn.functional.linear(x, w, b))
         assert torch.equal(linear.linear(x, w, b), torch.nn.functional.linear(x, w, b))
+        graph = _traced(lambda x: linear.linear(x, w, b) * 2, x)
+        assert "lmforge" not in graph
 
 
 # ------------------------------------------------------------------------------------------- fp32

@@ -72,13 +72,18 @@ def _decoding(model, config: GenerationConfig):
     """Eval mode (dropout would make every step random) and the decoding forms of the weights. Not for
     compiled decoding: the compiled graph multiplies by the weights as they are (its own kernels), and
     the registry's id() lookups are nothing to trace."""
+    # Walked rather than set: a model already in eval mode (the usual case) is left alone, where eval() and
+    # train() would each visit every module of it on every call.
+    switch = any(m.training for m in model.modules())
     was_training = model.training
-    model.eval()
+    if switch:
+        model.eval()
     try:
         with decoding_weights([] if config.compile else _decode_weights(model)):
             yield
     finally:
-        model.train(was_training)
+        if switch:
+            model.train(was_training)
 
 
 class _Run:

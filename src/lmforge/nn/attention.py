@@ -40,6 +40,7 @@ from lmforge.nn.positions.deberta import DisentangledBias
 from lmforge.nn.positions.rope import apply_rotary
 from lmforge.nn.positions.shaw_relative import ShawRelativePositions
 from lmforge.nn.unpadding import Unpadded
+from lmforge.nn.weight_only import int8_projections
 
 
 @dataclass
@@ -140,8 +141,10 @@ class Attention(nn.Module):
             kv_inner = self.n_kv_heads * self.head_dim
             qkv = ctx.padded(F.linear(x, weight, bias))  # (B, T, (H + 2 Hkv) hd)
             q, k, v = qkv.split([self.n_heads * self.head_dim, kv_inner, kv_inner], dim=-1)
-        else:
-            q, k, v = (ctx.padded(apply_linear(m, x)) for m in (self.q, self.k, self.v))
+        else:  # decoding's rows of int8 projections: one kernel call with x rounded once
+            projections = (self.q, self.k, self.v)
+            outs = int8_projections(x, projections) or [apply_linear(m, x) for m in projections]
+            q, k, v = (ctx.padded(o) for o in outs)
         q, k, v = self._heads(q, self.n_heads), self._heads(k, self.n_kv_heads), self._heads(v, self.n_kv_heads)
         if ctx.rope is not None:
             q, k = apply_rotary(q, *ctx.rope), apply_rotary(k, *ctx.rope)

@@ -59,9 +59,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """``F.linear(x, weight, bias)``: x (..., in), weight (out, in) -> (..., out)."""
     kernel = cpu_kernel(x, weight)
     if kernel == "bf16":
-        if torch.compiler.is_compiling():
-            return torch.ops.lmforge.bf16_linear(x, weight, bias)
-        return gemv.bf16_gemv(x, weight, bias)
+        return gemv.bf16_gemv(x, weight, bias)  # an operator: one opaque node in a compiled graph
     if kernel == "f32":
         return gemv.f32_gemv(x, weight, bias)
     if _DECODE:
@@ -95,13 +93,6 @@ def cpu_kernel(x: torch.Tensor, weight: torch.Tensor) -> str | None:
     if x.dtype is torch.float32 and not compiling and x.numel() <= gemv.F32_MAX_ROWS * x.shape[-1]:
         return "f32" if gemv.available() else None
     return None
-
-
-def _bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return gemv.bf16_gemv(x, weight, bias) if gemv.available() else F.linear(x, weight, bias)
-
-
-gemv.register_linear_op("bf16_linear", "Tensor x, Tensor weight, Tensor? bias", _bf16_linear)
 
 
 def apply_linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:

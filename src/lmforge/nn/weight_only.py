@@ -154,9 +154,29 @@ def int8_dynamic_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Te
         True
     """
     if x.numel() <= gemv.MAX_ROWS * x.shape[-1] and gemv.available():
-        y = gemv.int8_gemv(x, qweight, scales)
-        return y if x.dtype == torch.float32 else y.to(x.dtype)
+        return gemv.int8_gemv(x, qweight, scales).to(x.dtype)
     return _int8_dynamic(x, _packed_int8(qweight, scales))
+
+
+def int8_projections(x: torch.Tensor, layers) -> list[torch.Tensor] | None:
+    """``[layer(x) for layer in layers]`` in one kernel call, with ``x`` rounded once, when every layer is int8 and
+    takes decoding's few-row kernel (an attention's q, k and v); None otherwise.
+
+    Example:
+        >>> layers = [WeightOnlyLinear.from_linear(torch.nn.Linear(64, n), "int8") for n in (16, 8)]
+        >>> x = torch.randn(1, 1, 64)                                 # (B, T, in): one decoding row
+        >>> ys = int8_projections(x, layers) or [layer(x) for layer in layers]
+        >>> [tuple(y.shape) for y in ys], all(torch.equal(y, layer(x)) for y, layer in zip(ys, layers))
+        ([(1, 1, 16), (1, 1, 8)], True)
+    """
+    if x.numel() > gemv.MAX_ROWS * x.shape[-1] or not all(
+            type(m) is WeightOnlyLinear and m.dynamic_activations(x) and not (m._forward_hooks or m._forward_pre_hooks)
+            for m in layers):
+        return None
+    if not (gemv.ready() if torch.compiler.is_compiling() else gemv.available()):
+        return None
+    ys = gemv.int8_gemv_n(x, [m.qweight for m in layers], [m.scales for m in layers])
+    return [y.to(x.dtype) if m.bias is None else y.to(x.dtype) + m.bias.to(x.dtype) for y, m in zip(ys, layers)]
 
 
 gemv.register_linear_op("int8_dynamic_linear", "Tensor x, Tensor qweight, Tensor scales", int8_dynamic_linear)
@@ -235,10 +255,12 @@ class WeightOnlyLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x (..., in) -> (..., out)
         bias = None if self.bias is None else self.bias.to(x.dtype)
         if self.dynamic_activations(x):
-            if torch.compiler.is_compiling():
-                y = torch.ops.lmforge.int8_dynamic_linear(x, self.qweight, self.scales)
-            else:  # the kernel itself: the custom op's dispatch costs as much as a small GEMM
+            if not torch.compiler.is_compiling():
                 y = int8_dynamic_linear(x, self.qweight, self.scales)
+            elif gemv.ready() and x.numel() <= gemv.MAX_ROWS * x.shape[-1]:  # decoding's rows: the C++ operator
+                y = torch.ops.lmforge.int8_gemv(x, self.qweight, self.scales).to(x.dtype)
+            else:  # the op whose Python kernel chooses per call
+                y = torch.ops.lmforge.int8_dynamic_linear(x, self.qweight, self.scales)
             return y if bias is None else y + bias
         if self.mode == "int8" and x.dtype == torch.bfloat16 and torch.compiler.is_compiling():
             # Inductor's weight-only pattern (linear of the int8 weight cast to bf16, times the scales): it keeps

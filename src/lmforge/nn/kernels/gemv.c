@@ -1,12 +1,15 @@
 /* Decoding's matrix-vector products on an x86 CPU with AVX2: a few activation rows times int8, bf16 or fp32 weights.
  * Decoding one sequence is bound by streaming the weights, so both read them in their narrow form and widen in
  * registers. Output rows are shared among the OpenMP threads of the calling process (torch's pool, once torch
- * is loaded). lmforge/nn/gemv.py builds and calls this file; tests/test_gemv.py checks it against torch.
+ * is loaded). lmforge/nn/gemv.py builds this file and hands its functions to the operators of gemv_ops.cpp;
+ * tests/test_gemv.py checks them against torch.
  *
- * int8 (lmforge_int8_gemv). Each row of x is rounded to int8 with one scale (symmetric, max |x| -> 127), as llama.cpp rounds activations
- * for its Q8_0 dot products; every dot product is then exact in int32 and scaled once:
+ * int8 (lmforge_int8_gemv_n). Each row of x is rounded to int8 with one scale (symmetric, max |x| -> 127), as
+ * llama.cpp rounds activations for its Q8_0 dot products; every dot product is then exact in int32 and scaled once:
  *
  *     y[r, o] = xs[r] * ws[o] * sum_i xq[r, i] * q[o, i]
+ *
+ * Several weights of one x (an attention's q, k and v) are done in one call, with x rounded once.
  *
  * AVX2 multiplies unsigned by signed bytes (maddubs), so |x| times q carrying x's sign stands for x times q.
  * Both stay within [-127, 127], so a pair of products fits int16 (2 * 127 * 127 = 32258) and nothing saturates.
@@ -82,13 +85,15 @@ static float round_row(const float *x, int8_t *xq, int64_t n) {
     return scale;
 }
 
-/* x (m, n_in) fp32, q (n_out, n_in) int8, ws (n_out) fp32 -> y (m, n_out) fp32. Returns 0, or 1 when out of
- * memory (nothing written). */
-int lmforge_int8_gemv(const float *x, const int8_t *q, const float *ws, float *y, int64_t m, int64_t n_in,
-                      int64_t n_out) {
-    if (m <= 0 || n_out <= 0) return 0;
-    if (n_in <= 0) {  /* an empty sum */
-        for (int64_t i = 0; i < m * n_out; i++) y[i] = 0.0f;
+/* For k < n: x (m, n_in) fp32, q[k] (n_out[k], n_in) int8, ws[k] (n_out[k]) fp32 -> y[k] (m, n_out[k]) fp32: several
+ * weights of one input (an attention's q, k and v) with x rounded once and one pass of the threads, which take each
+ * weight's rows in turn without waiting for each other. Returns 0, or 1 when out of memory (nothing written). */
+int lmforge_int8_gemv_n(const float *x, int64_t m, int64_t n_in, int64_t n, const int8_t *const *q,
+                        const float *const *ws, float *const *y, const int64_t *n_out) {
+    if (m <= 0) return 0;
+    if (n_in <= 0) {  /* empty sums */
+        for (int64_t k = 0; k < n; k++)
+            for (int64_t i = 0; i < m * n_out[k]; i++) y[k][i] = 0.0f;
         return 0;
     }
     int8_t *xq = malloc((size_t)(m * n_in));
@@ -100,10 +105,17 @@ int lmforge_int8_gemv(const float *x, const int8_t *q, const float *ws, float *y
     }
     for (int64_t r = 0; r < m; r++)
         xs[r] = round_row(x + r * n_in, xq + r * n_in, n_in);
-#pragma omp parallel for schedule(static)
-    for (int64_t o = 0; o < n_out; o++) {
-        const int8_t *w = q + o * n_in;
-        for (int64_t r = 0; r < m; r++) y[r * n_out + o] = (float)dot_int8(xq + r * n_in, w, n_in) * xs[r] * ws[o];
+#pragma omp parallel
+    for (int64_t k = 0; k < n; k++) {
+        const int8_t *qk = q[k];
+        const float *wk = ws[k];
+        float *yk = y[k];
+        int64_t rows = n_out[k];
+#pragma omp for schedule(static) nowait
+        for (int64_t o = 0; o < rows; o++) {
+            const int8_t *w = qk + o * n_in;
+            for (int64_t r = 0; r < m; r++) yk[r * rows + o] = (float)dot_int8(xq + r * n_in, w, n_in) * xs[r] * wk[o];
+        }
     }
     free(xq);
     free(xs);
