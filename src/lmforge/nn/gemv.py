@@ -90,8 +90,7 @@ ENV = "LMFORGE_GEMV"  # "off": always the library kernels
 
 # once per process: "lib" (the loaded kernels or None), "reason" (why None) and "bf16_rows" (bf16_max_rows)
 _state: dict = {}
-# the operator library, loaded once per process and never again (its operators can be registered only once):
-# "lib", or "reason" why it could not be built or loaded
+# "lib": the operator library, loaded once per process and never again (its operators can be registered only once)
 _ops: dict = {}
 
 

@@ -27,7 +27,7 @@ block. Results equal ``F.linear``'s to fp32 rounding.
 bf16 weights. bf16 rows on a CPU, with gradients off, go to :func:`lmforge.nn.gemv.bf16_gemv` (where it is
 built), which reads the bf16 weights near the read bandwidth and sums in fp32: decoding's one or two rows, and on
 a CPU without native bf16 (where oneDNN emulates bf16, slower than fp32) any number of rows. Under
-``torch.compile`` it is one opaque op, ``lmforge::bf16_linear``. Its results equal a bf16 ``F.linear`` to bf16
+``torch.compile`` it is one opaque operator, ``lmforge::bf16_gemv``. Its results equal a bf16 ``F.linear`` to bf16
 rounding of the output.
 
 Example:

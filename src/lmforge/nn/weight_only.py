@@ -24,7 +24,9 @@ weight-only int8 instead: PyTorch's ``torch._weight_int8pack_mm``, which reads t
 inside the matmul. int4 calls ``torch._weight_int4pack_mm_for_cpu`` on the tinygemm-packed form, always with
 bf16 activations (its fp32 path was 7-25x slower than fp32 ``F.linear`` at decoding shapes, its bf16 path 1.5-2x
 faster; bf16's rounding of the activations is small beside 16 weight levels). Under
-``torch.compile`` the integer matmul is one opaque op (``lmforge::int8_dynamic_linear``); a weight-only int8 layer
+``torch.compile`` the integer matmul is one opaque op: ``lmforge::int8_gemv``, the C++ operator of
+:mod:`lmforge.nn.gemv`, for decoding's rows (``int8_gemv_n`` for an attention's q, k and v together:
+:func:`int8_projections`), else ``lmforge::int8_dynamic_linear``, which chooses per call; a weight-only int8 layer
 with bf16 activations is written as ``linear(x, q.to(bf16)) * s``, the pattern inductor's freezing keeps as an
 int8 constant and lowers to its own weight-only int8 GEMM; other cases, and other devices, dequantise and call
 ``F.linear``. All equal ``x @ dequantised(W)^T`` to the rounding of the activation dtype (and, with dynamic

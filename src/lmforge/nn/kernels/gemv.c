@@ -25,19 +25,24 @@
  */
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int32_t dot_int8(const int8_t *a, const int8_t *w, int64_t n) {
+/* acc += the products of 32 pairs (|a| times w carrying a's sign), summed in pairs and then in fours to int32. */
+static inline __m256i dot_step(__m256i a_abs, __m256i a, const int8_t *w, __m256i acc) {
     const __m256i ones = _mm256_set1_epi16(1);
+    __m256i wv = _mm256_loadu_si256((const __m256i *)w);
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a_abs, _mm256_sign_epi8(wv, a)), ones));
+}
+
+static int32_t dot_int8(const int8_t *a, const int8_t *w, int64_t n) {
     __m256i acc = _mm256_setzero_si256();
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
         __m256i av = _mm256_loadu_si256((const __m256i *)(a + i));
-        __m256i wv = _mm256_loadu_si256((const __m256i *)(w + i));
-        __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(av, av), _mm256_sign_epi8(wv, av));
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ones));
+        acc = dot_step(_mm256_sign_epi8(av, av), av, w + i, acc);
     }
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
     s = _mm_hadd_epi32(s, s);
@@ -45,6 +50,44 @@ static int32_t dot_int8(const int8_t *a, const int8_t *w, int64_t n) {
     int32_t total = _mm_cvtsi128_si32(s);
     for (; i < n; i++) total += (int32_t)a[i] * (int32_t)w[i];
     return total;
+}
+
+/* out[k] = sum_i a[i] * w[k][i] for four weight rows at once: |a| and a's signs are loaded once for the four. */
+static void dot_int8_x4(const int8_t *a, const int8_t *const w[4], int64_t n, int32_t out[4]) {
+    __m256i c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0, c3 = c0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256i av = _mm256_loadu_si256((const __m256i *)(a + i));
+        __m256i a_abs = _mm256_sign_epi8(av, av);
+        c0 = dot_step(a_abs, av, w[0] + i, c0);
+        c1 = dot_step(a_abs, av, w[1] + i, c1);
+        c2 = dot_step(a_abs, av, w[2] + i, c2);
+        c3 = dot_step(a_abs, av, w[3] + i, c3);
+    }
+    __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(c0, c1), _mm256_hadd_epi32(c2, c3));  /* per half: the 4 sums */
+    _mm_storeu_si128((__m128i *)out, _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1)));
+    for (; i < n; i++)
+        for (int k = 0; k < 4; k++) out[k] += (int32_t)a[i] * (int32_t)w[k][i];
+}
+
+/* This thread's share of y (m, n_out) = rounded x times q (n_out, n_in): a contiguous range of output rows, read as
+ * four streams (one row from each quarter of the range at a time). Four streams read memory faster than one on the
+ * machines measured (the module docstring of lmforge/nn/gemv.py: 1.5-1.9x at decoding's shapes). */
+static void int8_rows(const int8_t *xq, const float *xs, const int8_t *q, const float *ws, float *y, int64_t m,
+                      int64_t n_in, int64_t n_out, int thread, int threads) {
+    int64_t per = (n_out + threads - 1) / threads, lo = thread * per;
+    int64_t hi = lo + per < n_out ? lo + per : n_out, quarter = hi > lo ? (hi - lo) / 4 : 0;
+    for (int64_t j = 0; j < quarter; j++) {
+        int64_t o[4] = {lo + j, lo + j + quarter, lo + j + 2 * quarter, lo + j + 3 * quarter};
+        const int8_t *w[4] = {q + o[0] * n_in, q + o[1] * n_in, q + o[2] * n_in, q + o[3] * n_in};
+        for (int64_t r = 0; r < m; r++) {
+            int32_t sums[4];
+            dot_int8_x4(xq + r * n_in, w, n_in, sums);
+            for (int k = 0; k < 4; k++) y[r * n_out + o[k]] = (float)sums[k] * xs[r] * ws[o[k]];
+        }
+    }
+    for (int64_t o = lo + 4 * quarter; o < hi; o++)  /* the last (hi - lo) % 4 rows */
+        for (int64_t r = 0; r < m; r++) y[r * n_out + o] = (float)dot_int8(xq + r * n_in, q + o * n_in, n_in) * xs[r] * ws[o];
 }
 
 /* Row x (n) -> xq = round(x / scale) as int8, half to even as torch.round does; returns scale = max|x| / 127, or
@@ -86,8 +129,9 @@ static float round_row(const float *x, int8_t *xq, int64_t n) {
 }
 
 /* For k < n: x (m, n_in) fp32, q[k] (n_out[k], n_in) int8, ws[k] (n_out[k]) fp32 -> y[k] (m, n_out[k]) fp32: several
- * weights of one input (an attention's q, k and v) with x rounded once and one pass of the threads, which take each
- * weight's rows in turn without waiting for each other. Returns 0, or 1 when out of memory (nothing written). */
+ * weights of one input (an attention's q, k and v) with x rounded once and one pass of the threads, which take their
+ * share of each weight's rows in turn without waiting for each other. Returns 0, or 1 when out of memory (nothing
+ * written). */
 int lmforge_int8_gemv_n(const float *x, int64_t m, int64_t n_in, int64_t n, const int8_t *const *q,
                         const float *const *ws, float *const *y, const int64_t *n_out) {
     if (m <= 0) return 0;
@@ -106,16 +150,10 @@ int lmforge_int8_gemv_n(const float *x, int64_t m, int64_t n_in, int64_t n, cons
     for (int64_t r = 0; r < m; r++)
         xs[r] = round_row(x + r * n_in, xq + r * n_in, n_in);
 #pragma omp parallel
-    for (int64_t k = 0; k < n; k++) {
-        const int8_t *qk = q[k];
-        const float *wk = ws[k];
-        float *yk = y[k];
-        int64_t rows = n_out[k];
-#pragma omp for schedule(static) nowait
-        for (int64_t o = 0; o < rows; o++) {
-            const int8_t *w = qk + o * n_in;
-            for (int64_t r = 0; r < m; r++) yk[r * rows + o] = (float)dot_int8(xq + r * n_in, w, n_in) * xs[r] * wk[o];
-        }
+    {
+        int thread = omp_get_thread_num(), threads = omp_get_num_threads();
+        for (int64_t k = 0; k < n; k++)  /* no barrier between weights: each thread goes on to its next share */
+            int8_rows(xq, xs, q[k], ws[k], y[k], m, n_in, n_out[k], thread, threads);
     }
     free(xq);
     free(xs);
@@ -158,11 +196,11 @@ static float hsum(__m256 v) {
 
 #define OUT_BLOCK 4 /* weight rows per pass: independent sums (FMA latency) and memory streams */
 
-/* out[j * 2 + r] = sum_i xp[r][i] * w[j][i] for weight rows j < nb (w + j * n) and activation rows r < nr (1 or 2),
+/* out[j * 2 + r] = sum_i xp[r][i] * w[j][i] for weight rows j < nb (w + j * ws) and activation rows r < nr (1 or 2),
  * with xp deinterleaved: each weight is widened once, each activation load serves nb rows. Called with constant
  * nb and nr, so the compiler keeps the sums in registers. */
 static inline __attribute__((always_inline)) void dot_bf16(const float *xp, int64_t stride, int nr, const uint16_t *w,
-                                                           int nb, int64_t n, float *out) {
+                                                           int64_t ws, int nb, int64_t n, float *out) {
     const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
     __m256 acc[OUT_BLOCK][2];
     for (int j = 0; j < nb; j++) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
@@ -172,7 +210,7 @@ static inline __attribute__((always_inline)) void dot_bf16(const float *xp, int6
         __m256 xe0 = _mm256_loadu_ps(x0 + i), xo0 = _mm256_loadu_ps(x0 + i + 8);
         __m256 xe1 = _mm256_loadu_ps(x1 + i), xo1 = _mm256_loadu_ps(x1 + i + 8);
         for (int j = 0; j < nb; j++) {
-            __m256i pair = _mm256_loadu_si256((const __m256i *)(w + j * n + i));
+            __m256i pair = _mm256_loadu_si256((const __m256i *)(w + j * ws + i));
             __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(pair, 16));
             __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(pair, high));
             acc[j][0] = _mm256_fmadd_ps(odd, xo0, _mm256_fmadd_ps(even, xe0, acc[j][0]));
@@ -183,14 +221,14 @@ static inline __attribute__((always_inline)) void dot_bf16(const float *xp, int6
         for (int r = 0; r < nr; r++) {
             const float *xr = r ? x1 : x0;
             float total = hsum(acc[j][r]);
-            for (int64_t k = i; k < n; k++) total += xr[k] * bf16_to_float(w[j * n + k]);
+            for (int64_t k = i; k < n; k++) total += xr[k] * bf16_to_float(w[j * ws + k]);
             out[j * 2 + r] = total;
         }
 }
 
 /* fp32: out[j * 2 + r] = sum_i x[r][i] * w[j][i], as dot_bf16 with nothing to widen. */
 static inline __attribute__((always_inline)) void dot_f32(const float *x, int64_t stride, int nr, const float *w,
-                                                          int nb, int64_t n, float *out) {
+                                                          int64_t ws, int nb, int64_t n, float *out) {
     __m256 acc[OUT_BLOCK][2];
     for (int j = 0; j < nb; j++) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
     const float *x0 = x, *x1 = x + (nr > 1 ? stride : 0);
@@ -198,7 +236,7 @@ static inline __attribute__((always_inline)) void dot_f32(const float *x, int64_
     for (; i + 8 <= n; i += 8) {
         __m256 a = _mm256_loadu_ps(x0 + i), c = _mm256_loadu_ps(x1 + i);
         for (int j = 0; j < nb; j++) {
-            __m256 wj = _mm256_loadu_ps(w + j * n + i);
+            __m256 wj = _mm256_loadu_ps(w + j * ws + i);
             acc[j][0] = _mm256_fmadd_ps(wj, a, acc[j][0]);
             if (nr > 1) acc[j][1] = _mm256_fmadd_ps(wj, c, acc[j][1]);
         }
@@ -207,48 +245,52 @@ static inline __attribute__((always_inline)) void dot_f32(const float *x, int64_
         for (int r = 0; r < nr; r++) {
             const float *xr = r ? x1 : x0;
             float total = hsum(acc[j][r]);
-            for (int64_t k = i; k < n; k++) total += xr[k] * w[j * n + k];
+            for (int64_t k = i; k < n; k++) total += xr[k] * w[j * ws + k];
             out[j * 2 + r] = total;
         }
 }
 
-/* The rows of y = x @ w^T + b for bf16 (widened) or fp32 weights: weight rows in blocks of OUT_BLOCK shared among
- * the threads, activation rows in pairs. Inlined with a constant `bf16` and called with constant counts, so each
- * dot product is compiled for its case. x is fp32 (bf16 activations deinterleaved first); y and b are in the
- * weights' dtype. */
+/* The rows of y = x @ w^T + b for bf16 (widened) or fp32 weights: each thread takes a contiguous range of output
+ * rows and reads it as OUT_BLOCK streams, one row from each part of its range per pass (as int8_rows does), then the
+ * range's last few rows one at a time; activation rows in pairs. Inlined with a constant `bf16` and called with
+ * constant counts, so each dot product is compiled for its case. x is fp32 (bf16 activations deinterleaved first);
+ * y and b are in the weights' dtype. */
 static inline __attribute__((always_inline)) void gemv_rows(int bf16, const float *x, const void *w, const void *b,
                                                             void *y, int64_t m, int64_t n_in, int64_t n_out) {
-    int64_t blocks = (n_out + OUT_BLOCK - 1) / OUT_BLOCK;
-#pragma omp parallel for schedule(static)
-    for (int64_t blk = 0; blk < blocks; blk++) {
-        int64_t o = blk * OUT_BLOCK;
-        int nb = n_out - o < OUT_BLOCK ? (int)(n_out - o) : OUT_BLOCK;
-        const uint16_t *wh = (const uint16_t *)w + o * n_in;
-        const float *wf = (const float *)w + o * n_in;
-        float sums[OUT_BLOCK * 2];
-        for (int64_t r = 0; r < m; r += 2) {
-            int nr = m - r > 1 ? 2 : 1;
-            const float *xr = x + r * n_in;
-#define DOT(NR, NB, J) (bf16 ? dot_bf16(xr, n_in, NR, wh + (J) * n_in, NB, n_in, sums + (J) * 2) \
-                             : dot_f32(xr, n_in, NR, wf + (J) * n_in, NB, n_in, sums + (J) * 2))
-            if (nb == OUT_BLOCK && nr == 2) DOT(2, OUT_BLOCK, 0);
-            else if (nb == OUT_BLOCK) DOT(1, OUT_BLOCK, 0);
-            else  /* the last, partial block: one weight row at a time */
-                for (int j = 0; j < nb; j++) {
-                    if (nr == 2) DOT(2, 1, j);
-                    else DOT(1, 1, j);
-                }
+#pragma omp parallel
+    {
+        int thread = omp_get_thread_num(), threads = omp_get_num_threads();
+        int64_t per = (n_out + threads - 1) / threads, lo = thread * per;
+        int64_t hi = lo + per < n_out ? lo + per : n_out, part = hi > lo ? (hi - lo) / OUT_BLOCK : 0;
+        int64_t passes = part + (hi > lo ? (hi - lo) - OUT_BLOCK * part : 0);
+        for (int64_t p = 0; p < passes; p++) {
+            /* rows o, o + step, ..., nb of them: a block across the parts, or one of the last rows */
+            int64_t o = p < part ? lo + p : lo + OUT_BLOCK * part + (p - part), step = part;
+            int nb = p < part ? OUT_BLOCK : 1;
+            const uint16_t *wh = (const uint16_t *)w + o * n_in;
+            const float *wf = (const float *)w + o * n_in;
+            int64_t ws = step * n_in;
+            float sums[OUT_BLOCK * 2];
+            for (int64_t r = 0; r < m; r += 2) {
+                int nr = m - r > 1 ? 2 : 1;
+                const float *xr = x + r * n_in;
+#define DOT(NR, NB) (bf16 ? dot_bf16(xr, n_in, NR, wh, ws, NB, n_in, sums) : dot_f32(xr, n_in, NR, wf, ws, NB, n_in, sums))
+                if (nb == OUT_BLOCK && nr == 2) DOT(2, OUT_BLOCK);
+                else if (nb == OUT_BLOCK) DOT(1, OUT_BLOCK);
+                else if (nr == 2) DOT(2, 1);
+                else DOT(1, 1);
 #undef DOT
-            for (int j = 0; j < nb; j++)
-                for (int k = 0; k < nr; k++) {
-                    int64_t at = (r + k) * n_out + o + j;
-                    if (bf16) {
-                        float bias = b ? bf16_to_float(((const uint16_t *)b)[o + j]) : 0.0f;
-                        ((uint16_t *)y)[at] = float_to_bf16(bias + sums[j * 2 + k]);
-                    } else {
-                        ((float *)y)[at] = (b ? ((const float *)b)[o + j] : 0.0f) + sums[j * 2 + k];
+                for (int j = 0; j < nb; j++)
+                    for (int k = 0; k < nr; k++) {
+                        int64_t row = o + j * step, at = (r + k) * n_out + row;
+                        if (bf16) {
+                            float bias = b ? bf16_to_float(((const uint16_t *)b)[row]) : 0.0f;
+                            ((uint16_t *)y)[at] = float_to_bf16(bias + sums[j * 2 + k]);
+                        } else {
+                            ((float *)y)[at] = (b ? ((const float *)b)[row] : 0.0f) + sums[j * 2 + k];
+                        }
                     }
-                }
+            }
         }
     }
 }
