@@ -72,7 +72,7 @@ static void dot_int8_x4(const int8_t *a, const int8_t *const w[4], int64_t n, in
 
 /* This thread's share of y (m, n_out) = rounded x times q (n_out, n_in): a contiguous range of output rows, read as
  * four streams (one row from each quarter of the range at a time). Four streams read memory faster than one on the
- * machines measured (the module docstring of lmforge/nn/gemv.py: 1.5-1.9x at decoding's shapes). */
+ * machines measured (the module docstring of lmforge/nn/gemv.py: 1.45-1.9x at decoding's shapes). */
 static void int8_rows(const int8_t *xq, const float *xs, const int8_t *q, const float *ws, float *y, int64_t m,
                       int64_t n_in, int64_t n_out, int thread, int threads) {
     int64_t per = (n_out + threads - 1) / threads, lo = thread * per;
