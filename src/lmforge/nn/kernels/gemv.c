@@ -87,7 +87,8 @@ static void int8_rows(const int8_t *xq, const float *xs, const int8_t *q, const 
         }
     }
     for (int64_t o = lo + 4 * quarter; o < hi; o++)  /* the last (hi - lo) % 4 rows */
-        for (int64_t r = 0; r < m; r++) y[r * n_out + o] = (float)dot_int8(xq + r * n_in, q + o * n_in, n_in) * xs[r] * ws[o];
+        for (int64_t r = 0; r < m; r++)
+            y[r * n_out + o] = (float)dot_int8(xq + r * n_in, q + o * n_in, n_in) * xs[r] * ws[o];
 }
 
 /* Row x (n) -> xq = round(x / scale) as int8, half to even as torch.round does; returns scale = max|x| / 127, or
@@ -274,7 +275,8 @@ static inline __attribute__((always_inline)) void gemv_rows(int bf16, const floa
             for (int64_t r = 0; r < m; r += 2) {
                 int nr = m - r > 1 ? 2 : 1;
                 const float *xr = x + r * n_in;
-#define DOT(NR, NB) (bf16 ? dot_bf16(xr, n_in, NR, wh, ws, NB, n_in, sums) : dot_f32(xr, n_in, NR, wf, ws, NB, n_in, sums))
+#define DOT(NR, NB) (bf16 ? dot_bf16(xr, n_in, NR, wh, ws, NB, n_in, sums) \
+                         : dot_f32(xr, n_in, NR, wf, ws, NB, n_in, sums))
                 if (nb == OUT_BLOCK && nr == 2) DOT(2, OUT_BLOCK);
                 else if (nb == OUT_BLOCK) DOT(1, OUT_BLOCK);
                 else if (nr == 2) DOT(2, 1);
