@@ -150,34 +150,34 @@ def _ops_command(out: Path) -> list[str]:
             f"-L{torch_dir / 'lib'}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_dir / 'lib'}"]
 
 
-def _build(path: Path, command) -> None:
-    """Compile with ``command(out)`` in a temporary folder, then write the library to ``path`` atomically (a full
-    disk is an ``EnvironmentFault``, an ``OSError``, and leaves nothing under the name)."""
+def _build(path: Path, source: Path, command) -> None:
+    """Compile ``source`` with ``command(out)`` in a temporary folder, then write the library to ``path``
+    atomically (a full disk is an ``EnvironmentFault``, an ``OSError``, and leaves nothing under the name)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / path.name
         done = subprocess.run(command(out), capture_output=True, text=True)
         if done.returncode != 0:
-            raise OSError(f"compiling {path.name.split('-')[0]} failed: "
-                          f"{(done.stderr.strip().splitlines() or ['?'])[-1]}")
+            raise OSError(f"compiling {source.name} failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
         atomic_write_bytes(path, out.read_bytes())
 
 
-def _open(path: Path, command) -> ctypes.CDLL:
-    """The library at ``path``, built first if need be; a file that does not load is built again, once."""
+def _open(path: Path, source: Path, command) -> ctypes.CDLL:
+    """The library at ``path``, built from ``source`` first if need be; a file that does not load is built again,
+    once."""
     if not path.exists():
-        _build(path, command)
+        _build(path, source, command)
     try:
         return ctypes.CDLL(str(path))
     except OSError:  # a damaged or foreign file under our name
         path.unlink(missing_ok=True)
-        _build(path, command)
+        _build(path, source, command)
         return ctypes.CDLL(str(path))
 
 
 def _load_ops() -> ctypes.CDLL:
     """The operator library, loaded (its operators registered, with their shapes for tracing) once per process."""
     if "lib" not in _ops:
-        _ops["lib"] = _open(ops_library_path(), _ops_command)
+        _ops["lib"] = _open(ops_library_path(), OPS_SOURCE, _ops_command)
         _ops["lib"].lmforge_gemv_bind.argtypes = [ctypes.c_void_p] * 3
         for name, dtype in (("int8_gemv", torch.float32), ("bf16_gemv", torch.bfloat16), ("f32_gemv", torch.float32)):
             torch.library.register_fake(f"lmforge::{name}", _fake(dtype), lib=_LIB)
@@ -192,7 +192,7 @@ def _fake(dtype: torch.dtype):
 
 def _load() -> ctypes.CDLL:
     """The kernels, handed to the operators."""
-    lib = _open(library_path(), _kernel_command)
+    lib = _open(library_path(), SOURCE, _kernel_command)
     ops = _load_ops()
     ops.lmforge_gemv_bind(*(ctypes.cast(getattr(lib, f"lmforge_{name}"), ctypes.c_void_p)
                             for name in ("int8_gemv_n", "bf16_gemv", "f32_gemv")))

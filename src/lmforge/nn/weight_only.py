@@ -155,9 +155,17 @@ def int8_dynamic_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Te
         >>> bool((y - ref).norm() / ref.norm() < 0.05)               # the activations' 7-bit rounding
         True
     """
-    if x.numel() <= gemv.MAX_ROWS * x.shape[-1] and gemv.available():
+    if _kernel_rows(x):
         return gemv.int8_gemv(x, qweight, scales).to(x.dtype)
     return _int8_dynamic(x, _packed_int8(qweight, scales))
+
+
+def _kernel_rows(x: torch.Tensor) -> bool:
+    """Whether ``x`` has few enough rows for :mod:`lmforge.nn.gemv`'s int8 kernel (decoding's) and the kernel is
+    there: built if need be, or, under ``torch.compile`` (where nothing is built), built already."""
+    if x.numel() > gemv.MAX_ROWS * x.shape[-1]:
+        return False
+    return gemv.ready() if torch.compiler.is_compiling() else gemv.available()
 
 
 def int8_projections(x: torch.Tensor, layers) -> list[torch.Tensor] | None:
@@ -171,11 +179,9 @@ def int8_projections(x: torch.Tensor, layers) -> list[torch.Tensor] | None:
         >>> [tuple(y.shape) for y in ys], all(torch.equal(y, layer(x)) for y, layer in zip(ys, layers))
         ([(1, 1, 16), (1, 1, 8)], True)
     """
-    if x.numel() > gemv.MAX_ROWS * x.shape[-1] or not all(
+    if not _kernel_rows(x) or not all(
             type(m) is WeightOnlyLinear and m.dynamic_activations(x) and not (m._forward_hooks or m._forward_pre_hooks)
             for m in layers):
-        return None
-    if not (gemv.ready() if torch.compiler.is_compiling() else gemv.available()):
         return None
     ys = gemv.int8_gemv_n(x, [m.qweight for m in layers], [m.scales for m in layers])
     return [y.to(x.dtype) if m.bias is None else y.to(x.dtype) + m.bias.to(x.dtype) for y, m in zip(ys, layers)]
@@ -259,8 +265,8 @@ class WeightOnlyLinear(nn.Module):
         if self.dynamic_activations(x):
             if not torch.compiler.is_compiling():
                 y = int8_dynamic_linear(x, self.qweight, self.scales)
-            elif gemv.ready() and x.numel() <= gemv.MAX_ROWS * x.shape[-1]:  # decoding's rows: the C++ operator
-                y = torch.ops.lmforge.int8_gemv(x, self.qweight, self.scales).to(x.dtype)
+            elif _kernel_rows(x):  # decoding's rows: the C++ operator
+                y = gemv.int8_gemv(x, self.qweight, self.scales).to(x.dtype)
             else:  # the op whose Python kernel chooses per call
                 y = torch.ops.lmforge.int8_dynamic_linear(x, self.qweight, self.scales)
             return y if bias is None else y + bias

@@ -70,13 +70,21 @@ static void dot_int8_x4(const int8_t *a, const int8_t *const w[4], int64_t n, in
         for (int k = 0; k < 4; k++) out[k] += (int32_t)a[i] * (int32_t)w[k][i];
 }
 
+/* This thread's contiguous share [lo, hi) of n rows (empty for a thread beyond the rows). */
+static void share(int64_t n, int thread, int threads, int64_t *lo, int64_t *hi) {
+    int64_t per = (n + threads - 1) / threads;
+    *lo = thread * per < n ? thread * per : n;
+    *hi = *lo + per < n ? *lo + per : n;
+}
+
 /* This thread's share of y (m, n_out) = rounded x times q (n_out, n_in): a contiguous range of output rows, read as
  * four streams (one row from each quarter of the range at a time). Four streams read memory faster than one on the
  * machines measured (the module docstring of lmforge/nn/gemv.py: 1.45-1.9x at decoding's shapes). */
 static void int8_rows(const int8_t *xq, const float *xs, const int8_t *q, const float *ws, float *y, int64_t m,
                       int64_t n_in, int64_t n_out, int thread, int threads) {
-    int64_t per = (n_out + threads - 1) / threads, lo = thread * per;
-    int64_t hi = lo + per < n_out ? lo + per : n_out, quarter = hi > lo ? (hi - lo) / 4 : 0;
+    int64_t lo, hi;
+    share(n_out, thread, threads, &lo, &hi);
+    int64_t quarter = (hi - lo) / 4;
     for (int64_t j = 0; j < quarter; j++) {
         int64_t o[4] = {lo + j, lo + j + quarter, lo + j + 2 * quarter, lo + j + 3 * quarter};
         const int8_t *w[4] = {q + o[0] * n_in, q + o[1] * n_in, q + o[2] * n_in, q + o[3] * n_in};
@@ -261,9 +269,9 @@ static inline __attribute__((always_inline)) void gemv_rows(int bf16, const floa
 #pragma omp parallel
     {
         int thread = omp_get_thread_num(), threads = omp_get_num_threads();
-        int64_t per = (n_out + threads - 1) / threads, lo = thread * per;
-        int64_t hi = lo + per < n_out ? lo + per : n_out, part = hi > lo ? (hi - lo) / OUT_BLOCK : 0;
-        int64_t passes = part + (hi > lo ? (hi - lo) - OUT_BLOCK * part : 0);
+        int64_t lo, hi;
+        share(n_out, thread, threads, &lo, &hi);
+        int64_t part = (hi - lo) / OUT_BLOCK, passes = part + (hi - lo) % OUT_BLOCK;
         for (int64_t p = 0; p < passes; p++) {
             /* rows o, o + step, ..., nb of them: a block across the parts, or one of the last rows */
             int64_t o = p < part ? lo + p : lo + OUT_BLOCK * part + (p - part), step = part;
