@@ -145,7 +145,7 @@ def test_a_char_cnn_bilm_pretrains_and_reloads_with_its_characters(data_root, tm
     before = run.trainer.evaluate()
     result = run.trainer.fit()
     after = run.trainer.evaluate()
-    assert after["eval_loss"] < before["eval_loss"] - 0.2, (before, after)  # measured: 5.42 -> 5.13
+    assert after["eval_loss"] < before["eval_loss"] - 0.2, (before, after)  # measured: 5.44 -> 5.13
     loaded = lmforge.load(result.model_dir)
     assert torch.equal(loaded.token_chars, run.model.token_chars)
     ids = torch.tensor([[word, word + 1, word + 2]])

@@ -163,6 +163,68 @@ def _bert_pipeline(backend: _Backend, lowercase: bool) -> None:
     backend.decoder = decoders.WordPiece(prefix="##")
 
 
+def _wordpiece(unk: str | None, lowercase: bool, vocab: dict[str, int] | None = None) -> _Backend:
+    backend = _Backend(models.WordPiece(vocab, unk_token=unk, continuing_subword_prefix="##",
+                                        max_input_chars_per_word=100) if vocab else
+                       models.WordPiece(unk_token=unk, max_input_chars_per_word=100))
+    _bert_pipeline(backend, lowercase)
+    return backend
+
+
+def _continuations(backend: _Backend) -> list[str]:
+    """The ``##c`` pieces of a trained WordPiece vocabulary: one per character seen inside a word, sorted."""
+    return sorted(t for t in backend.get_vocab(with_added_tokens=False) if len(t) == 3 and t.startswith("##"))
+
+
+def _canonical_wordpiece(backend: _Backend, specials: Sequence[str], unk: str | None,
+                         lowercase: bool) -> _Backend:
+    """A trained WordPiece tokenizer whose ids depend only on its tokens: the special tokens keep theirs, the rest
+    follow by piece length, word-initial pieces before ``##`` ones, then by text.
+
+    WordPiece tokenises by longest match, so ids carry no meaning of their own. The second training run put the
+    ``##c`` pieces among the special tokens, so they are dropped from those here.
+    """
+    vocab = backend.get_vocab(with_added_tokens=False)
+    kept = sorted(specials, key=vocab.__getitem__)
+
+    def key(token: str) -> tuple[int, bool, str]:
+        piece = token.removeprefix("##")
+        return len(piece), piece != token, piece
+
+    order = kept + sorted(set(vocab) - set(kept), key=key)
+    canonical = _wordpiece(unk, lowercase, {t: i for i, t in enumerate(order)})
+    canonical.add_special_tokens(list(specials))
+    return canonical
+
+
+def _canonical_unigram(backend: _Backend, n_specials: int) -> None:
+    """Give a trained Unigram model scores and ids that depend only on the corpus.
+
+    The trainer leaves two traces of hash-map order (huggingface/tokenizers#1794 is the WordPiece twin):
+    - it sums its EM statistics in that order, so scores differ in their last bits and near-equal pieces swap ids:
+      scores are rounded to 1e-6, which leaves every segmentation as it was, and pieces are ordered by them (ties
+      by text);
+    - the characters that EM dropped come back for coverage at the lowest score plus 0, 1e-4, 2e-4, ... in that
+      order: those scores go to them in character order instead.
+    The special tokens lead, as trained.
+    """
+    model = json.loads(backend.to_str())["model"]
+    pieces = [[piece, round(score, 6)] for piece, score in model["vocab"]]
+    rest = pieces[n_specials:]
+    if rest:
+        low = min(score for _, score in rest)
+        rungs: dict[int, list[list]] = {}
+        for piece in rest:
+            step = (piece[1] - low) / 1e-4
+            if len(piece[0]) == 1 and abs(step - round(step)) < 0.05:
+                rungs.setdefault(round(step), []).append(piece)
+        ladder = list(itertools.chain.from_iterable(itertools.takewhile(bool, map(rungs.get, itertools.count()))))
+        for piece, score in zip(sorted(ladder), sorted(p[1] for p in ladder)):
+            piece[1] = score
+    order = pieces[:n_specials] + sorted(rest, key=lambda p: (-p[1], p[0]))
+    backend.model = models.Unigram([tuple(p) for p in order], model["unk_id"], model.get("byte_fallback", False))
+
+
 def _byte_level_pipeline(backend: _Backend) -> None:
     # add_prefix_space=False keeps the round trip exact: decode(encode(x)) == x.
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -204,7 +266,8 @@ def train_tokenizer(
         show_progress: show ``tokenizers``' progress bars on stderr.
 
     Returns:
-        The trained :class:`Tokenizer`.
+        The trained :class:`Tokenizer`. The same corpus and arguments give the same tokenizer, byte for byte
+        (WordPiece reads the corpus twice for that: see the comment in the code).
 
     Example:
         >>> import tempfile, pathlib
@@ -226,6 +289,25 @@ def train_tokenizer(
         raise TokenizerError(f"--vocab-size {vocab_size} is too small for kind {kind!r} and family {family!r}: "
                              f"need at least {minimum + len(fam.sentinels)}")
     paths = resolve_inputs(files)
+
+    def train(backend: _Backend, trainer: trainers.Trainer) -> int:
+        """Train ``backend`` on the corpus; returns how many documents it read."""
+        documents = iter_documents(paths, text_field=text_field, errors=errors)
+        seen = 0
+
+        def batches():
+            nonlocal seen
+            # Lists of documents let the Rust side pre-tokenise a whole batch in parallel.
+            while batch := list(itertools.islice(documents, 1000)):
+                seen += len(batch)
+                yield batch
+
+        backend.train_from_iterator(batches(), trainer=trainer)
+        return seen
+
+    def nothing_to_train_on() -> None:
+        raise TokenizerError(f"no text to train on in {', '.join(map(str, paths))} (are the files empty?)")
+
     unk = roles.get("unk")
     if kind == "byte-bpe":
         backend = _Backend(models.BPE())
@@ -239,10 +321,17 @@ def train_tokenizer(
         trainer = trainers.BpeTrainer(vocab_size=n_train, min_frequency=min_frequency, special_tokens=specials,
                                       show_progress=show_progress)
     elif kind == "wordpiece":
-        backend = _Backend(models.WordPiece(unk_token=unk, max_input_chars_per_word=100))
-        _bert_pipeline(backend, lowercase)
+        # tokenizers numbers the ##c pieces in hash-map order (huggingface/tokenizers#1794); merges tie-break on
+        # those ids, so one corpus gave different vocabularies. A first run, stopped before any merge, finds the
+        # ##c pieces; the real run gets them, sorted, among its special tokens, so every id it uses is fixed.
+        backend = _wordpiece(unk, lowercase)
+        if not train(backend, trainers.WordPieceTrainer(vocab_size=1, special_tokens=specials,
+                                                        continuing_subword_prefix="##", show_progress=False)):
+            nothing_to_train_on()
+        continuations = _continuations(backend)
+        backend = _wordpiece(unk, lowercase)
         trainer = trainers.WordPieceTrainer(vocab_size=n_train, min_frequency=min_frequency,
-                                            special_tokens=specials, continuing_subword_prefix="##",
+                                            special_tokens=specials + continuations, continuing_subword_prefix="##",
                                             show_progress=show_progress)
     else:
         backend = _Backend(models.Unigram())
@@ -250,18 +339,12 @@ def train_tokenizer(
         trainer = trainers.UnigramTrainer(vocab_size=n_train, special_tokens=specials, unk_token=unk,
                                           show_progress=show_progress)
 
-    documents = iter_documents(paths, text_field=text_field, errors=errors)
-    seen = [0]
-
-    def batches():
-        # Lists of documents let the Rust side pre-tokenise a whole batch in parallel.
-        while batch := list(itertools.islice(documents, 1000)):
-            seen[0] += len(batch)
-            yield batch
-
-    backend.train_from_iterator(batches(), trainer=trainer)
-    if seen[0] == 0:
-        raise TokenizerError(f"no text to train on in {', '.join(map(str, paths))} (are the files empty?)")
+    if not train(backend, trainer):
+        nothing_to_train_on()
+    if kind == "wordpiece":
+        backend = _canonical_wordpiece(backend, specials, unk, lowercase)
+    elif kind == "unigram":
+        _canonical_unigram(backend, len(specials))
     if fam.sentinels:
         backend.add_special_tokens(list(fam.sentinels))
     backend.post_processor = _post_processor(fam.single, fam.pair, specials, backend,
