@@ -47,6 +47,11 @@ def device(request) -> str:
     return _test_device(request.config)
 
 
+# Compiled decoding packages its layer in a background process for later processes (lmforge.generation.compiled):
+# under tests those would outlive the test that started them. The test of packaging turns it on for itself.
+os.environ.setdefault("LMFORGE_COMPILE_PACKAGE", "off")
+
+
 @pytest.fixture(autouse=True)
 def _deterministic():
     torch.manual_seed(0)

@@ -24,6 +24,11 @@ from typing import Any, Callable
 
 Step = Callable[[], object]
 
+# Timed compiled decoding must not share the cores with the background packaging of a compiled layer
+# (lmforge.generation.packaged_region), here or in a server or child process started from here: benchmarks turn it
+# off, unless a run asks for it (generate_engines.py's fresh processes, which measure the start a user sees).
+os.environ.setdefault("LMFORGE_COMPILE_PACKAGE", "off")
+
 
 def src_env(src=None, **extra: str) -> dict[str, str]:
     """This process's environment for a child process the benchmark starts: ``src`` (default: this checkout's

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import OrderedDict
 from pathlib import Path
 
@@ -34,16 +35,18 @@ if sys.argv[2] == "int8":
 ids = torch.tensor([[5, 6, 7]])
 with torch.no_grad():
     out = [model.generate(ids, max_new_tokens=4, compile=c).tolist() for c in (True, False)]
-print(json.dumps(out))
+print(json.dumps(out + ["torch._dynamo" in sys.modules]))
 """
+DYNAMO = {}  # seed -> whether that process imported Dynamo (the last call's)
 
 
-def decode_in_a_new_process(seed: int, cache: Path, precision: str = "fp32") -> tuple[list, list, str]:
-    env = {**os.environ, compiled.CACHE_ENV: str(cache), "PYTHONPATH": SRC}
+def decode_in_a_new_process(seed: int, cache: Path, precision: str = "fp32", package: str = "off"
+                            ) -> tuple[list, list, str]:
+    env = {**os.environ, compiled.CACHE_ENV: str(cache), compiled.PACKAGE_ENV: package, "PYTHONPATH": SRC}
     done = subprocess.run([sys.executable, "-c", SCRIPT, str(seed), precision], env=env, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    compiled_tokens, eager_tokens = json.loads(done.stdout.strip().splitlines()[-1])
+    compiled_tokens, eager_tokens, DYNAMO[seed] = json.loads(done.stdout.strip().splitlines()[-1])
     return compiled_tokens, eager_tokens, done.stderr
 
 
@@ -137,6 +140,28 @@ def test_an_int8_step_is_saved_whole_reused_by_a_new_process_and_rebuilt_when_da
     got, eager, err = decode_in_a_new_process(0, tmp_path, "int8")
     assert got == eager == eager_a, err
     assert "could not be loaded" in err and path.read_bytes().partition(b"\n")[2] != b"not a pickle"
+
+
+def test_an_int8_layer_is_packaged_in_the_background_and_a_new_process_runs_it_without_dynamo(tmp_path):
+    """A cold process compiles the int8 step's layer with Dynamo and has a child process package it
+    (lmforge.generation.packaged_region); the next process opens the package and decodes without importing Dynamo,
+    with its own weights. (A damaged package is deleted and built again: test_packaged_region.py.)"""
+    model = lmforge.build_model("gpt-tiny", n_layers=1, d_model=32, n_heads=2, d_ff=64, vocab_size=100)
+    quantize_model(model, "int8")
+    if not uses_fbgemm_int8(model, torch.device("cpu")):
+        pytest.skip("no opaque int8 op on this machine: the step is frozen and compiled whole, never packaged")
+    regions = tmp_path / build_tag() / "regions"
+    got, eager_a, _ = decode_in_a_new_process(0, tmp_path, "int8", package="background")
+    assert got == eager_a and DYNAMO[0]
+    deadline = time.monotonic() + 600
+    while not list(regions.glob("*.pt2")) or list(regions.glob("building/*")):  # the child deletes its program
+        assert time.monotonic() < deadline, "the background packaging did not finish"
+        time.sleep(0.5)
+    (path,) = regions.glob("*.pt2")
+
+    got, eager_b, _ = decode_in_a_new_process(1, tmp_path, "int8", package="background")
+    assert got == eager_b != eager_a and not DYNAMO[1]  # the package ran, on this model's weights
+    assert list(regions.glob("*.pt2")) == [path]  # and nothing was built again
 
 
 def test_an_int8_step_compiles_one_layer_for_all_and_a_layer_that_does_not_fit_compiles_the_step_whole(

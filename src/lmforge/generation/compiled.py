@@ -48,10 +48,12 @@ and FX graphs where inductor can cache them. It bypasses graphs holding frozen, 
 an fp32 or bf16 model a new process traces, lowers and autotunes again and only reuses the built libraries
 (the C++ compiler's share). An unfrozen CPU step's compiled layer (or the whole step, where the layers differ)
 is precompiled and saved whole beside inductor's caches (:mod:`lmforge.generation.step_artifact`): a new
-process loads it in a few seconds instead of tracing it again. Nothing stale is used: the folder is
-named for the torch version, CPU capability and machine, artifacts are keyed by their source, a saved step
-by the model's structure, the step's shapes and the traced sources, and weights are bound from the live
-model, never read from the cache. A damaged artifact does not crash decoding: a saved step that fails to
+process loads it in a few seconds instead of tracing it again. A compiled layer is also packaged by AOTInductor
+in a background process (:mod:`lmforge.generation.packaged_region`), which later processes open without importing
+Dynamo or inductor, most of what a warm start cost before. Nothing stale is used: the folder is named for the
+torch version, CPU capability and machine, artifacts are keyed by their source, a saved step or package by the
+model's structure, the step's shapes and the traced sources, and weights are bound from the live model, never
+read from the cache. A damaged artifact does not crash decoding: a saved step that fails to
 load is deleted and compiled again, inductor's autotuner skips a candidate kernel that fails to load, and a
 compile that still fails empties the folder and compiles once more from scratch, with a warning.
 ``LMFORGE_COMPILE_CACHE`` names another folder, or ``off`` for inductor's default (a per-user folder in the
@@ -89,7 +91,8 @@ from pathlib import Path
 
 import torch
 
-import lmforge.generation.step_artifact as step_artifact  # the module, not the package (which imports this one)
+import lmforge.generation.packaged_region as packaged_region  # the modules, not the package (which imports this
+import lmforge.generation.step_artifact as step_artifact  # one)
 from lmforge.generation.stepper import Stepper
 from lmforge.nn import gemv
 from lmforge.nn.attention import AttentionContext
@@ -114,6 +117,10 @@ CPU_OPTIONS = {"max_autotune": True, "max_autotune_gemm_backends": "CPP"}
 CUDA_GRAPHS = True
 # Compile one layer of an unfrozen CPU step and run it for all (:class:`_Region`), rather than the whole step
 REGIONAL = True
+# Package that layer with AOTInductor (lmforge.generation.packaged_region), which a new process opens without Dynamo:
+# "background" (a child process builds it while this one decodes; building it before the first compiled token
+# instead made a cold start 8-11 s longer on 2 cores) or "off"
+PACKAGE_ENV = "LMFORGE_COMPILE_PACKAGE"
 FREEZE = True  # compile the weights in as constants (see _CompiledStep), except for int8 models (below)
 
 # model -> OrderedDict[(batch, capacity, dtype, device), compiled step]
@@ -292,10 +299,6 @@ class _CompiledStep:
             if self.fn.guard_check(*args):
                 return self.fn(*args)
             self._whole()
-        # Dynamo reads the freezing switch while tracing (it decides whether weights become graph
-        # constants), from the global config; only this first call traces.
-        import torch._inductor.config as inductor_config  # here: importing inductor takes a second or more
-
         if self.graphs:  # args: model, ids, slot, positions, valid, keys, values: the cache is this step's own
             for t in (*args[5], *args[6]):
                 torch._dynamo.mark_static_address(t)
@@ -303,6 +306,12 @@ class _CompiledStep:
         saved = _artifact_path(folder, args) if self.savable and self.region is None else None
 
         def first_call():
+            if self.region is not None:  # it compiles, or opens its package, at the first layer
+                return self._first_call(args, saved)
+            # Dynamo reads the freezing switch while tracing (it decides whether weights become graph
+            # constants), from the global config; only this first call traces.
+            import torch._inductor.config as inductor_config  # here: importing inductor takes a second or more
+
             with inductor_config.patch(freezing=self.freeze), _cache_in(folder):
                 return self._first_call(args, saved)
 
@@ -352,23 +361,61 @@ class _Region:
     per-layer attention scale) raises :class:`_GuardsFailed`, and the step is compiled whole."""
 
     def __init__(self, backend):
-        self.fn = torch.compile(_fresh(_layer_region), fullgraph=True, dynamic=False, backend=backend)
+        self.backend = backend
+        self.fn = None  # torch.compile of _layer_region, made when needed (creating it imports Dynamo)
+        self.package: packaged_region.PackagedRegion | None = None  # the layer packaged by AOTInductor, if there is one
+        self.weights: dict[int, list[torch.Tensor]] = {}  # layer -> its weights, as the package takes them
         self.compiled = False
         self.precompiled = False
-        self.checked: set[int] = set()  # layers whose guards passed in this generation
+        self.checked: set[int] = set()  # layers whose guards (or signature) passed in this generation
+        self.to_package = False  # package the layer in the background at its next call (compiled by Dynamo here)
 
     def __call__(self, block, x, ctx, i: int) -> torch.Tensor:
         cache = ctx.cache
         args = (block, x, ctx.mask, ctx.rope, cache.keys[i], cache.values[i], cache.index)
-        if i in self.checked or (self.compiled and not self.precompiled):  # (Dynamo checks a plain compile's guards)
-            return self.fn(*args)
         if not self.compiled:
-            fn = _precompiled(self.fn, args, _artifact_path(compile_cache_dir(), args))
-            self.fn, self.compiled, self.precompiled = fn or self.fn, True, fn is not None
-        elif not self.fn.guard_check(*args):
+            self._compile(args)
+        elif self.to_package and i == 0:  # at the second step, not before the first compiled token
+            self.to_package = False
+            packaged_region.build_in_background(block, _layer_region, args[1:], compile_cache_dir(), _switches())
+        if self.package is not None:
+            if i not in self.checked:
+                if packaged_region.signature(block) != self.package.signature:
+                    raise _GuardsFailed(f"layer {i}")
+                self.weights[i] = packaged_region.weights(block)
+                self.checked.add(i)
+            return self.package(self.weights[i], args[1:])
+        if i in self.checked or not self.precompiled:  # (Dynamo checks a plain compile's guards)
+            return self.fn(*args)
+        if not self.fn.guard_check(*args):
             raise _GuardsFailed(f"layer {i}")
         self.checked.add(i)
         return self.fn(*args)
+
+    def _compile(self, args) -> None:
+        """Open the layer's package (:mod:`lmforge.generation.packaged_region`). Without one, compile the layer with
+        Dynamo, precompiled and saved (:mod:`lmforge.generation.step_artifact`), and package it for later processes in
+        the background, unless :data:`PACKAGE_ENV` is ``off``."""
+        folder = compile_cache_dir()
+        switches = _switches()
+        mode = package_mode() if folder is not None else "off"
+        if mode != "off":
+            self.package = packaged_region.saved(args[0], args[1:], folder, switches)
+        if self.package is None:
+            self.fn = torch.compile(_fresh(_layer_region), fullgraph=True, dynamic=False, backend=self.backend)
+            with _cache_in(folder):
+                fn = _precompiled(self.fn, args, _artifact_path(folder, args))
+            self.fn, self.precompiled = fn or self.fn, fn is not None
+            self.to_package = mode == "background"
+        self.compiled = True
+
+
+def package_mode() -> str:
+    """How a regional step's layer is packaged for new processes (:data:`PACKAGE_ENV`)."""
+    mode = os.environ.get(PACKAGE_ENV, "background")
+    if mode not in ("background", "off"):
+        raise UserInputError(f"${PACKAGE_ENV}={mode!r}: use background or off")
+    return mode
 
 
 def _artifact_path(folder: Path | None, args) -> Path | None:
@@ -442,7 +489,7 @@ def compiled_step(model, batch: int, capacity: int, dtype: torch.dtype, device: 
         step = steps[key] = _CompiledStep(model, torch.device(device), batch, dtype)
         while len(steps) > MAX_STEPS_PER_MODEL:
             steps.popitem(last=False)
-    step.check_guards = step.compiled and step.precompiled
+    step.check_guards = step.compiled and (step.precompiled or step.region is not None)
     steps.move_to_end(key)
     return step
 

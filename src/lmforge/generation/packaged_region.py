@@ -1,0 +1,255 @@
+"""A decode step's compiled layer packaged by AOTInductor, so that a new process runs it without Dynamo or inductor.
+
+A regional step (:class:`lmforge.generation.compiled._Region`) runs one compiled layer for every layer, with the
+weights as inputs. Saved as torch's precompile (:mod:`lmforge.generation.step_artifact`), a new process still
+imports Dynamo and inductor and unpickles inductor's output code before its first compiled token: on GPT-2 int8,
+2 cores, that was most of a warm start's 6-9 s. Here the layer is exported (``torch.export``), compiled ahead by
+AOTInductor into a shared library, and packaged (``.pt2``) beside inductor's caches. A new process opens it with
+torch's C++ package loader (``torch._C._aoti``), which needs neither.
+
+Building a package takes longer than Dynamo's compile (on that model: cold starts of 21-28 s against 13-17 s, most
+of it g++ on AOTInductor's C++ wrapper), so the first process does not wait for it. It compiles the layer with Dynamo
+as before and, at its second step, exports the layer and starts a detached child process, at low priority, that
+packages it (:func:`build_in_background`). Later processes open the package.
+
+    layer i        [*weights of layer i, x (N, 1, D), mask (N, 1, C), rope..., keys (N, H_kv, C, hd), values, slot]
+                   -> package.run -> x (N, 1, D); keys and values written in place at ``slot``
+
+What the package holds is one layer's code; the weights are read from the live model at every call, and a layer is
+run by the package only if its :func:`signature` (classes, plain attributes, tensor names and shapes) equals the
+layer it was built from: GPT-2's per-layer attention scale, for one, makes the layers differ, and the step is then
+compiled whole by Dynamo as before.
+
+Never stale: the file is named by :func:`key`, which covers the layer's signature, the step's input shapes, the
+switches the step depends on, and the source of every ``lmforge.nn`` and ``lmforge.models`` module (and this one's
+callers); the folder is named for torch's version and the CPU. A package is loaded only from a folder this user owns
+that no one else can write to (it holds a shared library). One that fails to load is deleted, with a warning, and
+built again. (The exported program the child reads is torch's own archive, written by this user into that folder.)
+
+Example:
+    >>> import torch
+    >>> from lmforge.nn.weight_only import WeightOnlyLinear
+    >>> a, b = WeightOnlyLinear(8, 8, "int8"), WeightOnlyLinear(8, 8, "int8")
+    >>> signature(a) == signature(b), signature(a) == signature(WeightOnlyLinear(8, 16, "int8"))
+    (True, False)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from torch.utils._pytree import tree_leaves
+
+import lmforge.generation.step_artifact as step_artifact  # the module, not the package (which imports this one)
+
+FORMAT = 1  # of the key: a change makes every older package unused
+SUFFIX = ".pt2"
+# A precompiled header of AOTInductor's runtime is keyed by the whole command line, which names the graph's own
+# files: each package would build a new one (~9 s, 150 MB in inductor's temporary folder) and use it once.
+BUILD_OPTIONS = {"aot_inductor.precompile_headers": False}
+STALE_CLAIM_S = 1800  # a background build not done after this long has died
+_SOURCES = ("lmforge.nn", "lmforge.models", "lmforge.generation.compiled", "lmforge.generation.packaged_region")
+
+
+def _plain(value) -> object:
+    """A description of a module attribute that is the same in every process: plain values by value, callables by
+    qualified name, anything else by its type."""
+    if isinstance(value, (bool, int, float, str, type(None))):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if callable(value) and not isinstance(value, nn.Module):
+        return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__qualname__)}"
+    return type(value).__qualname__
+
+
+def signature(block: nn.Module) -> str | None:
+    """What a layer's compiled code depends on besides its weights' values: its modules' classes and plain
+    attributes, and its parameters' and buffers' names, types and shapes. None when a module holds a tensor that
+    is neither (export would compile its value in)."""
+    parts = []
+    for name, module in block.named_modules():
+        attributes = {}
+        for attr, value in vars(module).items():
+            if attr.startswith("_") or attr == "training":
+                continue
+            if isinstance(value, torch.Tensor):
+                return None
+            attributes[attr] = _plain(value)
+        parts.append([name, f"{type(module).__module__}.{type(module).__qualname__}", attributes])
+    parts += [[n, step_artifact._describe(t)] for n, t in (*block.named_parameters(), *block.named_buffers())]
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def key(layer_signature: str, inputs: list[torch.Tensor], switches: dict) -> str:
+    """The package's file name: the layer, the shapes of the step's inputs, ``switches``, and the source of the
+    modules its code comes from."""
+    sources = {name: step_artifact._module_state(name) for name in sorted(sys.modules)
+               if name.startswith(_SOURCES)}
+    text = json.dumps({"format": FORMAT, "layer": layer_signature, "inputs": step_artifact._describe(inputs),
+                       "switches": switches, "sources": sources, "torch": torch.__version__}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def path_for(folder: Path, name: str) -> Path:
+    return folder / "regions" / f"{name}{SUFFIX}"
+
+
+def _tensors(inputs: tuple) -> list[torch.Tensor]:
+    """The tensors of a step's inputs in the order export flattens them (a None input is a constant)."""
+    return [t for t in tree_leaves(inputs) if t is not None]
+
+
+def weights(block: nn.Module) -> list[torch.Tensor]:
+    """The tensors a package takes for ``block``, in its order: parameters, then buffers."""
+    return [*block.parameters(), *block.buffers()]
+
+
+class _Apply(nn.Module):
+    def __init__(self, block: nn.Module, run):
+        super().__init__()
+        self.block, self.run = block, run
+
+    def forward(self, *inputs):
+        return self.run(self.block, *inputs)
+
+
+class _Layer(nn.Module):
+    """``run(block, *inputs)`` as a function of ``block``'s weights (what is exported), so that the package serves
+    every layer of its signature."""
+
+    def __init__(self, block: nn.Module, run):
+        super().__init__()
+        self.apply_ = _Apply(block, run)
+        self.names = [f"block.{n}" for n, _ in (*block.named_parameters(), *block.named_buffers())]
+
+    def forward(self, weights: list[torch.Tensor], *inputs):
+        return torch.func.functional_call(self.apply_, dict(zip(self.names, weights)), inputs)
+
+
+def _trusted(path: Path) -> bool:
+    if step_artifact._trusted(path):
+        return True
+    warnings.warn(f"compile=True: not loading {path}: another user can write it or its folder", stacklevel=4)
+    return False
+
+
+class PackagedRegion:
+    """A layer's package, opened: ``region(block, inputs)`` runs it on ``block``'s weights.
+
+    Args:
+        loader: torch's ``AOTIModelPackageLoader`` of the package.
+        layer_signature: :func:`signature` of the layer it was built from; the caller runs only layers that match.
+    """
+
+    def __init__(self, loader, layer_signature: str):
+        self.loader, self.signature = loader, layer_signature
+
+    def __call__(self, layer_weights: list[torch.Tensor], inputs: tuple) -> torch.Tensor:
+        return self.loader.run([*layer_weights, *_tensors(inputs)])[0]
+
+
+def _open(path: Path, layer_signature: str) -> PackagedRegion | None:
+    try:
+        return PackagedRegion(torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1),
+                              layer_signature)
+    except Exception as exc:
+        warnings.warn(f"compile=True: the packaged layer {path} could not be loaded ({type(exc).__name__}); "
+                      "building it again", stacklevel=4)
+        path.unlink(missing_ok=True)
+        return None
+
+
+def _path(block: nn.Module, inputs: tuple, folder: Path, switches: dict) -> tuple[Path, str] | None:
+    layer_signature = signature(block)
+    if layer_signature is None:
+        return None
+    return path_for(folder, key(layer_signature, _tensors(inputs), switches)), layer_signature
+
+
+def saved(block: nn.Module, inputs: tuple, folder: Path, switches: dict) -> PackagedRegion | None:
+    """The package of ``block`` for ``inputs`` saved in ``folder``, opened; None if there is none (or it is damaged:
+    then it is deleted, with a warning)."""
+    found = _path(block, inputs, folder, switches)
+    if found is None or not found[0].is_file() or not _trusted(found[0]):
+        return None
+    return _open(*found)
+
+
+def build_in_background(block: nn.Module, run, inputs: tuple, folder: Path, switches: dict) -> bool:
+    """Export ``run(block, *inputs)`` here and have a detached, niced child process compile and package it into
+    ``folder``, for the next process: this one goes on with the layer Dynamo compiled. False (nothing started) when
+    the package is there, another process is building it, or the layer cannot be packaged (with a warning when
+    export fails).
+
+    A build claims its package by creating ``building/<name>.pt2`` (the exported program, which the child reads and
+    then deletes); a claim older than :data:`STALE_CLAIM_S` is taken to be a crashed child's and is taken over."""
+    found = _path(block, inputs, folder, switches)
+    if found is None or found[0].exists():
+        return False
+    program_path = found[0].parent / "building" / found[0].name
+    program_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with contextlib.suppress(FileNotFoundError):
+        if time.time() - program_path.stat().st_mtime > STALE_CLAIM_S:
+            program_path.unlink(missing_ok=True)
+    try:
+        os.close(os.open(program_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False
+    try:
+        with torch.no_grad():
+            program = torch.export.export(_Layer(block, run), (weights(block), *inputs), strict=False)
+        torch.export.save(program, program_path)
+        package_root = str(Path(__file__).resolve().parents[2])  # the folder holding lmforge, for the child
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(folder),
+               "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+        command = [sys.executable, "-m", __name__, str(program_path), str(found[0]), str(torch.get_num_threads())]
+        quiet = subprocess.DEVNULL
+        subprocess.Popen(command, env=env, stdin=quiet, stdout=quiet, stderr=quiet, start_new_session=True)
+    except Exception as exc:
+        program_path.unlink(missing_ok=True)
+        warnings.warn(f"compile=True: could not start packaging the step's layer ({type(exc).__name__}: {exc})",
+                      stacklevel=3)
+        return False
+    return True
+
+
+def _package(program, path: Path) -> None:
+    """Compile an exported layer with AOTInductor and write its package to ``path`` (atomically)."""
+    from torch._inductor import aoti_compile_and_package  # here: importing inductor takes a second or more
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=SUFFIX, dir=path.parent)
+    os.close(fd)
+    try:
+        aoti_compile_and_package(program, package_path=tmp, inductor_configs=BUILD_OPTIONS)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _child(program_path: str, path: str, threads: str) -> None:
+    """The background build (:func:`build_in_background`): package the exported program, then delete it."""
+    os.nice(10)  # the user's decoding goes first
+    torch.set_num_threads(int(threads))  # inductor builds its loops for this many threads
+    try:
+        from lmforge.nn import gemv
+
+        gemv.available()  # registers lmforge's operators, which the program calls
+        _package(torch.export.load(program_path), Path(path))
+    finally:
+        Path(program_path).unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    _child(*sys.argv[1:])
