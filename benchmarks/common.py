@@ -24,9 +24,9 @@ from typing import Any, Callable
 
 Step = Callable[[], object]
 
-# Timed compiled decoding must not share the cores with the background packaging of a compiled layer
-# (lmforge.generation.packaged_region), here or in a server or child process started from here: benchmarks turn it
-# off, unless a run asks for it (generate_engines.py's fresh processes, which measure the start a user sees).
+# A process that compiled a decode step packages its layer in a child process as it exits
+# (lmforge.generation.packaged_region): that build would share the cores with the next benchmark's timed runs.
+# Benchmarks turn it off, unless a run asks for it (generate_engines.py's fresh processes, whose warm rows need it).
 os.environ.setdefault("LMFORGE_COMPILE_PACKAGE", "off")
 
 

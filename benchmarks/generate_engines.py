@@ -35,7 +35,7 @@ Time to first token in a fresh process, for lmforge compiled: ``lmforge generate
 ``--quantize int8``) as a user runs it, from process start to its first and second streamed text (the first token
 comes from the eager prompt pass, the second from the compiled step, so the compile shows there), with an empty
 compile cache (``LMFORGE_COMPILE_CACHE`` pointing at a new folder) and then with the cache that run left (once the
-layer it packages in the background is packaged: lmforge.generation.packaged_region), against
+layer it has packaged as it exits is packaged: lmforge.generation.packaged_region), against
 the eager ``lmforge generate``; ``--ttft-repeats`` rounds (5), each figure the median with its range. These
 single-shot processes are not filtered for a busy host: the range shows how much it moved them.
 
@@ -398,7 +398,7 @@ def fresh_process(folder: Path, prompt: str, new_tokens: int, threads: int, cach
 
 
 def wait_for_packaging(cache: Path, timeout: float = 600.0) -> None:
-    """Wait until the background packaging a cold process started in ``cache`` is done (its exported programs under
+    """Wait until the packaging a cold process started in ``cache`` as it exited is done (its exported programs under
     ``regions/building`` are gone; lmforge.generation.packaged_region), so that the warm process finds the package."""
     deadline = time.monotonic() + timeout
     while any(cache.glob("*/regions/building/*")):

@@ -142,8 +142,8 @@ def test_an_int8_step_is_saved_whole_reused_by_a_new_process_and_rebuilt_when_da
     assert "could not be loaded" in err and path.read_bytes().partition(b"\n")[2] != b"not a pickle"
 
 
-def test_an_int8_layer_is_packaged_in_the_background_and_a_new_process_runs_it_without_dynamo(tmp_path):
-    """A cold process compiles the int8 step's layer with Dynamo and has a child process package it
+def test_an_int8_layer_is_packaged_after_its_first_process_and_a_new_process_runs_it_without_dynamo(tmp_path):
+    """A cold process compiles the int8 step's layer with Dynamo and, as it exits, has a child process package it
     (lmforge.generation.packaged_region); the next process opens the package and decodes without importing Dynamo,
     with its own weights. (A damaged package is deleted and built again: test_packaged_region.py.)"""
     model = lmforge.build_model("gpt-tiny", n_layers=1, d_model=32, n_heads=2, d_ff=64, vocab_size=100)
@@ -155,7 +155,7 @@ def test_an_int8_layer_is_packaged_in_the_background_and_a_new_process_runs_it_w
     assert got == eager_a and DYNAMO[0]
     deadline = time.monotonic() + 600
     while not list(regions.glob("*.pt2")) or list(regions.glob("building/*")):  # the child deletes its program
-        assert time.monotonic() < deadline, "the background packaging did not finish"
+        assert time.monotonic() < deadline, "the packaging did not finish"
         time.sleep(0.5)
     (path,) = regions.glob("*.pt2")
 

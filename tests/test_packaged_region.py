@@ -71,3 +71,13 @@ def test_a_package_others_can_write_is_not_opened_and_a_damaged_one_is_deleted(t
     with pytest.warns(UserWarning, match="could not be loaded"):
         assert packaged_region.saved(layer, inputs, tmp_path, {}) is None
     assert not path.exists()
+
+
+def test_the_packaging_switch_takes_background_or_off(monkeypatch):
+    monkeypatch.delenv(compiled.PACKAGE_ENV, raising=False)
+    assert compiled.package_mode() == "background"
+    monkeypatch.setenv(compiled.PACKAGE_ENV, "off")
+    assert compiled.package_mode() == "off"
+    monkeypatch.setenv(compiled.PACKAGE_ENV, "sometimes")
+    with pytest.raises(ValueError, match="LMFORGE_COMPILE_PACKAGE='sometimes': use background or off"):
+        compiled.package_mode()

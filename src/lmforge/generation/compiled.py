@@ -48,8 +48,9 @@ and FX graphs where inductor can cache them. It bypasses graphs holding frozen, 
 an fp32 or bf16 model a new process traces, lowers and autotunes again and only reuses the built libraries
 (the C++ compiler's share). An unfrozen CPU step's compiled layer (or the whole step, where the layers differ)
 is precompiled and saved whole beside inductor's caches (:mod:`lmforge.generation.step_artifact`): a new
-process loads it in a few seconds instead of tracing it again. A compiled layer is also packaged by AOTInductor
-in a background process (:mod:`lmforge.generation.packaged_region`), which later processes open without importing
+process loads it in a few seconds instead of tracing it again. A compiled layer is also packaged by AOTInductor,
+in a child process started as this one exits (:mod:`lmforge.generation.packaged_region`), which later processes
+open without importing
 Dynamo or inductor, most of what a warm start cost before. Nothing stale is used: the folder is named for the
 torch version, CPU capability and machine, artifacts are keyed by their source, a saved step or package by the
 model's structure, the step's shapes and the traced sources, and weights are bound from the live model, never
@@ -83,6 +84,7 @@ import contextlib
 import functools
 import os
 import shutil
+import threading
 import types
 import warnings
 import weakref
@@ -118,7 +120,7 @@ CUDA_GRAPHS = True
 # Compile one layer of an unfrozen CPU step and run it for all (:class:`_Region`), rather than the whole step
 REGIONAL = True
 # Package that layer with AOTInductor (lmforge.generation.packaged_region), which a new process opens without Dynamo:
-# "background" (a child process builds it while this one decodes; building it before the first compiled token
+# "background" (a child process builds it once this process exits; building it before the first compiled token
 # instead made a cold start 8-11 s longer on 2 cores) or "off"
 PACKAGE_ENV = "LMFORGE_COMPILE_PACKAGE"
 FREEZE = True  # compile the weights in as constants (see _CompiledStep), except for int8 models (below)
@@ -236,6 +238,7 @@ class _CompiledStep:
         self.buffers: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         self.freeze = FREEZE and not opaque_matmuls(model, device, batch, dtype)
         self.backend = _backend(device, self.graphs, self.freeze)
+        self.cpu = device.type == "cpu"
         # An unfrozen CPU step is compiled ahead (torch's precompile) and saved whole (lmforge.generation.step_artifact)
         self.savable = not self.freeze and device.type == "cpu"
         self.region: _Region | None = None  # one layer compiled for all, until a layer does not fit it
@@ -341,6 +344,8 @@ class _CompiledStep:
         here; later calls skip them (:meth:`_run` checks them again at each generation's first step). A regional
         step runs eagerly, and its region compiles (or loads) at the first layer."""
         if saved is None:
+            if self.region is None and self.cpu:  # a whole step compiles now
+                _check_vec_isa_ahead()
             return self.fn(*args)
         fn = _precompiled(self.fn, args, saved)
         if fn is None:
@@ -358,7 +363,9 @@ class _Region:
     eagerly around it, a few dozen ops per token. The region is precompiled (``aot_compile``), so a call runs the
     compiled code without Dynamo's per-call guard checks; they are checked here once per layer at the first step
     of every generation instead. A layer they reject (another class, or a constant of its own, like GPT-2's
-    per-layer attention scale) raises :class:`_GuardsFailed`, and the step is compiled whole."""
+    per-layer attention scale) raises :class:`_GuardsFailed`, and the step is compiled whole. Where the layer's
+    AOTInductor package is in the cache (:mod:`lmforge.generation.packaged_region`), it runs instead, and each
+    layer's signature stands in for the guards."""
 
     def __init__(self, backend):
         self.backend = backend
@@ -368,7 +375,7 @@ class _Region:
         self.compiled = False
         self.precompiled = False
         self.checked: set[int] = set()  # layers whose guards (or signature) passed in this generation
-        self.to_package = False  # package the layer in the background at its next call (compiled by Dynamo here)
+        self.to_package = False  # export the layer for packaging at its next call (compiled by Dynamo here)
 
     def __call__(self, block, x, ctx, i: int) -> torch.Tensor:
         cache = ctx.cache
@@ -377,7 +384,7 @@ class _Region:
             self._compile(args)
         elif self.to_package and i == 0:  # at the second step, not before the first compiled token
             self.to_package = False
-            packaged_region.build_in_background(block, _layer_region, args[1:], compile_cache_dir(), _switches())
+            packaged_region.package_at_exit(block, _layer_region, args[1:], compile_cache_dir(), _switches())
         if self.package is not None:
             if i not in self.checked:
                 if packaged_region.signature(block) != self.package.signature:
@@ -394,8 +401,8 @@ class _Region:
 
     def _compile(self, args) -> None:
         """Open the layer's package (:mod:`lmforge.generation.packaged_region`). Without one, compile the layer with
-        Dynamo, precompiled and saved (:mod:`lmforge.generation.step_artifact`), and package it for later processes in
-        the background, unless :data:`PACKAGE_ENV` is ``off``."""
+        Dynamo, precompiled and saved (:mod:`lmforge.generation.step_artifact`), and have it packaged for later
+        processes once this one exits, unless :data:`PACKAGE_ENV` is ``off``."""
         folder = compile_cache_dir()
         switches = _switches()
         mode = package_mode() if folder is not None else "off"
@@ -429,6 +436,7 @@ def _precompiled(fn, args, saved: Path | None):
     than torch.compile): the caller compiles for this process only."""
     loaded = step_artifact.load(saved, globals()) if saved is not None else None
     if loaded is None or not loaded.guard_check(*args):
+        _check_vec_isa_ahead()
         try:
             loaded = fn.aot_compile((args, {}))
         except Exception as exc:
@@ -448,6 +456,28 @@ def opaque_matmuls(model, device: torch.device, batch: int, dtype: torch.dtype) 
     if uses_fbgemm_int8(model, device):
         return True
     return device.type == "cpu" and dtype == torch.bfloat16 and gemv.available() and batch <= gemv.bf16_max_rows()
+
+
+_VEC_ISA_CHECK: list[threading.Thread] = []  # inductor's check of the CPU's vector instructions, once started
+
+
+def _check_vec_isa_ahead() -> None:
+    """Start inductor's check of the CPU's vector instructions in a thread, once per process.
+
+    The check builds a test program with the C++ compiler and loads it in a new Python process: seconds of a cold
+    start (about 2.7 s on GPT-2's int8 step, 2 cores), spent waiting on those subprocesses. Started as a compile
+    begins, it runs while Dynamo traces; the backend waits for it before inductor asks (:func:`_backend`)."""
+    if _VEC_ISA_CHECK:
+        return
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list  # here, not in the thread: one importer at a time
+
+    def check():
+        with contextlib.suppress(Exception):  # inductor asks again, and reports, at its own call
+            valid_vec_isa_list()
+
+    thread = threading.Thread(target=check, name="lmforge-vec-isa-check", daemon=True)
+    _VEC_ISA_CHECK.append(thread)
+    thread.start()
 
 
 def _compile_failed(exc: Exception) -> RuntimeError:
@@ -474,6 +504,8 @@ def _backend(device: torch.device, graphs: bool = False, frozen: bool = True):
     def backend(gm, example_inputs):
         from torch._inductor.compile_fx import compile_fx
 
+        for thread in _VEC_ISA_CHECK:  # (its result is cached: inductor then asks without waiting)
+            thread.join()
         return compile_fx(gm, example_inputs, config_patches=patches)
 
     return backend

@@ -9,8 +9,8 @@ torch's C++ package loader (``torch._C._aoti``), which needs neither.
 
 Building a package takes longer than Dynamo's compile (on that model: cold starts of 21-28 s against 13-17 s, most
 of it g++ on AOTInductor's C++ wrapper), so the first process does not wait for it. It compiles the layer with Dynamo
-as before and, at its second step, exports the layer and starts a detached child process, at low priority, that
-packages it (:func:`build_in_background`). Later processes open the package.
+as before and, at its second step, exports the layer; when it exits, a detached child process, at low priority,
+packages it (:func:`package_at_exit`). Later processes open the package.
 
     layer i        [*weights of layer i, x (N, 1, D), mask (N, 1, C), rope..., keys (N, H_kv, C, hd), values, slot]
                    -> package.run -> x (N, 1, D); keys and values written in place at ``slot``
@@ -36,7 +36,10 @@ Example:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import dataclasses
+import enum
 import hashlib
 import json
 import os
@@ -55,23 +58,29 @@ import lmforge.generation.step_artifact as step_artifact  # the module, not the 
 
 FORMAT = 1  # of the key: a change makes every older package unused
 SUFFIX = ".pt2"
-# A precompiled header of AOTInductor's runtime is keyed by the whole command line, which names the graph's own
-# files: each package would build a new one (~9 s, 150 MB in inductor's temporary folder) and use it once.
+# No precompiled header of AOTInductor's runtime: each new compile-cache folder got one of its own (~9 s to build,
+# 130-150 MB in inductor's folder under /tmp, outside lmforge's cache, never removed), which a test's folder uses once.
 BUILD_OPTIONS = {"aot_inductor.precompile_headers": False}
-STALE_CLAIM_S = 1800  # a background build not done after this long has died
+STALE_CLAIM_S = 1800  # a claim this old is taken over (its process may have died; at worst two build one package)
 _SOURCES = ("lmforge.nn", "lmforge.models", "lmforge.generation.compiled", "lmforge.generation.packaged_region")
 
 
 def _plain(value) -> object:
-    """A description of a module attribute that is the same in every process: plain values by value, callables by
-    qualified name, anything else by its type."""
-    if isinstance(value, (bool, int, float, str, type(None))):
+    """A description of a module attribute that is the same in every process: plain values, dtypes and enums by
+    value, containers and dataclasses (a config) field by field, callables by qualified name, anything else by its
+    repr unless that names a memory address, else by its type."""
+    if isinstance(value, (bool, int, float, str, type(None), torch.dtype, torch.device, enum.Enum)):
         return repr(value)
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if callable(value) and not isinstance(value, nn.Module):
         return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__qualname__)}"
-    return type(value).__qualname__
+    text = repr(value)
+    return type(value).__qualname__ if " at 0x" in text else text
 
 
 def signature(block: nn.Module) -> str | None:
@@ -187,14 +196,16 @@ def saved(block: nn.Module, inputs: tuple, folder: Path, switches: dict) -> Pack
     return _open(*found)
 
 
-def build_in_background(block: nn.Module, run, inputs: tuple, folder: Path, switches: dict) -> bool:
-    """Export ``run(block, *inputs)`` here and have a detached, niced child process compile and package it into
-    ``folder``, for the next process: this one goes on with the layer Dynamo compiled. False (nothing started) when
-    the package is there, another process is building it, or the layer cannot be packaged (with a warning when
-    export fails).
+def package_at_exit(block: nn.Module, run, inputs: tuple, folder: Path, switches: dict) -> bool:
+    """Export ``run(block, *inputs)`` now, and when this process exits have a detached child process, at low
+    priority, compile and package it into ``folder`` for the next process. False (nothing done) when the package
+    is there, another process is building it, or the layer cannot be packaged (with a warning when export fails).
+
+    Not while this process decodes: on 2 cores a build beside decoding took both cores' worth of OpenMP barriers
+    from it (128 int8 GPT-2 tokens took 30 s instead of about 1.5 s). A server packages when it stops.
 
     A build claims its package by creating ``building/<name>.pt2`` (the exported program, which the child reads and
-    then deletes); a claim older than :data:`STALE_CLAIM_S` is taken to be a crashed child's and is taken over."""
+    then deletes); a claim older than :data:`STALE_CLAIM_S` is taken over."""
     found = _path(block, inputs, folder, switches)
     if found is None or found[0].exists():
         return False
@@ -211,18 +222,25 @@ def build_in_background(block: nn.Module, run, inputs: tuple, folder: Path, swit
         with torch.no_grad():
             program = torch.export.export(_Layer(block, run), (weights(block), *inputs), strict=False)
         torch.export.save(program, program_path)
-        package_root = str(Path(__file__).resolve().parents[2])  # the folder holding lmforge, for the child
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(folder),
-               "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-        command = [sys.executable, "-m", __name__, str(program_path), str(found[0]), str(torch.get_num_threads())]
-        quiet = subprocess.DEVNULL
-        subprocess.Popen(command, env=env, stdin=quiet, stdout=quiet, stderr=quiet, start_new_session=True)
     except Exception as exc:
         program_path.unlink(missing_ok=True)
-        warnings.warn(f"compile=True: could not start packaging the step's layer ({type(exc).__name__}: {exc})",
+        warnings.warn(f"compile=True: could not export the step's layer for packaging ({type(exc).__name__}: {exc})",
                       stacklevel=3)
         return False
+    package_root = str(Path(__file__).resolve().parents[2])  # the folder holding lmforge, for the child
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(folder),
+           "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+    command = [sys.executable, "-m", __name__, str(program_path), str(found[0]), str(torch.get_num_threads())]
+    atexit.register(_start, command, env, program_path)
     return True
+
+
+def _start(command: list[str], env: dict, program_path: Path) -> None:
+    quiet = subprocess.DEVNULL
+    try:
+        subprocess.Popen(command, env=env, stdin=quiet, stdout=quiet, stderr=quiet, start_new_session=True)
+    except OSError:
+        program_path.unlink(missing_ok=True)  # the next process claims it again
 
 
 def _package(program, path: Path) -> None:
@@ -239,7 +257,7 @@ def _package(program, path: Path) -> None:
 
 
 def _child(program_path: str, path: str, threads: str) -> None:
-    """The background build (:func:`build_in_background`): package the exported program, then delete it."""
+    """The build :func:`package_at_exit` starts: package the exported program, then delete it."""
     os.nice(10)  # the user's decoding goes first
     torch.set_num_threads(int(threads))  # inductor builds its loops for this many threads
     try:
