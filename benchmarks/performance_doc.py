@@ -484,10 +484,10 @@ fresh-process rows time `lmforge generate --compile` (fp32, and `--quantize int8
 second streamed text (the first compiled token) with an empty and then a warm compile cache, in rounds (each
 figure the median over them, with its range; single processes, not filtered for a busy host): the fp32 step is
 compiled whole, and its warm row traces it again and reuses inductor's built kernels; the int8 step compiles one
-layer with Dynamo and runs it for all twelve (regional compilation, `lmforge.generation.compiled`), and a child
-process packages that layer with AOTInductor (`lmforge.generation.packaged_region`): its warm row, started once the
-package is written, opens it without importing Dynamo or inductor. The in-process rows above do not package (a
-background build would share the cores with their timed runs)."""
+layer with Dynamo and runs it for all twelve (regional compilation, `lmforge.generation.compiled`); as that
+process exits, a child process packages the layer with AOTInductor (`lmforge.generation.packaged_region`), and the
+warm row, started once the package is written, opens it without importing Dynamo or inductor. The in-process rows
+above do not package (the build would share the cores with the next rows' timed runs)."""
 
 METHODS["verify_cost"] = """\
 `benchmarks/verify_cost.py`: what integrity checking adds to loading a model folder. A randomly initialised

@@ -155,7 +155,7 @@ def _trusted(path: Path) -> bool:
 
 
 class PackagedRegion:
-    """A layer's package, opened: ``region(block, inputs)`` runs it on ``block``'s weights.
+    """A layer's package, opened: ``region(weights(block), inputs)`` runs it on ``block``'s weights.
 
     Args:
         loader: torch's ``AOTIModelPackageLoader`` of the package.
@@ -264,7 +264,8 @@ def _child(program_path: str, path: str, threads: str) -> None:
         from lmforge.nn import gemv
 
         gemv.available()  # registers lmforge's operators, which the program calls
-        _package(torch.export.load(program_path), Path(path))
+        if step_artifact._trusted(Path(program_path)):  # written by this user, in a folder only they can write
+            _package(torch.export.load(program_path), Path(path))
     finally:
         Path(program_path).unlink(missing_ok=True)
 
