@@ -58,18 +58,20 @@ def test_the_step_names_its_switches_and_the_layer_inputs_as_the_package_takes_t
 def test_a_package_others_can_write_is_not_opened_and_a_damaged_one_is_deleted(tmp_path):
     layer = layers()[0]
     inputs = (torch.zeros(1, 1, 32), None, torch.zeros(1, 2, 64, 16))
-    assert packaged_region.saved(layer, inputs, tmp_path, {}) is None  # absent
-    path = packaged_region.path_for(tmp_path, packaged_region.key(packaged_region.signature(layer),
-                                                                  packaged_region._tensors(inputs), {}))
+    place = packaged_region.locate(layer, inputs, tmp_path, {})
+    assert packaged_region.saved(place) is None  # absent
+    path = place[0]
+    assert path == packaged_region.path_for(tmp_path, packaged_region.key(packaged_region.signature(layer),
+                                                                          packaged_region._tensors(inputs), {}))
     path.parent.mkdir(parents=True)
     path.write_bytes(b"not a zip")
     os.chmod(path.parent, 0o777)
     with pytest.warns(UserWarning, match="another user can write it or its folder"):
-        assert packaged_region.saved(layer, inputs, tmp_path, {}) is None
+        assert packaged_region.saved(place) is None
     assert path.exists()
     os.chmod(path.parent, 0o700)
     with pytest.warns(UserWarning, match="could not be loaded"):
-        assert packaged_region.saved(layer, inputs, tmp_path, {}) is None
+        assert packaged_region.saved(place) is None
     assert not path.exists()
 
 

@@ -165,8 +165,7 @@ def _bert_pipeline(backend: _Backend, lowercase: bool) -> None:
 
 def _wordpiece(unk: str | None, lowercase: bool, vocab: dict[str, int] | None = None) -> _Backend:
     backend = _Backend(models.WordPiece(vocab, unk_token=unk, continuing_subword_prefix="##",
-                                        max_input_chars_per_word=100) if vocab else
-                       models.WordPiece(unk_token=unk, max_input_chars_per_word=100))
+                                        max_input_chars_per_word=100))
     _bert_pipeline(backend, lowercase)
     return backend
 

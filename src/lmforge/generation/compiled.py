@@ -240,7 +240,7 @@ class _CompiledStep:
         self.backend = _backend(device, self.graphs, self.freeze)
         self.cpu = device.type == "cpu"
         # An unfrozen CPU step is compiled ahead (torch's precompile) and saved whole (lmforge.generation.step_artifact)
-        self.savable = not self.freeze and device.type == "cpu"
+        self.savable = not self.freeze and self.cpu
         self.region: _Region | None = None  # one layer compiled for all, until a layer does not fit it
         self.fn = self._fresh_fn(self.savable and REGIONAL)
         self.versions = [(t, t._version) for t in _weights(model)]
@@ -375,6 +375,7 @@ class _Region:
         self.compiled = False
         self.precompiled = False
         self.checked: set[int] = set()  # layers whose guards (or signature) passed in this generation
+        self.place: tuple[Path, str] | None = None  # where its package is (packaged_region.locate), if it can have one
         self.to_package = False  # export the layer for packaging at its next call (compiled by Dynamo here)
 
     def __call__(self, block, x, ctx, i: int) -> torch.Tensor:
@@ -384,7 +385,7 @@ class _Region:
             self._compile(args)
         elif self.to_package and i == 0:  # at the second step, not before the first compiled token
             self.to_package = False
-            packaged_region.package_at_exit(block, _layer_region, args[1:], compile_cache_dir(), _switches())
+            packaged_region.package_at_exit(self.place, block, _layer_region, args[1:])
         if self.package is not None:
             if i not in self.checked:
                 if packaged_region.signature(block) != self.package.signature:
@@ -404,16 +405,16 @@ class _Region:
         Dynamo, precompiled and saved (:mod:`lmforge.generation.step_artifact`), and have it packaged for later
         processes once this one exits, unless :data:`PACKAGE_ENV` is ``off``."""
         folder = compile_cache_dir()
-        switches = _switches()
         mode = package_mode() if folder is not None else "off"
         if mode != "off":
-            self.package = packaged_region.saved(args[0], args[1:], folder, switches)
+            self.place = packaged_region.locate(args[0], args[1:], folder, _switches())
+            self.package = packaged_region.saved(self.place) if self.place is not None else None
         if self.package is None:
             self.fn = torch.compile(_fresh(_layer_region), fullgraph=True, dynamic=False, backend=self.backend)
             with _cache_in(folder):
                 fn = _precompiled(self.fn, args, _artifact_path(folder, args))
             self.fn, self.precompiled = fn or self.fn, fn is not None
-            self.to_package = mode == "background"
+            self.to_package = mode == "background" and self.place is not None
         self.compiled = True
 
 

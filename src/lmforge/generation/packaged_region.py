@@ -41,11 +41,11 @@ import contextlib
 import dataclasses
 import enum
 import hashlib
+import io
 import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -55,6 +55,7 @@ import torch.nn as nn
 from torch.utils._pytree import tree_leaves
 
 import lmforge.generation.step_artifact as step_artifact  # the module, not the package (which imports this one)
+from lmforge.utils.io import atomic_write_bytes
 
 FORMAT = 1  # of the key: a change makes every older package unused
 SUFFIX = ".pt2"
@@ -147,13 +148,6 @@ class _Layer(nn.Module):
         return torch.func.functional_call(self.apply_, dict(zip(self.names, weights)), inputs)
 
 
-def _trusted(path: Path) -> bool:
-    if step_artifact._trusted(path):
-        return True
-    warnings.warn(f"compile=True: not loading {path}: another user can write it or its folder", stacklevel=4)
-    return False
-
-
 class PackagedRegion:
     """A layer's package, opened: ``region(weights(block), inputs)`` runs it on ``block``'s weights.
 
@@ -180,57 +174,66 @@ def _open(path: Path, layer_signature: str) -> PackagedRegion | None:
         return None
 
 
-def _path(block: nn.Module, inputs: tuple, folder: Path, switches: dict) -> tuple[Path, str] | None:
+def locate(block: nn.Module, inputs: tuple, folder: Path, switches: dict) -> tuple[Path, str] | None:
+    """Where the package of ``block`` for ``inputs`` lives in ``folder``, and the layer's :func:`signature`; None
+    when the layer cannot be packaged (a tensor attribute)."""
     layer_signature = signature(block)
     if layer_signature is None:
         return None
     return path_for(folder, key(layer_signature, _tensors(inputs), switches)), layer_signature
 
 
-def saved(block: nn.Module, inputs: tuple, folder: Path, switches: dict) -> PackagedRegion | None:
-    """The package of ``block`` for ``inputs`` saved in ``folder``, opened; None if there is none (or it is damaged:
-    then it is deleted, with a warning)."""
-    found = _path(block, inputs, folder, switches)
-    if found is None or not found[0].is_file() or not _trusted(found[0]):
+def saved(place: tuple[Path, str]) -> PackagedRegion | None:
+    """The package at ``place`` (:func:`locate`), opened; None if there is none (or it is damaged: then it is
+    deleted, with a warning)."""
+    path, layer_signature = place
+    if not path.is_file() or not step_artifact.trusted(path, stacklevel=4):
         return None
-    return _open(*found)
+    return _open(path, layer_signature)
 
 
-def package_at_exit(block: nn.Module, run, inputs: tuple, folder: Path, switches: dict) -> bool:
+def package_at_exit(place: tuple[Path, str], block: nn.Module, run, inputs: tuple) -> bool:
     """Export ``run(block, *inputs)`` now, and when this process exits have a detached child process, at low
-    priority, compile and package it into ``folder`` for the next process. False (nothing done) when the package
-    is there, another process is building it, or the layer cannot be packaged (with a warning when export fails).
+    priority, compile and package it at ``place`` (:func:`locate`) for the next process. False (nothing done) when
+    the package is there, another process is building it, or the layer cannot be exported or its folder written
+    (with a warning).
 
     Not while this process decodes: on 2 cores a build beside decoding took both cores' worth of OpenMP barriers
     from it (128 int8 GPT-2 tokens took 30 s instead of about 1.5 s). A server packages when it stops.
 
     A build claims its package by creating ``building/<name>.pt2`` (the exported program, which the child reads and
     then deletes); a claim older than :data:`STALE_CLAIM_S` is taken over."""
-    found = _path(block, inputs, folder, switches)
-    if found is None or found[0].exists():
+    path = place[0]
+    if path.exists():
         return False
-    program_path = found[0].parent / "building" / found[0].name
-    program_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with contextlib.suppress(FileNotFoundError):
-        if time.time() - program_path.stat().st_mtime > STALE_CLAIM_S:
-            program_path.unlink(missing_ok=True)
+    program_path = path.parent / "building" / path.name
     try:
+        program_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with contextlib.suppress(FileNotFoundError):
+            if time.time() - program_path.stat().st_mtime > STALE_CLAIM_S:
+                program_path.unlink(missing_ok=True)
         os.close(os.open(program_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
     except FileExistsError:
+        return False
+    except OSError as exc:
+        warnings.warn(f"compile=True: cannot write {program_path.parent} to package the step's layer ({exc})",
+                      stacklevel=3)
         return False
     try:
         with torch.no_grad():
             program = torch.export.export(_Layer(block, run), (weights(block), *inputs), strict=False)
-        torch.export.save(program, program_path)
+        buffer = io.BytesIO()
+        torch.export.save(program, buffer)
+        atomic_write_bytes(program_path, buffer.getvalue())
     except Exception as exc:
         program_path.unlink(missing_ok=True)
         warnings.warn(f"compile=True: could not export the step's layer for packaging ({type(exc).__name__}: {exc})",
                       stacklevel=3)
         return False
     package_root = str(Path(__file__).resolve().parents[2])  # the folder holding lmforge, for the child
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(folder),
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(path.parents[1]),
            "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-    command = [sys.executable, "-m", __name__, str(program_path), str(found[0]), str(torch.get_num_threads())]
+    command = [sys.executable, "-m", __name__, str(program_path), str(path), str(torch.get_num_threads())]
     atexit.register(_start, command, env, program_path)
     return True
 
@@ -247,13 +250,9 @@ def _package(program, path: Path) -> None:
     """Compile an exported layer with AOTInductor and write its package to ``path`` (atomically)."""
     from torch._inductor import aoti_compile_and_package  # here: importing inductor takes a second or more
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=SUFFIX, dir=path.parent)
-    os.close(fd)
-    try:
-        aoti_compile_and_package(program, package_path=tmp, inductor_configs=BUILD_OPTIONS)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    buffer = io.BytesIO()
+    aoti_compile_and_package(program, package_path=buffer, inductor_configs=BUILD_OPTIONS)
+    atomic_write_bytes(path, buffer.getvalue())
 
 
 def _child(program_path: str, path: str, threads: str) -> None:
@@ -264,7 +263,7 @@ def _child(program_path: str, path: str, threads: str) -> None:
         from lmforge.nn import gemv
 
         gemv.available()  # registers lmforge's operators, which the program calls
-        if step_artifact._trusted(Path(program_path)):  # written by this user, in a folder only they can write
+        if step_artifact.trusted(Path(program_path)):  # written by this user, in a folder only they can write
             _package(torch.export.load(program_path), Path(path))
     finally:
         Path(program_path).unlink(missing_ok=True)

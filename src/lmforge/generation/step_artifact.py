@@ -104,6 +104,14 @@ def _sources(fn) -> dict[str, str | None]:
     return {s.module: _module_state(s.module) for s in fn.source_info().inlined_sources}
 
 
+def trusted(path: Path, stacklevel: int = 3) -> bool:
+    """:func:`_trusted`, with a warning when it is not."""
+    if _trusted(path):
+        return True
+    warnings.warn(f"compile=True: not loading {path}: another user can write it or its folder", stacklevel=stacklevel)
+    return False
+
+
 def _trusted(path: Path) -> bool:
     """The file and its folder belong to this user and no one else can write them."""
     if not hasattr(os, "getuid"):
@@ -140,8 +148,7 @@ def load(path: Path, f_globals: dict):
     if not path.is_file():
         return None
     try:
-        if not _trusted(path):
-            warnings.warn(f"compile=True: not loading {path}: another user can write it or its folder", stacklevel=3)
+        if not trusted(path, stacklevel=4):
             return None
         data = path.read_bytes()
         head, _, body = data.partition(b"\n")
