@@ -32,11 +32,13 @@ should be identical; int8 shows how far rounding moves greedy choices: the share
 length of the equal prefix).
 
 Time to first token in a fresh process, for lmforge compiled: ``lmforge generate --compile`` (fp32, and with
-``--quantize int8``) as a user runs it, from process start to its first and second streamed text (the first token
-comes from the eager prompt pass, the second from the compiled step, so the compile shows there), with an empty
-compile cache (``LMFORGE_COMPILE_CACHE`` pointing at a new folder) and then with the cache that run left (once the
-layer it has packaged as it exits is packaged: lmforge.generation.packaged_region), against
-the eager ``lmforge generate``; ``--ttft-repeats`` rounds (5), each figure the median with its range. These
+``--quantize int8``) as a user runs it, from process start to its first, second and last streamed text and to its
+exit (the first token comes from the eager prompt pass, the second from the decode step, so a compile shows
+there), with an empty compile cache (``LMFORGE_COMPILE_CACHE`` pointing at a new folder) and then with the cache
+that run left (once the layer it has packaged as it exits is packaged: lmforge.generation.packaged_region),
+against the eager ``lmforge generate``. Bare ``--compile`` does not wait for an int8 layer that is not cached (it
+decodes eagerly and packages the layer as it exits); ``int8_compiled_now`` is ``--compile now``, which compiles
+it before its second token. ``--ttft-repeats`` rounds (5), each figure the median with its range. These
 single-shot processes are not filtered for a busy host: the range shows how much it moved them.
 
 CTranslate2 and llama.cpp are optional (``pip install 'lmforge[engines]'``; ``make bench-engines`` installs them
@@ -380,13 +382,13 @@ def pair(rows: list[dict]) -> None:
 def fresh_process(folder: Path, prompt: str, new_tokens: int, threads: int, cache: Path | None,
                   extra: tuple[str, ...] = ()) -> dict:
     """``lmforge generate`` (``--compile`` when ``cache`` is given, compiling into it; ``extra`` flags) in a new
-    process: seconds from its start to its first and second streamed text, and to its end."""
+    process: seconds from its start to its first, second and last streamed text, and to its end."""
     env = src_env(**{"LMFORGE_COMPILE_CACHE": str(cache) if cache else "off", PACKAGE_ENV: "background"})
     cmd = [sys.executable, "-m", "lmforge.cli.main", "generate", "--model", str(folder), "--prompt", prompt,
            "--max-new-tokens", str(new_tokens), "--ignore-eos", "--threads", str(threads), *extra]
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd + (["--compile"] if cache else []), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL)
+    compile_flag = [] if cache is None or "--compile" in extra else ["--compile"]
+    proc = subprocess.Popen(cmd + compile_flag, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     marks = []
     while os.read(proc.stdout.fileno(), 65536):  # each streamed piece is flushed as it is chosen
         marks.append(time.perf_counter() - start)
@@ -394,7 +396,7 @@ def fresh_process(folder: Path, prompt: str, new_tokens: int, threads: int, cach
         raise RuntimeError(f"lmforge generate exited with {proc.returncode}")
     total = time.perf_counter() - start
     return {"first_output_s": round(marks[0], 2), "second_output_s": round(marks[1] if len(marks) > 1 else total, 2),
-            "total_s": round(total, 2)}
+            "last_output_s": round(marks[-1], 2), "total_s": round(total, 2)}
 
 
 def wait_for_packaging(cache: Path, timeout: float = 600.0) -> None:
@@ -415,16 +417,19 @@ def ttft(ours, prompt: str, new_tokens: int, threads: int, work: Path, repeats: 
     runs: dict[str, list[dict]] = {}
     for r in range(repeats):
         runs.setdefault("eager", []).append(fresh_process(folder, prompt, new_tokens, threads, None))
-        for name, extra in (("compiled", ()), ("int8_compiled", ("--quantize", "int8"))):
+        for name, extra in (("compiled", ()), ("int8_compiled", ("--quantize", "int8")),
+                            ("int8_compiled_now", ("--quantize", "int8", "--compile", "now"))):
             cache = work / f"compile-cache-{name}-{r}"
             runs.setdefault(f"{name}_cold", []).append(fresh_process(folder, prompt, new_tokens, threads, cache, extra))
-            wait_for_packaging(cache)
-            runs.setdefault(f"{name}_warm", []).append(fresh_process(folder, prompt, new_tokens, threads, cache, extra))
+            wait_for_packaging(cache)  # (a build beside the next process would slow it)
+            if name != "int8_compiled_now":  # (its warm start is int8_compiled's: the same package)
+                runs.setdefault(f"{name}_warm", []).append(fresh_process(folder, prompt, new_tokens, threads, cache,
+                                                                         extra))
             shutil.rmtree(cache, ignore_errors=True)
     out = {}
     for name, marks in runs.items():
         out[name] = {"runs": len(marks)}
-        for key in ("first_output_s", "second_output_s", "total_s"):
+        for key in ("first_output_s", "second_output_s", "last_output_s", "total_s"):
             values = sorted(m[key] for m in marks)
             out[name][key] = round(statistics.median(values), 2)
             out[name][key.removesuffix("_s") + "_range"] = [values[0], values[-1]]
@@ -492,7 +497,7 @@ def main() -> None:
                 lo, hi = t["second_output_range"]
                 print(f"fresh process, {name}: first text {t['first_output_s']:.2f} s, second "
                       f"{t['second_output_s']:.2f} s ({lo:.2f}-{hi:.2f}), all {args.new_tokens} tokens "
-                      f"{t['total_s']:.2f} s; median of {t['runs']}", flush=True)
+                      f"{t['last_output_s']:.2f} s, exit {t['total_s']:.2f} s; median of {t['runs']}", flush=True)
     result.update({"skipped": skipped, "load_before": round(load, 2), "load_after": round(os.getloadavg()[0], 2)})
     print(json.dumps(result))
 

@@ -355,8 +355,9 @@ def generate_engines_detail(data: dict) -> str:
     if data.get("ttft"):
         names = {"eager": "eager", "compiled_cold": "compiled, empty compile cache",
                  "compiled_warm": "compiled, the cache the cold run left",
-                 "int8_compiled_cold": "compiled `--quantize int8`, empty compile cache",
-                 "int8_compiled_warm": "compiled `--quantize int8`, the cache the cold run left"}
+                 "int8_compiled_cold": "compiled `--quantize int8`, empty compile cache (decodes eagerly)",
+                 "int8_compiled_warm": "compiled `--quantize int8`, the cache the cold run left",
+                 "int8_compiled_now_cold": "`--quantize int8 --compile now`, empty compile cache"}
         def seconds(t: dict, key: str) -> str:  # a median with its range over rounds, or one run's figure
             lo_hi = t.get(key.removesuffix("_s") + "_range")
             return f"{t[key]:.1f} s" + (f" ({lo_hi[0]:.1f}–{lo_hi[1]:.1f})" if lo_hi and t.get("runs", 1) > 1 else "")
@@ -364,8 +365,9 @@ def generate_engines_detail(data: dict) -> str:
         runs = max(t.get("runs", 1) for t in data["ttft"].values())
         text += "\n\n" + table([f"`lmforge generate` in a fresh process (median of {runs}, min–max)"
                                  if runs > 1 else "`lmforge generate` in a fresh process", "first text",
-                                 "second text", f"all {data['new_tokens']} tokens"],
+                                 "second text", f"all {data['new_tokens']} tokens", "exit"],
                                 [[names.get(k, k), seconds(t, "first_output_s"), seconds(t, "second_output_s"),
+                                  seconds(t, "last_output_s") if "last_output_s" in t else "-",
                                   seconds(t, "total_s")] for k, t in data["ttft"].items()])
     quality = data.get("quality")
     if quality:  # benchmarks/quantize_quality.py's record, kept with these rows
@@ -481,13 +483,16 @@ process of its own, the rows taking turns.
 **Reference**: HF `generate` fp32 for every lmforge mode; for CTranslate2 and llama.cpp, the ratio is lmforge's
 fastest row (eager or compiled) of the same precision over theirs. Runs during which other processes used the CPU are left out. The
 fresh-process rows time `lmforge generate --compile` (fp32, and `--quantize int8`) from process start to its
-second streamed text (the first compiled token) with an empty and then a warm compile cache, in rounds (each
-figure the median over them, with its range; single processes, not filtered for a busy host): the fp32 step is
-compiled whole, and its warm row traces it again and reuses inductor's built kernels; the int8 step compiles one
-layer with Dynamo and runs it for all twelve (regional compilation, `lmforge.generation.compiled`); as that
-process exits, a child process packages the layer with AOTInductor (`lmforge.generation.packaged_region`), and the
-warm row, started once the package is written, opens it without importing Dynamo or inductor. The in-process rows
-above do not package (the build would share the cores with the next rows' timed runs)."""
+first, second and last streamed text and to its exit, with an empty and then a warm compile cache, in rounds (each
+figure the median over them, with its range; single processes, not filtered for a busy host). The second text is
+the decode step's first token. The fp32 step is compiled whole before it, and its warm row traces it again and
+reuses inductor's built kernels. The int8 step runs one layer for all twelve (regional compilation,
+`lmforge.generation.compiled`), packaged by AOTInductor (`lmforge.generation.packaged_region`): the warm row opens
+the package without importing Dynamo or inductor. With an empty cache, bare `--compile` does not wait for that
+layer: it decodes eagerly, and as it exits exports the layer and starts a child process that packages it; `--compile
+now` compiles the layer with Dynamo before its second token (and exports it at its third). Each warm row starts
+once the package is written. The in-process rows above do not package (the build would share the cores with the
+next rows' timed runs)."""
 
 METHODS["verify_cost"] = """\
 `benchmarks/verify_cost.py`: what integrity checking adds to loading a model folder. A randomly initialised

@@ -53,7 +53,9 @@ RESULTS = {
         {"batch": 1, "impl": "CTranslate2 fp32", "engine": "ctranslate2", "precision": "fp32",
          "tok_s": {"median": 60.0}, "checked": True, "identical": False, "quiet": True,
          "partner": "lmforge fp32 eager"}],
-        "ttft": {"compiled_cold": {"second_output_s": 40.0}, "compiled_warm": {"second_output_s": 10.0}},
+        "ttft": {"compiled_cold": {"second_output_s": 40.0}, "compiled_warm": {"second_output_s": 10.0},
+                 "int8_compiled_cold": {"second_output_s": 5.0}, "int8_compiled_warm": {"second_output_s": 4.0},
+                 "int8_compiled_now_cold": {"second_output_s": 17.0}},
         "skipped": {"llama.cpp": "llama_cpp is not installed: pip install 'lmforge[engines]'"}},
 }
 
@@ -110,7 +112,9 @@ def test_rows_for_each_benchmark_format():
         ("batch 1: lmforge int8 (machine busy)", "45.0 tok/s", "HF generate fp32 20.0 tok/s", 2.25, "higher"),
         ("batch 1: lmforge fp32 eager vs CTranslate2 fp32 (tokens DIFFER)", "30.0 tok/s", "CTranslate2 fp32 60.0 tok/s",
          0.5, "higher"),
-        ("fresh process to the first compiled fp32 token, warm compile cache", "10.0 s", "cold cache 40.0 s", 0.25, "lower"),
+        ("fresh process to its second fp32 token, warm compile cache", "10.0 s", "cold cache 40.0 s", 0.25, "lower"),
+        ("fresh process to its second int8 token, warm compile cache", "4.0 s",
+         "cold cache 5.0 s (--compile now: 17.0 s)", 0.8, "lower"),
         ("llama.cpp: not run", "-", "llama_cpp is not installed: pip install 'lmforge[engines]'", None, "higher")]
     generic = bench.rows_for("new_bench", {"speed_ratio": 2.0, "other": 5, "a_over_b": 0.5})
     assert [(r.case, r.ratio) for r in generic] == [("speed_ratio", 2.0), ("a_over_b", 0.5)]

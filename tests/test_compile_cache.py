@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import lmforge
-from lmforge.generation import compiled, step_artifact
+from lmforge.generation import compiled, packaged_region, step_artifact
 from lmforge.models.quantize import quantize_model
 from lmforge.nn.weight_only import uses_fbgemm_int8
 from lmforge.utils.machine import build_tag
@@ -34,17 +34,18 @@ if sys.argv[2] == "int8":
     quantize_model(model, "int8")
 ids = torch.tensor([[5, 6, 7]])
 with torch.no_grad():
-    out = [model.generate(ids, max_new_tokens=4, compile=c).tolist() for c in (True, False)]
+    out = [model.generate(ids, max_new_tokens=4, compile=c).tolist() for c in ({"cached": "cached"}.get(sys.argv[3],
+                                                                                                       True), False)]
 print(json.dumps(out + ["torch._dynamo" in sys.modules]))
 """
 DYNAMO = {}  # seed -> whether that process imported Dynamo (the last call's)
 
 
-def decode_in_a_new_process(seed: int, cache: Path, precision: str = "fp32", package: str = "off"
-                            ) -> tuple[list, list, str]:
+def decode_in_a_new_process(seed: int, cache: Path, precision: str = "fp32", package: str = "off",
+                            compile: str = "True") -> tuple[list, list, str]:
     env = {**os.environ, compiled.CACHE_ENV: str(cache), compiled.PACKAGE_ENV: package, "PYTHONPATH": SRC}
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(seed), precision], env=env, capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(seed), precision, compile], env=env,
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     compiled_tokens, eager_tokens, DYNAMO[seed] = json.loads(done.stdout.strip().splitlines()[-1])
     return compiled_tokens, eager_tokens, done.stderr
@@ -143,17 +144,20 @@ def test_an_int8_step_is_saved_whole_reused_by_a_new_process_and_rebuilt_when_da
 
 
 def test_an_int8_layer_is_packaged_after_its_first_process_and_a_new_process_runs_it_without_dynamo(tmp_path):
-    """A cold process compiles the int8 step's layer with Dynamo and, as it exits, has a child process package it
-    (lmforge.generation.packaged_region); the next process opens the package and decodes without importing Dynamo,
-    with its own weights. (A damaged package is deleted and built again: test_packaged_region.py.)"""
+    """A cold process with ``compile="cached"`` decodes the int8 step's layer eagerly, without importing Dynamo, and
+    as it exits exports the layer and has a child process package it (lmforge.generation.packaged_region); the next
+    process opens the package and decodes without importing Dynamo, with its own weights. (A damaged package is
+    deleted and built again: test_packaged_region.py. A layer compiled with Dynamo is exported at its second step:
+    the regional test below.)"""
     model = lmforge.build_model("gpt-tiny", n_layers=1, d_model=32, n_heads=2, d_ff=64, vocab_size=100)
     quantize_model(model, "int8")
     regions = tmp_path / build_tag() / "regions"
-    got, eager_a, _ = decode_in_a_new_process(0, tmp_path, "int8", package="background")
-    assert got == eager_a and DYNAMO[0]
+    got, eager_a, _ = decode_in_a_new_process(0, tmp_path, "int8", package="background", compile="cached")
     if not uses_fbgemm_int8(model, torch.device("cpu")):  # no opaque int8 op: a frozen step, compiled whole
+        assert got == eager_a and DYNAMO[0]
         assert not regions.exists()  # and never packaged
         return
+    assert got == eager_a and not DYNAMO[0]  # nothing was compiled
     deadline = time.monotonic() + 600
     while not list(regions.glob("*.pt2")) or list(regions.glob("building/*")):  # the child deletes its program
         assert time.monotonic() < deadline, "the packaging did not finish"
@@ -169,26 +173,41 @@ def test_an_int8_step_compiles_one_layer_for_all_and_a_layer_that_does_not_fit_c
         monkeypatch, tmp_path):
     """Regional compilation (compiled._Region): an unfrozen step traces one layer and runs it for every layer, with
     each layer's guards checked once per generation. GPT-2's per-layer attention scale is a constant the region's
-    guards reject at the second layer: that step is compiled whole instead. Both decode as eager does."""
-    monkeypatch.setenv(compiled.CACHE_ENV, str(tmp_path))
+    guards reject at the second layer: that step is compiled whole instead. Both decode as eager does.
+
+    With ``compile="cached"`` and nothing cached, the layer runs eagerly and is to be packaged at exit, until a
+    ``compile=True`` call compiles it (and has it packaged after its second step); a layer that does not fit takes
+    the packaging back and compiles the step whole."""
+    monkeypatch.setenv(compiled.PACKAGE_ENV, "background")
+    calls = []  # (what, package name): no package is built in this process
+    for what in ("package_when_exiting", "package_at_exit", "cancel"):
+        monkeypatch.setattr(packaged_region, what, lambda place, *args, what=what: calls.append((what, place[0].name)))
     ids = torch.tensor([[5, 6, 7]])
     for by_layer in (False, True):
         torch.manual_seed(0)
         model = lmforge.build_model("gpt-tiny", n_layers=3, d_model=32, n_heads=2, d_ff=64, vocab_size=100,
                                     attn_scale_by_layer=by_layer).eval()
         quantize_model(model, "int8")
+        monkeypatch.setenv(compiled.CACHE_ENV, str(tmp_path / str(by_layer)))  # (their first layers are alike)
+        calls.clear()
         with torch.no_grad():
             eager = model.generate(ids, max_new_tokens=6).tolist()
+            assert model.generate(ids, max_new_tokens=6, compile="cached").tolist() == eager
+            (step,) = compiled._STEPS[model].values()
+            regional = step.region is not None and step.region.eager and step.region.checked == {0, 1, 2}
             assert model.generate(ids, max_new_tokens=6, compile=True).tolist() == eager
             assert model.generate(ids, max_new_tokens=6, compile=True).tolist() == eager  # guards checked again
-        (step,) = compiled._STEPS[model].values()
         if not uses_fbgemm_int8(model, torch.device("cpu")):  # no opaque int8 op here: a frozen step, compiled whole
-            assert step.region is None and step.freeze
+            assert step.region is None and step.freeze and not calls
             continue
+        name = calls[0][1]
         if by_layer:
             assert step.region is None and step.precompiled  # the second layer's scale failed the region's guards
+            assert calls == [("package_when_exiting", name), ("cancel", name)]
         else:
+            assert regional and not step.region.eager
             assert step.region.precompiled and step.region.checked == {0, 1, 2} and not step.precompiled
+            assert calls == [("package_when_exiting", name), ("package_at_exit", name)]
 
 
 def test_a_saved_step_is_checked_at_each_generation_and_compiled_again_when_its_guards_fail(monkeypatch):

@@ -144,8 +144,13 @@ def test_cli_compile_streams_what_eager_prints(tmp_path, capsys):
     eager = capsys.readouterr().out
     assert main([*args, "--compile"]) == 0  # streamed, through the compiled step
     assert capsys.readouterr().out == eager and eager.strip()
+    assert main([*args, "--compile", "now"]) == 0  # (an fp32 step compiles now either way)
+    assert capsys.readouterr().out == eager
 
 
-def test_compile_needs_the_cache():
+def test_compile_needs_the_cache_and_takes_true_false_or_cached():
     with pytest.raises(ValueError, match="use_cache"):
         GenerationConfig(compile=True, use_cache=False)
+    with pytest.raises(ValueError, match=r"GenerationConfig.compile='later' must be True, False or 'cached'"):
+        GenerationConfig(compile="later")
+    assert GenerationConfig(compile="cached").compile == "cached"

@@ -65,9 +65,12 @@ def register(subparsers) -> None:
     shared.add_argument("--stop", action="append", default=[], metavar="STR",
                         help="end an output once it contains STR (repeatable); the text ends with STR")
     shared.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
-    shared.add_argument("--compile", action="store_true",
-                        help="decode through a torch.compile-d step over a static KV cache: faster per token after "
-                        "a one-off compile of tens of seconds; decoders with learned/sinusoidal/RoPE positions only")
+    shared.add_argument("--compile", nargs="?", const="cached", choices=("cached", "now"), metavar="WHEN",
+                        help="decode through a torch.compile-d step over a static KV cache, faster per token; "
+                        "decoders with learned/sinusoidal/RoPE positions only. Bare (or 'cached'): where this "
+                        "machine's compile cache lacks an int8 or bf16 step, decode eagerly rather than wait tens "
+                        "of seconds for it, and build it as this process exits, for the next one (fp32 steps "
+                        "compile now). 'now': compile before decoding")
     parser.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
                         help="print a single output as it is generated (on by default)")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu (default) or cuda")
@@ -93,7 +96,8 @@ def _config(args):
         length_penalty=args.length_penalty, early_stopping=early, num_return_sequences=args.num_return_sequences,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
         repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
-        stop_strings=args.stop, ignore_eos=args.ignore_eos, seed=args.seed, compile=args.compile,
+        stop_strings=args.stop, ignore_eos=args.ignore_eos, seed=args.seed,
+        compile={None: False, "cached": "cached", "now": True}[args.compile],
     )
 
 

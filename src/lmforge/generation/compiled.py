@@ -51,7 +51,10 @@ is precompiled and saved whole beside inductor's caches (:mod:`lmforge.generatio
 process loads it in a few seconds instead of tracing it again. A compiled layer is also packaged by AOTInductor,
 in a child process started as this one exits (:mod:`lmforge.generation.packaged_region`), which later processes
 open without importing
-Dynamo or inductor, most of what a warm start cost before. Nothing stale is used: the folder is named for the
+Dynamo or inductor, most of what a warm start cost before. ``compile="cached"`` does not wait for a layer that is
+in neither form: the process decodes that layer eagerly (GPT-2 int8, 2 cores: its second token 2-5 s after the
+start instead of 14-22 s) and exports it for packaging as it exits; a process that lives long enough to gain from
+the compile passes ``True``. Nothing stale is used: the folder is named for the
 torch version, CPU capability and machine, artifacts are keyed by their source, a saved step or package by the
 model's structure, the step's shapes and the traced sources, and weights are bound from the live model, never
 read from the cache. A damaged artifact does not crash decoding: a saved step that fails to
@@ -242,6 +245,7 @@ class _CompiledStep:
         # An unfrozen CPU step is compiled ahead (torch's precompile) and saved whole (lmforge.generation.step_artifact)
         self.savable = not self.freeze and self.cpu
         self.region: _Region | None = None  # one layer compiled for all, until a layer does not fit it
+        self.wait = True  # see _Region.wait (set by compiled_step)
         self.fn = self._fresh_fn(self.savable and REGIONAL)
         self.versions = [(t, t._version) for t in _weights(model)]
         self.compiled = False
@@ -254,7 +258,7 @@ class _CompiledStep:
         if not regional:
             self.region = None
             return torch.compile(_fresh(), fullgraph=True, dynamic=False, backend=self.backend)
-        self.region = _Region(self.backend)
+        self.region = _Region(self.backend, self.wait)
         return functools.partial(_decode_step, run_layer=self.region)
 
     def _whole(self) -> None:
@@ -367,8 +371,12 @@ class _Region:
     AOTInductor package is in the cache (:mod:`lmforge.generation.packaged_region`), it runs instead, and each
     layer's signature stands in for the guards."""
 
-    def __init__(self, backend):
+    def __init__(self, backend, wait: bool = True):
         self.backend = backend
+        # Nothing cached for this layer: compile it now (True), or decode eagerly and package it as this process
+        # exits, for the next one (False: compile="cached"; see _compile)
+        self.wait = wait
+        self.eager = False  # decoding eagerly, with the layer to be packaged at exit
         self.fn = None  # torch.compile of _layer_region, made when needed (creating it imports Dynamo)
         self.package: packaged_region.PackagedRegion | None = None  # the layer packaged by AOTInductor, if there is one
         self.weights: dict[int, list[torch.Tensor]] = {}  # layer -> its weights, as the package takes them
@@ -381,11 +389,18 @@ class _Region:
     def __call__(self, block, x, ctx, i: int) -> torch.Tensor:
         cache = ctx.cache
         args = (block, x, ctx.mask, ctx.rope, cache.keys[i], cache.values[i], cache.index)
-        if not self.compiled:
+        if not self.compiled or (self.eager and self.wait):  # (a compile=True call after compile="cached" ones)
             self._compile(args)
         elif self.to_package and i == 0:  # at the second step, not before the first compiled token
             self.to_package = False
             packaged_region.package_at_exit(self.place, block, _layer_region, args[1:])
+        if self.eager:
+            if i not in self.checked:
+                if packaged_region.signature(block) != self.place[1]:
+                    packaged_region.cancel(self.place)  # a package of layer 0 would not serve this model
+                    raise _GuardsFailed(f"layer {i}")
+                self.checked.add(i)
+            return _layer_region(*args)
         if self.package is not None:
             if i not in self.checked:
                 if packaged_region.signature(block) != self.package.signature:
@@ -403,13 +418,20 @@ class _Region:
     def _compile(self, args) -> None:
         """Open the layer's package (:mod:`lmforge.generation.packaged_region`). Without one, compile the layer with
         Dynamo, precompiled and saved (:mod:`lmforge.generation.step_artifact`), and have it packaged for later
-        processes once this one exits, unless :data:`PACKAGE_ENV` is ``off``."""
+        processes once this one exits, unless :data:`PACKAGE_ENV` is ``off``. Unless :attr:`wait`: then, with
+        neither the package nor the saved compile in the cache, the layer runs eagerly, and is exported and packaged
+        as this process exits."""
         folder = compile_cache_dir()
         mode = package_mode() if folder is not None else "off"
+        self.eager = False
         if mode != "off":
             self.place = packaged_region.locate(args[0], args[1:], folder, _switches())
             self.package = packaged_region.saved(self.place) if self.place is not None else None
-        if self.package is None:
+        if (self.package is None and not self.wait and mode == "background" and self.place is not None
+                and not _artifact_path(folder, args).is_file()):
+            packaged_region.package_when_exiting(self.place, args[0], _layer_region, args[1:])
+            self.eager = True
+        elif self.package is None:
             self.fn = torch.compile(_fresh(_layer_region), fullgraph=True, dynamic=False, backend=self.backend)
             with _cache_in(folder):
                 fn = _precompiled(self.fn, args, _artifact_path(folder, args))
@@ -512,9 +534,12 @@ def _backend(device: torch.device, graphs: bool = False, frozen: bool = True):
     return backend
 
 
-def compiled_step(model, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> _CompiledStep:
+def compiled_step(model, batch: int, capacity: int, dtype: torch.dtype, device: torch.device,
+                  wait: bool = True) -> _CompiledStep:
     """The compiled step for this model and shape, built on first use (the compile itself happens at its
-    first call); a stale one (weights changed since it froze them) is replaced."""
+    first call); a stale one (weights changed since it froze them) is replaced. ``wait=False``
+    (``compile="cached"``): a regional step's layer that is not in the compile cache runs eagerly instead of
+    compiling, and is packaged as the process exits (:class:`_Region`)."""
     steps = _STEPS.setdefault(model, OrderedDict())
     key = (batch, capacity, dtype, str(device))
     step = steps.get(key)
@@ -523,6 +548,9 @@ def compiled_step(model, batch: int, capacity: int, dtype: torch.dtype, device: 
         while len(steps) > MAX_STEPS_PER_MODEL:
             steps.popitem(last=False)
     step.check_guards = step.compiled and (step.precompiled or step.region is not None)
+    step.wait = wait
+    if step.region is not None:
+        step.region.wait = wait
     steps.move_to_end(key)
     return step
 
@@ -546,8 +574,10 @@ class CompiledStepper(Stepper):
     Args as :class:`Stepper`, always with a cache; the model must pass :func:`check_supported`.
     """
 
-    def __init__(self, model, input_ids, attention_mask, max_new_tokens: int, start_id: int, pad_id: int):
+    def __init__(self, model, input_ids, attention_mask, max_new_tokens: int, start_id: int, pad_id: int,
+                 wait: bool = True):
         check_supported(model)
+        self.wait = wait  # see compiled_step
         super().__init__(model, input_ids, attention_mask, max_new_tokens, start_id, pad_id, use_cache=True)
         self.capacity = capacity_for(self.tokens.shape[1])
         self.cache.capacity = self.capacity  # the prefill allocates buffers of the final size
@@ -576,7 +606,8 @@ class CompiledStepper(Stepper):
             return None
         s = self.static
         if self._step is None:
-            self._step = compiled_step(self.model, self.batch_size, self.capacity, s.keys[0].dtype, s.keys[0].device)
+            self._step = compiled_step(self.model, self.batch_size, self.capacity, s.keys[0].dtype, s.keys[0].device,
+                                       self.wait)
             s.keys, s.values = self._step.adopt(s.keys, s.values)
         ids = tokens.reshape(-1, 1).contiguous()  # (N, 1), strides fixed: a column view's would follow L_max
         return self._step(self.model, ids, self._slots[i:i + 1], self._positions,

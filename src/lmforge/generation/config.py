@@ -65,7 +65,11 @@ class GenerationConfig(ConfigBase):
         compile: run each token after the prompt through a ``torch.compile``-d step over a static KV
             cache (see :mod:`lmforge.generation.compiled`): faster per token, after a one-off compile of
             tens of seconds per model and (batch size, capacity). Decoders with learned, sinusoidal,
-            RoPE or no positions only; needs ``use_cache``.
+            RoPE or no positions only; needs ``use_cache``. ``"cached"``: the same where this machine's
+            compile cache holds the step; where it does not, a step that compiles one layer for all (int8,
+            and bf16 on lmforge's kernel) decodes eagerly instead of waiting, and its layer is packaged as
+            the process exits, for the next one (a one-off process gains less from the compile than it
+            costs); other steps compile as with ``True``.
     """
 
     max_new_tokens: int = 64
@@ -87,7 +91,7 @@ class GenerationConfig(ConfigBase):
     stop_strings: list[str] = field(default_factory=list)
     seed: int | None = None
     use_cache: bool = True
-    compile: bool = False
+    compile: bool | str = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop_strings, str):
@@ -139,6 +143,8 @@ class GenerationConfig(ConfigBase):
             fail("num_return_sequences", "must be 1 for greedy search (all copies would be identical)")
         if strategy == "beam" and self.num_return_sequences > self.num_beams:
             fail("num_return_sequences", f"must be <= num_beams={self.num_beams}")
+        if self.compile not in (False, True, "cached"):
+            fail("compile", "must be True, False or 'cached'")
         if self.compile and not self.use_cache:
             fail("compile", "needs use_cache=True (the compiled step decodes over a static KV cache)")
         if any(not isinstance(s, str) or not s for s in self.stop_strings):

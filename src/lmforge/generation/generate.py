@@ -130,7 +130,8 @@ class _Run:
         start = config.decoder_start_token_id
         start = start if start is not None else model._decoder_start_id()
         if config.compile:
-            self.stepper = CompiledStepper(model, ids, mask, config.max_new_tokens, start, pad)
+            self.stepper = CompiledStepper(model, ids, mask, config.max_new_tokens, start, pad,
+                                           wait=config.compile is True)
         else:
             self.stepper = Stepper(model, ids, mask, config.max_new_tokens, start, pad, config.use_cache)
         self.batch_size = ids.shape[0]

@@ -10,7 +10,10 @@ torch's C++ package loader (``torch._C._aoti``), which needs neither.
 Building a package takes longer than Dynamo's compile (on that model: cold starts of 21-28 s against 13-17 s, most
 of it g++ on AOTInductor's C++ wrapper), so the first process does not wait for it. It compiles the layer with Dynamo
 as before and, at its second step, exports the layer; when it exits, a detached child process, at low priority,
-packages it (:func:`package_at_exit`). Later processes open the package.
+packages it (:func:`package_at_exit`). With ``compile="cached"`` it compiles nothing: it runs the layer eagerly, and
+exports it only as it exits (:func:`package_when_exiting`). Later processes open the package. (While a child
+builds, other processes on its cores decode slower, a low priority notwithstanding: an eager GPT-2 int8 generation
+of 128 tokens on 2 cores took 14-24 s beside one instead of 2-4 s.)
 
     layer i        [*weights of layer i, x (N, 1, D), mask (N, 1, C), rope..., keys (N, H_kv, C, hd), values, slot]
                    -> package.run -> x (N, 1, D); keys and values written in place at ``slot``
@@ -203,9 +206,47 @@ def package_at_exit(place: tuple[Path, str], block: nn.Module, run, inputs: tupl
 
     A build claims its package by creating ``building/<name>.pt2`` (the exported program, which the child reads and
     then deletes); a claim older than :data:`STALE_CLAIM_S` is taken over."""
+    command = _export(place, block, run, inputs, stacklevel=4)
+    if command is not None:
+        atexit.register(_start, *command)
+    return command is not None
+
+
+_AT_EXIT: dict[Path, tuple] = {}  # package path -> what package_when_exiting exports as this process exits
+
+
+def package_when_exiting(place: tuple[Path, str], block: nn.Module, run, inputs: tuple) -> None:
+    """As :func:`package_at_exit`, with the export too left to this process's exit: a process that decodes eagerly
+    while nothing is cached (``compile="cached"``) pays no export (about 3 s on GPT-2's int8 layer, 2 cores) before
+    its tokens. ``inputs`` are kept until then for their shapes; the export runs in the grad and inference modes of
+    this call (part of the package's key). :func:`cancel` takes it back."""
+    _AT_EXIT.setdefault(place[0], (place, block, run, inputs, torch.is_grad_enabled(),
+                                   torch.is_inference_mode_enabled()))
+    atexit.unregister(_export_when_exiting)  # registered once
+    atexit.register(_export_when_exiting)
+
+
+def cancel(place: tuple[Path, str]) -> None:
+    """Take back :func:`package_when_exiting` of ``place`` (a later layer does not fit the package)."""
+    _AT_EXIT.pop(place[0], None)
+
+
+def _export_when_exiting() -> None:
+    for place, block, run, inputs, grad, inference in list(_AT_EXIT.values()):
+        with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+            command = _export(place, block, run, inputs, stacklevel=2)
+        if command is not None:
+            _start(*command)
+    _AT_EXIT.clear()
+
+
+def _export(place: tuple[Path, str], block: nn.Module, run, inputs: tuple, stacklevel: int
+            ) -> tuple[list[str], dict, Path] | None:
+    """Claim ``place``'s package and export the layer to the claim; the child's command, environment and claim, or
+    None (see :func:`package_at_exit`)."""
     path = place[0]
     if path.exists():
-        return False
+        return None
     program_path = path.parent / "building" / path.name
     try:
         program_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -214,11 +255,11 @@ def package_at_exit(place: tuple[Path, str], block: nn.Module, run, inputs: tupl
                 program_path.unlink(missing_ok=True)
         os.close(os.open(program_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
     except FileExistsError:
-        return False
+        return None
     except OSError as exc:
         warnings.warn(f"compile=True: cannot write {program_path.parent} to package the step's layer ({exc})",
-                      stacklevel=3)
-        return False
+                      stacklevel=stacklevel)
+        return None
     try:
         with torch.no_grad():
             program = torch.export.export(_Layer(block, run), (weights(block), *inputs), strict=False)
@@ -228,14 +269,13 @@ def package_at_exit(place: tuple[Path, str], block: nn.Module, run, inputs: tupl
     except Exception as exc:
         program_path.unlink(missing_ok=True)
         warnings.warn(f"compile=True: could not export the step's layer for packaging ({type(exc).__name__}: {exc})",
-                      stacklevel=3)
-        return False
+                      stacklevel=stacklevel)
+        return None
     package_root = str(Path(__file__).resolve().parents[2])  # the folder holding lmforge, for the child
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(path.parents[1]),
            "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
     command = [sys.executable, "-m", __name__, str(program_path), str(path), str(torch.get_num_threads())]
-    atexit.register(_start, command, env, program_path)
-    return True
+    return command, env, program_path
 
 
 def _start(command: list[str], env: dict, program_path: Path) -> None:
