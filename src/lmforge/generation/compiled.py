@@ -52,8 +52,8 @@ process loads it in a few seconds instead of tracing it again. A compiled layer 
 in a child process started as this one exits (:mod:`lmforge.generation.packaged_region`), which later processes
 open without importing
 Dynamo or inductor, most of what a warm start cost before. ``compile="cached"`` does not wait for a layer that is
-in neither form: the process decodes that layer eagerly (GPT-2 int8, 2 cores: its second token 2-5 s after the
-start instead of 14-22 s) and exports it for packaging as it exits; a process that lives long enough to gain from
+in neither form: the process decodes that layer eagerly (GPT-2 int8, 2 cores: its second token comes at once, not
+after a compile of 15-25 s; docs/performance.md) and exports it for packaging as it exits; a process that lives long enough to gain from
 the compile passes ``True``. Nothing stale is used: the folder is named for the
 torch version, CPU capability and machine, artifacts are keyed by their source, a saved step or package by the
 model's structure, the step's shapes and the traced sources, and weights are bound from the live model, never
