@@ -55,7 +55,7 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map_only
 
 import lmforge.generation.step_artifact as step_artifact  # the module, not the package (which imports this one)
 from lmforge.utils.io import atomic_write_bytes
@@ -218,9 +218,12 @@ _AT_EXIT: dict[Path, tuple] = {}  # package path -> what package_when_exiting ex
 def package_when_exiting(place: tuple[Path, str], block: nn.Module, run, inputs: tuple) -> None:
     """As :func:`package_at_exit`, with the export too left to this process's exit: a process that decodes eagerly
     while nothing is cached (``compile="cached"``) pays no export (about 3 s on GPT-2's int8 layer, 2 cores) before
-    its tokens. ``inputs`` are kept until then for their shapes; the export runs in the grad and inference modes of
-    this call (part of the package's key). :func:`cancel` takes it back."""
-    _AT_EXIT.setdefault(place[0], (place, block, run, inputs, torch.is_grad_enabled(),
+    its tokens. Only the shapes of ``inputs`` are kept (as meta tensors: not a layer's KV buffers until exit), and the
+    export runs on zeros of them, in the grad and inference modes of this call (part of the package's key).
+    :func:`cancel` takes it back."""
+    shapes = tree_map_only(torch.Tensor, lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
+                                                                       device="meta"), inputs)
+    _AT_EXIT.setdefault(place[0], (place, block, run, shapes, torch.is_grad_enabled(),
                                    torch.is_inference_mode_enabled()))
     atexit.unregister(_export_when_exiting)  # registered once
     atexit.register(_export_when_exiting)
@@ -232,8 +235,10 @@ def cancel(place: tuple[Path, str]) -> None:
 
 
 def _export_when_exiting() -> None:
-    for place, block, run, inputs, grad, inference in list(_AT_EXIT.values()):
+    for place, block, run, shapes, grad, inference in list(_AT_EXIT.values()):
         with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+            inputs = tree_map_only(torch.Tensor, lambda m: torch.empty_strided(m.shape, m.stride(),
+                                                                               dtype=m.dtype).zero_(), shapes)
             command = _export(place, block, run, inputs, stacklevel=2)
         if command is not None:
             _start(*command)
