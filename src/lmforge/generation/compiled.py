@@ -394,20 +394,15 @@ class _Region:
         elif self.to_package and i == 0:  # at the second step, not before the first compiled token
             self.to_package = False
             packaged_region.package_at_exit(self.place, block, _layer_region, args[1:])
-        if self.eager:
+        if self.eager or self.package is not None:  # each layer's signature stands in for the guards
             if i not in self.checked:
-                if packaged_region.signature(block) != self.place[1]:
-                    packaged_region.cancel(self.place)  # a package of layer 0 would not serve this model
-                    raise _GuardsFailed(f"layer {i}")
-                self.checked.add(i)
-            return _layer_region(*args)
-        if self.package is not None:
-            if i not in self.checked:
-                if packaged_region.signature(block) != self.package.signature:
+                if packaged_region.signature(block) != self.place[1]:  # (the package's, if there is one)
+                    if self.eager:
+                        packaged_region.cancel(self.place)  # a package of layer 0 would not serve this model
                     raise _GuardsFailed(f"layer {i}")
                 self.weights[i] = packaged_region.weights(block)
                 self.checked.add(i)
-            return self.package(self.weights[i], args[1:])
+            return _layer_region(*args) if self.eager else self.package(self.weights[i], args[1:])
         if i in self.checked or not self.precompiled:  # (Dynamo checks a plain compile's guards)
             return self.fn(*args)
         if not self.fn.guard_check(*args):
@@ -427,14 +422,15 @@ class _Region:
         if mode != "off":
             self.place = packaged_region.locate(args[0], args[1:], folder, _switches())
             self.package = packaged_region.saved(self.place) if self.place is not None else None
+        saved = _artifact_path(folder, args)
         if (self.package is None and not self.wait and mode == "background" and self.place is not None
-                and not _artifact_path(folder, args).is_file()):
+                and not saved.is_file()):
             packaged_region.package_when_exiting(self.place, args[0], _layer_region, args[1:])
             self.eager = True
         elif self.package is None:
             self.fn = torch.compile(_fresh(_layer_region), fullgraph=True, dynamic=False, backend=self.backend)
             with _cache_in(folder):
-                fn = _precompiled(self.fn, args, _artifact_path(folder, args))
+                fn = _precompiled(self.fn, args, saved)
             self.fn, self.precompiled = fn or self.fn, fn is not None
             self.to_package = mode == "background" and self.place is not None
         self.compiled = True

@@ -155,21 +155,20 @@ class PackagedRegion:
     """A layer's package, opened: ``region(weights(block), inputs)`` runs it on ``block``'s weights.
 
     Args:
-        loader: torch's ``AOTIModelPackageLoader`` of the package.
-        layer_signature: :func:`signature` of the layer it was built from; the caller runs only layers that match.
+        loader: torch's ``AOTIModelPackageLoader`` of the package. The caller runs only layers whose
+            :func:`signature` is the one the package was located by (:func:`locate`).
     """
 
-    def __init__(self, loader, layer_signature: str):
-        self.loader, self.signature = loader, layer_signature
+    def __init__(self, loader):
+        self.loader = loader
 
     def __call__(self, layer_weights: list[torch.Tensor], inputs: tuple) -> torch.Tensor:
         return self.loader.run([*layer_weights, *_tensors(inputs)])[0]
 
 
-def _open(path: Path, layer_signature: str) -> PackagedRegion | None:
+def _open(path: Path) -> PackagedRegion | None:
     try:
-        return PackagedRegion(torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1),
-                              layer_signature)
+        return PackagedRegion(torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1))
     except Exception as exc:
         warnings.warn(f"compile=True: the packaged layer {path} could not be loaded ({type(exc).__name__}); "
                       "building it again", stacklevel=4)
@@ -189,10 +188,10 @@ def locate(block: nn.Module, inputs: tuple, folder: Path, switches: dict) -> tup
 def saved(place: tuple[Path, str]) -> PackagedRegion | None:
     """The package at ``place`` (:func:`locate`), opened; None if there is none (or it is damaged: then it is
     deleted, with a warning)."""
-    path, layer_signature = place
+    path = place[0]
     if not path.is_file() or not step_artifact.trusted(path, stacklevel=4):
         return None
-    return _open(path, layer_signature)
+    return _open(path)
 
 
 def package_at_exit(place: tuple[Path, str], block: nn.Module, run, inputs: tuple) -> bool:
