@@ -174,6 +174,42 @@ def test_compiled_bf16_decoding_at_batch_1_calls_the_kernel_unfrozen(trained):
     assert [step.freeze for step in _STEPS[model].values()] == [not gemv.available()]
 
 
+def test_compiled_int4_layer_calls_the_packed_kernel_and_equals_eager():
+    """Under torch.compile an int4 layer calls tinygemm's int4 matmul on its packed weight (traced with the
+    packing, which a frozen step folds into constants) rather than a dequantised full-precision weight."""
+    if not hasattr(torch, "_weight_int4pack_mm_for_cpu"):
+        pytest.skip("this torch has no CPU int4 kernel")
+    torch.manual_seed(0)
+    q = WeightOnlyLinear.from_linear(torch.nn.Linear(64, 40), "int4", group_size=32)  # 40: padded to 48 rows
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(2, 64, dtype=dtype)
+        compiled = torch.compile(q, fullgraph=True, backend=backend)
+        torch.testing.assert_close(compiled(x), q(x), atol=0, rtol=0)
+        torch._dynamo.reset()
+    ops = {str(n.target) for gm in graphs for n in gm.graph.nodes if n.op == "call_function"}
+    assert any("_weight_int4pack_mm_for_cpu" in op for op in ops), ops
+
+
+def test_compiled_int4_decoding_in_bf16_is_frozen_and_equals_eager(trained):
+    """An int4 model decoding in bf16 at batch 1 is compiled frozen, so its packing is folded once; unfrozen (as
+    a bf16 model's step is, for the bf16 kernel) it ran the packing at every step: 4x slower than eager."""
+    from lmforge.generation.compiled import _STEPS
+
+    model = apply_precision(lmforge.load(trained).eval(), "bf16", "int4")
+    ids = torch.tensor([[5, 17, 42, 7, 99]])
+    with torch.no_grad():
+        eager = model.generate(ids, max_new_tokens=12, ignore_eos=True).sequences
+        compiled = model.generate(ids, max_new_tokens=12, ignore_eos=True, compile=True).sequences
+    assert torch.equal(compiled, eager)
+    assert [step.freeze for step in _STEPS[model].values()] == [True]
+
+
 def test_tied_head_of_a_quantised_decoder_uses_the_quantised_table():
     torch.manual_seed(0)
     model = lmforge.build_model("gpt-tiny", n_layers=1, d_model=64, n_heads=2, d_ff=128, vocab_size=200,

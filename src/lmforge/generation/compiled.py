@@ -102,7 +102,7 @@ from lmforge.generation.stepper import Stepper
 from lmforge.nn import gemv
 from lmforge.nn.attention import AttentionContext
 from lmforge.nn.static_kv_cache import StaticKVCache
-from lmforge.nn.weight_only import uses_fbgemm_int8
+from lmforge.nn.weight_only import has_int4, uses_fbgemm_int8
 from lmforge.utils.machine import build_tag, user_cache_dir
 from lmforge.errors import UserInputError
 
@@ -240,7 +240,7 @@ class _CompiledStep:
         self.graphs = CUDA_GRAPHS and device.type == "cuda"
         self.buffers: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         self.freeze = FREEZE and not opaque_matmuls(model, device, batch, dtype)
-        self.backend = _backend(device, self.graphs, self.freeze)
+        self.backend = _backend(device, self.graphs, self.freeze, aten=has_int4(model))
         self.cpu = device.type == "cpu"
         # An unfrozen CPU step is compiled ahead (torch's precompile) and saved whole (lmforge.generation.step_artifact)
         self.savable = not self.freeze and self.cpu
@@ -471,9 +471,12 @@ def _precompiled(fn, args, saved: Path | None):
 def opaque_matmuls(model, device: torch.device, batch: int, dtype: torch.dtype) -> bool:
     """Whether a step's matmuls run lmforge's own kernels, one opaque op each: an int8 model's integer matmuls
     (:mod:`lmforge.nn.weight_only`), or a bf16 model's rows on a CPU (:func:`lmforge.nn.linear.linear`, where the
-    kernel builds: built here, before tracing, up to :func:`lmforge.nn.gemv.bf16_max_rows` rows)."""
+    kernel builds: built here, before tracing, up to :func:`lmforge.nn.gemv.bf16_max_rows` rows). Never an int4
+    model's, whatever its dtype: the step must freeze its weights, so that their packing is folded once."""
     if uses_fbgemm_int8(model, device):
         return True
+    if has_int4(model):  # (unfrozen, every token would repack every int4 weight)
+        return False
     return device.type == "cpu" and dtype == torch.bfloat16 and gemv.available() and batch <= gemv.bf16_max_rows()
 
 
@@ -504,15 +507,18 @@ def _compile_failed(exc: Exception) -> RuntimeError:
                         "generate with compile=False instead")
 
 
-def _backend(device: torch.device, graphs: bool = False, frozen: bool = True):
+def _backend(device: torch.device, graphs: bool = False, frozen: bool = True, aten: bool = False):
     """Inductor, with :data:`CPU_OPTIONS` on a CPU when the weights are frozen (its GEMM template needs them
-    constant), and CUDA graphs (:data:`CUDA_GRAPHS`) on a GPU.
+    constant), and CUDA graphs (:data:`CUDA_GRAPHS`) on a GPU. ``aten``: ATen's kernels are candidates too (an int4
+    model's: inductor's int4 template needs AVX-512, and with no candidate left the compile fails).
 
     No decomposition table is passed: inductor cannot key its FX graph cache on one (it holds C++ functions), so a
     new process would lower and generate every kernel again. (SDPA's CPU kernel, slow for the step's one query
     row, is avoided in the model instead: :func:`lmforge.nn.attention.one_compiled_row`.)"""
     if device.type == "cpu":
         patches = dict(CPU_OPTIONS) if frozen else {}
+        if frozen and aten:
+            patches["max_autotune_gemm_backends"] += ",ATEN"
         # No size and stride assert per input and op output in the wrapper: a Python call each (27 per layer,
         # ~5% of an int8 step). Dynamo's guards check the inputs' sizes and strides already (for a region, each
         # layer's at the first step of each generation).

@@ -30,10 +30,14 @@ faster; bf16's rounding of the activations is small beside 16 weight levels). Un
 with bf16 activations is written as ``linear(x, q.to(bf16)) * s``, the pattern inductor's freezing keeps as an
 int8 constant and lowers to its own weight-only int8 GEMM; other cases, and other devices, dequantise and call
 ``F.linear``. All equal ``x @ dequantised(W)^T`` to the rounding of the activation dtype (and, with dynamic
-activations, of the 7-bit activations). (Compiled decoding freezes the weights as constants, so a compiled
-int4 or weight-only fp32-activation layer is folded into a full-precision constant: its tokens are right, but
-it reads as many bytes as an unquantised one; an fbgemm int8 step is compiled unfrozen, see
-:mod:`lmforge.generation.compiled`.)
+activations, of the 7-bit activations). (Compiled decoding freezes the weights as constants: a compiled int4 layer
+traces its tinygemm packing, which freezing folds into constants once, and calls the int4 matmul (inductor's int4
+template, or ATen's kernel); a weight-only fp32-activation int8 layer is folded into a full-precision constant: its
+tokens are right, but it reads as many bytes as an unquantised one; an fbgemm int8 step is compiled unfrozen, see
+:mod:`lmforge.generation.compiled`.) An int4 step was once compiled unfrozen wherever its activations were bf16
+(as a bf16 model's step is, for :mod:`lmforge.nn.gemv`), and repacked every weight at every token: GPT-2's shape
+decoded 15.4 tokens/s at batch 1 against 65.6 eagerly (Intel Xeon with AVX-512 BF16, 2 cores, 2026-11-28);
+frozen, 122-135 (benchmarks/generate_engines.py).
 
 Measured on the 12-layer GPT-2 shape's matmuls of one decode step, 2 threads on an AVX2 CPU (AMD EPYC, no
 native bf16), 2026-11-27: fp32 ``F.linear`` 41 ms at 1 row and 82 ms at 8 rows; weight-only int8 with bf16
@@ -112,6 +116,12 @@ def uses_fbgemm_int8(model: nn.Module, device: torch.device) -> bool:
     """Whether ``model`` on ``device`` has int8 layers that run fbgemm's int8 GEMM (see the module docstring)."""
     return (device.type == "cpu" and INT8_DYNAMIC_ACTIVATIONS and _fbgemm_int8_ready()
             and any(isinstance(m, WeightOnlyLinear) and m.mode == "int8" for m in model.modules()))
+
+
+def has_int4(model: nn.Module) -> bool:
+    """Whether ``model`` has int4 layers, whose tinygemm packing a compiled step must fold into constants (it freezes
+    them: :func:`lmforge.generation.compiled.opaque_matmuls`)."""
+    return any(isinstance(m, WeightOnlyLinear) and m.mode == "int4" for m in model.modules())
 
 
 def _packed_int8(qweight: torch.Tensor, scales: torch.Tensor):
@@ -234,25 +244,31 @@ class WeightOnlyLinear(nn.Module):
         return w.view(self.out_features, self.in_features).to(dtype)
 
     def _int4_packed(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """tinygemm's packed weight and its (in/group, out', 2) scales-and-zeros, built once per weight.
+        """tinygemm's packed weight and its scales-and-zeros (:meth:`_int4_pack`), built once per weight."""
+        key = (self.qweight.data_ptr(), self.qweight._version)
+        if self._packed is None or self._packed[0] != key:
+            self._packed = (key, self._int4_pack())
+        return self._packed[1]
+
+    def _int4_pack(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """tinygemm's packed weight and its (in/group, out', 2) scales-and-zeros. Under ``torch.compile`` it is traced
+        as it is: a compiled step freezes its weights, so the packing is folded into constants once.
 
         The kernel packs 16 output rows at a time, so a layer of another width (a vocabulary of 50,257) is
         padded with zero rows (nibble 8, scale 0) to out' = a multiple of 16 and the extra outputs dropped."""
-        key = (self.qweight.data_ptr(), self.qweight._version)
-        if self._packed is None or self._packed[0] != key:
-            pad = -self.out_features % 16
-            values = F.pad(unpack_int4(self.qweight).to(torch.int32), (0, 0, 0, pad), value=8)  # (O', in), 0..15
-            scales = F.pad(self.scales, (0, 0, 0, pad))  # (O', G)
-            # w = (nibble - 8) * scale + zero, with zero = 0
-            sz = torch.stack((scales, torch.zeros_like(scales)), dim=-1).transpose(0, 1).contiguous()
-            self._packed = (key, (torch._convert_weight_to_int4pack_for_cpu(values, 1), sz))
-        return self._packed[1]
+        pad = -self.out_features % 16
+        values = F.pad(unpack_int4(self.qweight).to(torch.int32), (0, 0, 0, pad), value=8)  # (O', in), 0..15
+        scales = F.pad(self.scales, (0, 0, 0, pad))  # (O', G)
+        # w = (nibble - 8) * scale + zero, with zero = 0: (O', G, 2) -> (G, O', 2), one op from the weight (inductor's
+        # freezing folds it; a zeros_like beside it was left unfolded, which its int4 lowering cannot take)
+        sz = F.pad(scales.unsqueeze(-1), (0, 1)).transpose(0, 1).contiguous()
+        return torch._convert_weight_to_int4pack_for_cpu(values, 1), sz
 
     def _cpu_kernel(self, x: torch.Tensor) -> bool:
-        if x.device.type != "cpu" or torch.compiler.is_compiling() or x.dtype not in (torch.float32, torch.bfloat16):
+        if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16):
             return False
         if self.mode == "int8":
-            return hasattr(torch, "_weight_int8pack_mm")
+            return not torch.compiler.is_compiling() and hasattr(torch, "_weight_int8pack_mm")
         return hasattr(torch, "_weight_int4pack_mm_for_cpu") and self.group_size in _INT4_GROUPS
 
     def dynamic_activations(self, x: torch.Tensor) -> bool:
@@ -281,7 +297,7 @@ class WeightOnlyLinear(nn.Module):
         if self.mode == "int8":
             y = torch._weight_int8pack_mm(flat, self.qweight, self.scales.to(x.dtype))
         else:
-            packed, sz = self._int4_packed()
+            packed, sz = self._int4_pack() if torch.compiler.is_compiling() else self._int4_packed()
             # in bf16 even for fp32 activations: the kernel's fp32 path is 7-25x slower than its bf16 one (and
             # than fp32 F.linear) here, and bf16's rounding of x is small beside the weights' 16 levels
             y = torch._weight_int4pack_mm_for_cpu(flat.bfloat16(), packed, self.group_size, sz.bfloat16())
