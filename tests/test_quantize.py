@@ -177,8 +177,6 @@ def test_compiled_bf16_decoding_at_batch_1_calls_the_kernel_unfrozen(trained):
 def test_compiled_int4_layer_calls_the_packed_kernel_and_equals_eager():
     """Under torch.compile an int4 layer calls tinygemm's int4 matmul on its packed weight (traced with the
     packing, which a frozen step folds into constants) rather than a dequantised full-precision weight."""
-    if not hasattr(torch, "_weight_int4pack_mm_for_cpu"):
-        pytest.skip("this torch has no CPU int4 kernel")
     torch.manual_seed(0)
     q = WeightOnlyLinear.from_linear(torch.nn.Linear(64, 40), "int4", group_size=32)  # 40: padded to 48 rows
     graphs = []

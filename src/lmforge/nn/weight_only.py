@@ -244,7 +244,10 @@ class WeightOnlyLinear(nn.Module):
         return w.view(self.out_features, self.in_features).to(dtype)
 
     def _int4_packed(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """tinygemm's packed weight and its scales-and-zeros (:meth:`_int4_pack`), built once per weight."""
+        """tinygemm's packed weight and its scales-and-zeros (:meth:`_int4_pack`), built once per weight (traced as
+        it is under ``torch.compile``, which cannot key a cache on storage)."""
+        if torch.compiler.is_compiling():
+            return self._int4_pack()
         key = (self.qweight.data_ptr(), self.qweight._version)
         if self._packed is None or self._packed[0] != key:
             self._packed = (key, self._int4_pack())
@@ -297,7 +300,7 @@ class WeightOnlyLinear(nn.Module):
         if self.mode == "int8":
             y = torch._weight_int8pack_mm(flat, self.qweight, self.scales.to(x.dtype))
         else:
-            packed, sz = self._int4_pack() if torch.compiler.is_compiling() else self._int4_packed()
+            packed, sz = self._int4_packed()
             # in bf16 even for fp32 activations: the kernel's fp32 path is 7-25x slower than its bf16 one (and
             # than fp32 F.linear) here, and bf16's rounding of x is small beside the weights' 16 levels
             y = torch._weight_int4pack_mm_for_cpu(flat.bfloat16(), packed, self.group_size, sz.bfloat16())
