@@ -102,7 +102,7 @@ from lmforge.generation.stepper import Stepper
 from lmforge.nn import gemv
 from lmforge.nn.attention import AttentionContext
 from lmforge.nn.static_kv_cache import StaticKVCache
-from lmforge.nn.weight_only import has_int4, uses_fbgemm_int8
+from lmforge.nn.weight_only import has_layers, uses_fbgemm_int8
 from lmforge.utils.machine import build_tag, user_cache_dir
 from lmforge.errors import UserInputError
 
@@ -240,7 +240,7 @@ class _CompiledStep:
         self.graphs = CUDA_GRAPHS and device.type == "cuda"
         self.buffers: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         self.freeze = FREEZE and not opaque_matmuls(model, device, batch, dtype)
-        self.backend = _backend(device, self.graphs, self.freeze, aten=has_int4(model))
+        self.backend = _backend(device, self.graphs, self.freeze, aten=has_layers(model, "int4"))
         self.cpu = device.type == "cpu"
         # An unfrozen CPU step is compiled ahead (torch's precompile) and saved whole (lmforge.generation.step_artifact)
         self.savable = not self.freeze and self.cpu
@@ -475,7 +475,7 @@ def opaque_matmuls(model, device: torch.device, batch: int, dtype: torch.dtype) 
     model's, whatever its dtype: the step must freeze its weights, so that their packing is folded once."""
     if uses_fbgemm_int8(model, device):
         return True
-    if has_int4(model):  # (unfrozen, every token would repack every int4 weight)
+    if has_layers(model, "int4"):  # (unfrozen, every token would repack every int4 weight)
         return False
     return device.type == "cpu" and dtype == torch.bfloat16 and gemv.available() and batch <= gemv.bf16_max_rows()
 

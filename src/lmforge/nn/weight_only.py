@@ -115,13 +115,14 @@ def _fbgemm_int8_ready() -> bool:
 def uses_fbgemm_int8(model: nn.Module, device: torch.device) -> bool:
     """Whether ``model`` on ``device`` has int8 layers that run fbgemm's int8 GEMM (see the module docstring)."""
     return (device.type == "cpu" and INT8_DYNAMIC_ACTIVATIONS and _fbgemm_int8_ready()
-            and any(isinstance(m, WeightOnlyLinear) and m.mode == "int8" for m in model.modules()))
+            and has_layers(model, "int8"))
 
 
-def has_int4(model: nn.Module) -> bool:
-    """Whether ``model`` has int4 layers, whose tinygemm packing a compiled step must fold into constants (it freezes
-    them: :func:`lmforge.generation.compiled.opaque_matmuls`)."""
-    return any(isinstance(m, WeightOnlyLinear) and m.mode == "int4" for m in model.modules())
+def has_layers(model: nn.Module, mode: str) -> bool:
+    """Whether ``model`` has :class:`WeightOnlyLinear` layers of ``mode`` ("int8" or "int4"). A compiled step
+    must fold int4 layers' tinygemm packing into constants (it freezes them:
+    :func:`lmforge.generation.compiled.opaque_matmuls`)."""
+    return any(isinstance(m, WeightOnlyLinear) and m.mode == mode for m in model.modules())
 
 
 def _packed_int8(qweight: torch.Tensor, scales: torch.Tensor):
