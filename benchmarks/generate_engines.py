@@ -33,13 +33,13 @@ length of the equal prefix).
 
 Time to first token in a fresh process, for lmforge compiled: ``lmforge generate --compile`` (fp32, and with
 ``--quantize int8``) as a user runs it, from process start to its first, second and last streamed text and to its
-exit (the first token comes from the eager prompt pass, the second from the decode step, so a compile shows
-there), with an empty compile cache (``LMFORGE_COMPILE_CACHE`` pointing at a new folder) and then with the cache
-that run left (once the layer it has packaged as it exits is packaged: lmforge.generation.packaged_region),
-against the eager ``lmforge generate``. Bare ``--compile`` does not wait for an int8 layer that is not cached (it
-decodes eagerly and packages the layer as it exits); ``int8_compiled_now`` is ``--compile now``, which compiles
-it before its second token. ``--ttft-repeats`` rounds (5), each figure the median with its range. These
-single-shot processes are not filtered for a busy host: the range shows how much it moved them.
+exit (the first token comes from the eager prompt pass, the second from the decode step, so a compile shows there),
+with an empty compile cache (``LMFORGE_COMPILE_CACHE`` pointing at a new folder) and then with the cache that run
+left (once the layer it has packaged as it exits is packaged: lmforge.generation.packaged_region), against the eager
+``lmforge generate``. Bare ``--compile`` does not wait for an int8 layer that is not cached (it decodes eagerly and
+packages the layer as it exits); ``int8_compiled_now`` is ``--compile now``, which compiles the whole step before
+its second token, and saves it for the next process. ``--ttft-repeats`` rounds (5), each figure the median with its
+range. These single-shot processes are not filtered for a busy host: the range shows how much it moved them.
 
 CTranslate2 and llama.cpp are optional (``pip install 'lmforge[engines]'``; ``make bench-engines`` installs them
 and clones llama.cpp for its ``convert_hf_to_gguf.py``): an engine that is missing is skipped with the reason
@@ -422,9 +422,7 @@ def ttft(ours, prompt: str, new_tokens: int, threads: int, work: Path, repeats: 
             cache = work / f"compile-cache-{name}-{r}"
             runs.setdefault(f"{name}_cold", []).append(fresh_process(folder, prompt, new_tokens, threads, cache, extra))
             wait_for_packaging(cache)  # (a build beside the next process would slow it)
-            if name != "int8_compiled_now":  # (its warm start is int8_compiled's: the same package)
-                runs.setdefault(f"{name}_warm", []).append(fresh_process(folder, prompt, new_tokens, threads, cache,
-                                                                         extra))
+            runs.setdefault(f"{name}_warm", []).append(fresh_process(folder, prompt, new_tokens, threads, cache, extra))
             shutil.rmtree(cache, ignore_errors=True)
     out = {}
     for name, marks in runs.items():

@@ -357,7 +357,8 @@ def generate_engines_detail(data: dict) -> str:
                  "compiled_warm": "compiled, the cache the cold run left",
                  "int8_compiled_cold": "compiled `--quantize int8`, empty compile cache (decodes eagerly)",
                  "int8_compiled_warm": "compiled `--quantize int8`, the cache the cold run left",
-                 "int8_compiled_now_cold": "`--quantize int8 --compile now`, empty compile cache"}
+                 "int8_compiled_now_cold": "`--quantize int8 --compile now`, empty compile cache",
+                 "int8_compiled_now_warm": "`--quantize int8 --compile now`, the step the cold run saved"}
         def seconds(t: dict, key: str) -> str:  # a median with its range over rounds, or one run's figure
             lo_hi = t.get(key.removesuffix("_s") + "_range")
             return f"{t[key]:.1f} s" + (f" ({lo_hi[0]:.1f}–{lo_hi[1]:.1f})" if lo_hi and t.get("runs", 1) > 1 else "")

@@ -146,9 +146,9 @@ def test_an_int8_step_is_saved_whole_reused_by_a_new_process_and_rebuilt_when_da
 def test_an_int8_layer_is_packaged_after_its_first_process_and_a_new_process_runs_it_without_dynamo(tmp_path):
     """A cold process with ``compile="cached"`` decodes the int8 step's layer eagerly, without importing Dynamo, and
     as it exits exports the layer and has a child process package it (lmforge.generation.packaged_region); the next
-    process opens the package and decodes without importing Dynamo, with its own weights. (A damaged package is
-    deleted and built again: test_packaged_region.py. A layer compiled with Dynamo is exported at its second step:
-    the regional test below.)"""
+    ``"cached"`` process opens the package and decodes without importing Dynamo, with its own weights. (A damaged
+    package is deleted and built again: test_packaged_region.py. A layer compiled with Dynamo is exported at its second
+    step: the regional test below.)"""
     model = lmforge.build_model("gpt-tiny", n_layers=1, d_model=32, n_heads=2, d_ff=64, vocab_size=100)
     quantize_model(model, "int8")
     regions = tmp_path / build_tag() / "regions"
@@ -164,50 +164,63 @@ def test_an_int8_layer_is_packaged_after_its_first_process_and_a_new_process_run
         time.sleep(0.5)
     (path,) = regions.glob("*.pt2")
 
-    got, eager_b, _ = decode_in_a_new_process(1, tmp_path, "int8", package="background")
+    got, eager_b, _ = decode_in_a_new_process(1, tmp_path, "int8", package="background", compile="cached")
     assert got == eager_b != eager_a and not DYNAMO[1]  # the package ran, on this model's weights
     assert list(regions.glob("*.pt2")) == [path]  # and nothing was built again
 
 
-def test_an_int8_step_compiles_one_layer_for_all_and_a_layer_that_does_not_fit_compiles_the_step_whole(
-        monkeypatch, tmp_path):
-    """Regional compilation (compiled._Region): an unfrozen step traces one layer and runs it for every layer, with
-    each layer's guards checked once per generation. GPT-2's per-layer attention scale is a constant the region's
-    guards reject at the second layer: that step is compiled whole instead. Both decode as eager does.
-
-    With ``compile="cached"`` and nothing cached, the layer runs eagerly and is to be packaged at exit, until a
-    ``compile=True`` call compiles it (and has it packaged after its second step); a layer that does not fit takes
-    the packaging back and compiles the step whole."""
-    monkeypatch.setenv(compiled.PACKAGE_ENV, "background")
+def test_a_cached_int8_step_compiles_one_layer_for_all_a_compile_true_one_the_whole_step(monkeypatch, tmp_path):
+    """Regional compilation (compiled._Region): with ``compile="cached"`` an unfrozen step runs one layer's code for
+    every layer, with each layer's guards checked once per generation. With nothing cached the layer runs eagerly and
+    is to be packaged at exit; a ``compile=True`` call then compiles the step whole (faster per token), and the
+    packaging stays. GPT-2's per-layer attention scale is a constant the region rejects at the second layer: that step
+    takes the packaging back and is compiled whole at once. Where the layer's precompiled code is saved (here by a
+    process with packaging off), a cached step loads it, and has the layer packaged after its second step. All decode
+    as eager does."""
     calls = []  # (what, package name): no package is built in this process
     for what in ("package_when_exiting", "package_at_exit", "cancel"):
         monkeypatch.setattr(packaged_region, what, lambda place, *args, what=what: calls.append((what, place[0].name)))
     ids = torch.tensor([[5, 6, 7]])
+
+    def generate(model, compile):
+        with torch.no_grad():
+            return model.generate(ids, max_new_tokens=6, compile=compile).tolist()
+
     for by_layer in (False, True):
+        monkeypatch.setenv(compiled.PACKAGE_ENV, "background")
         torch.manual_seed(0)
         model = lmforge.build_model("gpt-tiny", n_layers=3, d_model=32, n_heads=2, d_ff=64, vocab_size=100,
                                     attn_scale_by_layer=by_layer).eval()
         quantize_model(model, "int8")
         monkeypatch.setenv(compiled.CACHE_ENV, str(tmp_path / str(by_layer)))  # (their first layers are alike)
         calls.clear()
-        with torch.no_grad():
-            eager = model.generate(ids, max_new_tokens=6).tolist()
-            assert model.generate(ids, max_new_tokens=6, compile="cached").tolist() == eager
-            (step,) = compiled._STEPS[model].values()
-            regional = step.region is not None and step.region.eager and step.region.checked == {0, 1, 2}
-            assert model.generate(ids, max_new_tokens=6, compile=True).tolist() == eager
-            assert model.generate(ids, max_new_tokens=6, compile=True).tolist() == eager  # guards checked again
+        eager = generate(model, False)
+        assert generate(model, "cached") == eager
+        (step,) = compiled._STEPS[model].values()
+        regional = step.region is not None and step.region.eager and step.region.checked == {0, 1, 2}
+        assert generate(model, True) == eager
+        assert generate(model, True) == eager  # guards checked again
         if not uses_fbgemm_int8(model, torch.device("cpu")):  # no opaque int8 op here: a frozen step, compiled whole
             assert step.region is None and step.freeze and not calls
             continue
         name = calls[0][1]
-        if by_layer:
-            assert step.region is None and step.precompiled  # the second layer's scale failed the region's guards
+        assert step.region is None and step.precompiled  # the whole step
+        if by_layer:  # the second layer's scale failed the region's guards
             assert calls == [("package_when_exiting", name), ("cancel", name)]
-        else:
-            assert regional and not step.region.eager
-            assert step.region.precompiled and step.region.checked == {0, 1, 2} and not step.precompiled
-            assert calls == [("package_when_exiting", name), ("package_at_exit", name)]
+            continue
+        assert regional and calls == [("package_when_exiting", name)]
+
+        del compiled._STEPS[model]  # a new process's steps, with the layer's code saved but not packaged:
+        monkeypatch.setenv(compiled.PACKAGE_ENV, "off")
+        assert generate(model, "cached") == eager  # compiled by Dynamo and saved
+        (step,) = compiled._STEPS[model].values()
+        assert step.region.precompiled and step.region.checked == {0, 1, 2} and not step.region.eager
+        del compiled._STEPS[model]
+        monkeypatch.setenv(compiled.PACKAGE_ENV, "background")
+        assert generate(model, "cached") == eager  # loaded, and packaged after its second step
+        (step,) = compiled._STEPS[model].values()
+        assert step.region.precompiled and not step.region.eager and not step.precompiled
+        assert calls == [("package_when_exiting", name), ("package_at_exit", name)]
 
 
 def test_a_saved_step_is_checked_at_each_generation_and_compiled_again_when_its_guards_fail(monkeypatch):

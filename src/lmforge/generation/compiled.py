@@ -23,16 +23,19 @@ no per-op dispatch. ``benchmarks/generate.py`` measures the compiled path agains
 
 Regional compilation. A step whose matmuls are opaque ops (:func:`opaque_matmuls`: int8, and bf16 where lmforge's
 kernel takes the rows) is compiled unfrozen, with the weights as graph inputs, which those calls do not slow. Its
-layers then share one compiled graph: on a CPU, such a step compiles one layer (:class:`_Region`) and runs it for
-every layer, with the embeddings, mask and head eager around it:
+layers can then share one compiled graph: with ``compile="cached"``, such a step on a CPU compiles one layer
+(:class:`_Region`) and runs it for every layer, with the embeddings, mask and head eager around it:
 
     token t         ids, slot -> embed (eager) -> [compiled layer] x L over each layer's (N, H_kv, C, hd)
                                  -> norm, head (eager) -> logits (N, V)
 
-That is one layer's trace, lowering and kernels instead of L layers', and it runs as fast as the whole step
-(GPT-2 shape, int8, 2 cores, one process: 10.0 ms against 9.96 ms a token, medians of 7, the same tokens).
-A layer the compiled one does not fit (another class, or a constant of its own, like GPT-2's per-layer attention
-scale) makes the step compile whole.
+That is one layer's trace, lowering and kernels instead of L layers', so it starts sooner, and it can be packaged
+for new processes (below). It runs slower than the whole step: each layer's call from Python into the compiled
+code costs about 0.1 ms, a dozen times a token on GPT-2 (GPT-2 shape, 2 cores, one run side by side, medians of 5:
+int8 107 against 130 tokens/s, bf16 64 against 71). So ``compile=True``, for a process that lives long enough to
+gain from the compile, compiles the step whole (a regional step made by an earlier ``"cached"`` call too), and
+``compile="cached"`` compiles by region. A layer the compiled one does not fit (another class, or a constant of its
+own, like GPT-2's per-layer attention scale) makes the step compile whole.
 
 The compiled steps are kept per model (weakly: they go with it) and per (batch size, capacity, dtype,
 device), at most :data:`MAX_STEPS_PER_MODEL` of them (least recently used dropped). Each is a fresh
@@ -42,24 +45,23 @@ each kept step holds its own packed copies of the weights (the tiny GPT, 55 MB o
 more resident memory per step), and a step whose weights were written in place or replaced since it
 was compiled is compiled again (it would otherwise run the old, frozen values).
 
-Persistent cache. The first call of a step compiles inside :func:`compile_cache_dir`, where inductor keeps
-its on-disk caches: the generated C++ kernels and their built libraries (keyed by a hash of their source),
-and FX graphs where inductor can cache them. It bypasses graphs holding frozen, mkldnn-packed weights, so for
-an fp32 or bf16 model a new process traces, lowers and autotunes again and only reuses the built libraries
-(the C++ compiler's share). An unfrozen CPU step's compiled layer (or the whole step, where the layers differ)
-is precompiled and saved whole beside inductor's caches (:mod:`lmforge.generation.step_artifact`): a new
-process loads it in a few seconds instead of tracing it again. A compiled layer is also packaged by AOTInductor,
-in a child process started as this one exits (:mod:`lmforge.generation.packaged_region`), which later processes
-open without importing
-Dynamo or inductor, most of what a warm start cost before. ``compile="cached"`` does not wait for a layer that is
-in neither form: the process decodes that layer eagerly (GPT-2 int8, 2 cores: its second token comes at once, not
-after a compile of 15-25 s; docs/performance.md) and exports it for packaging as it exits; a process that lives long enough to gain from
-the compile passes ``True``. Nothing stale is used: the folder is named for the
-torch version, CPU capability and machine, artifacts are keyed by their source, a saved step or package by the
-model's structure, the step's shapes and the traced sources, and weights are bound from the live model, never
-read from the cache. A damaged artifact does not crash decoding: a saved step that fails to
-load is deleted and compiled again, inductor's autotuner skips a candidate kernel that fails to load, and a
-compile that still fails empties the folder and compiles once more from scratch, with a warning.
+Persistent cache. The first call of a step compiles inside :func:`compile_cache_dir`, where inductor keeps its
+on-disk caches: the generated C++ kernels and their built libraries (keyed by a hash of their source), and FX graphs
+where inductor can cache them. It bypasses graphs holding frozen, mkldnn-packed weights, so for an fp32 or bf16
+model a new process traces, lowers and autotunes again and only reuses the built libraries (the C++ compiler's
+share). An unfrozen CPU step (its one compiled layer, or the whole step) is precompiled and saved whole beside
+inductor's caches (:mod:`lmforge.generation.step_artifact`): a new process loads it in a few seconds instead of
+tracing it again. A regional step's layer is also packaged by AOTInductor, in a child process started as this one
+exits (:mod:`lmforge.generation.packaged_region`), which later processes open without importing Dynamo or inductor,
+most of what a warm start cost before. ``compile="cached"`` does not wait for a layer that is in neither form: the
+process decodes that layer eagerly (GPT-2 int8, 2 cores: its second token comes at once, not after a compile of
+15-25 s; docs/performance.md) and exports it for packaging as it exits; a process that lives long enough to gain
+from the compile passes ``True``, for the whole step. Nothing stale is used: the folder is named for the torch
+version, CPU capability and machine, artifacts are keyed by their source, a saved step or package by the model's
+structure, the step's shapes and the traced sources, and weights are bound from the live model, never read from the
+cache. A damaged artifact does not crash decoding: a saved step that fails to load is deleted and compiled again,
+inductor's autotuner skips a candidate kernel that fails to load, and a compile that still fails empties the folder
+and compiles once more from scratch, with a warning.
 ``LMFORGE_COMPILE_CACHE`` names another folder, or ``off`` for inductor's default (a per-user folder in the
 system's temporary directory; no step is saved then).
 
@@ -120,8 +122,6 @@ CPU_OPTIONS = {"max_autotune": True, "max_autotune_gemm_backends": "CPP"}
 # compiled step owns its KV buffers (:meth:`_CompiledStep.adopt`): every generation of that shape decodes in the
 # same memory, which the graph writes in place.
 CUDA_GRAPHS = True
-# Compile one layer of an unfrozen CPU step and run it for all (:class:`_Region`), rather than the whole step
-REGIONAL = True
 # Package that layer with AOTInductor (lmforge.generation.packaged_region), which a new process opens without Dynamo:
 # "background" (a child process builds it once this process exits; building it before the first compiled token
 # instead made a cold start 8-11 s longer on 2 cores) or "off"
@@ -234,9 +234,13 @@ class _CompiledStep:
     makes it :meth:`stale`. A step whose matmuls are opaque kernel calls (:func:`opaque_matmuls`) is not frozen:
     there is nothing for freezing to pack, and its weights are graph inputs. On a CPU such a step compiles one
     layer and runs it for every layer (:class:`_Region`), and that layer is precompiled and saved whole
-    (:mod:`lmforge.generation.step_artifact`), so a new process neither traces nor lowers it again."""
+    (:mod:`lmforge.generation.step_artifact`), so a new process neither traces nor lowers it again.
 
-    def __init__(self, model, device: torch.device, batch: int = 1, dtype: torch.dtype = torch.float32):
+    ``whole=False`` (``compile="cached"``): such a step compiles one layer for all (:class:`_Region`), which starts
+    sooner; ``True``, the whole step, which runs faster (see the module docstring)."""
+
+    def __init__(self, model, device: torch.device, batch: int = 1, dtype: torch.dtype = torch.float32,
+                 whole: bool = True):
         self.graphs = CUDA_GRAPHS and device.type == "cuda"
         self.buffers: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         self.freeze = FREEZE and not opaque_matmuls(model, device, batch, dtype)
@@ -245,8 +249,7 @@ class _CompiledStep:
         # An unfrozen CPU step is compiled ahead (torch's precompile) and saved whole (lmforge.generation.step_artifact)
         self.savable = not self.freeze and self.cpu
         self.region: _Region | None = None  # one layer compiled for all, until a layer does not fit it
-        self.wait = True  # see _Region.wait (set by compiled_step)
-        self.fn = self._fresh_fn(self.savable and REGIONAL)
+        self.fn = self._fresh_fn(self.savable and not whole)
         self.versions = [(t, t._version) for t in _weights(model)]
         self.compiled = False
         self.precompiled = False  # self.fn is a precompiled step, whose guards this class checks itself ...
@@ -258,11 +261,12 @@ class _CompiledStep:
         if not regional:
             self.region = None
             return torch.compile(_fresh(), fullgraph=True, dynamic=False, backend=self.backend)
-        self.region = _Region(self.backend, self.wait)
+        self.region = _Region(self.backend)
         return functools.partial(_decode_step, run_layer=self.region)
 
     def _whole(self) -> None:
-        """Compile the step whole from now on: some layer does not fit the region compiled from the first."""
+        """Compile the step whole from now on: some layer does not fit the region compiled from the first, or a
+        ``compile=True`` call wants the faster step."""
         self.fn = self._fresh_fn(regional=False)
         self.compiled = self.precompiled = False
 
@@ -369,13 +373,11 @@ class _Region:
     of every generation instead. A layer they reject (another class, or a constant of its own, like GPT-2's
     per-layer attention scale) raises :class:`_GuardsFailed`, and the step is compiled whole. Where the layer's
     AOTInductor package is in the cache (:mod:`lmforge.generation.packaged_region`), it runs instead, and each
-    layer's signature stands in for the guards."""
+    layer's signature stands in for the guards. A layer that is in neither form runs eagerly, and is packaged as
+    this process exits, for the next one (``compile="cached"`` does not wait for a compile)."""
 
-    def __init__(self, backend, wait: bool = True):
+    def __init__(self, backend):
         self.backend = backend
-        # Nothing cached for this layer: compile it now (True), or decode eagerly and package it as this process
-        # exits, for the next one (False: compile="cached"; see _compile)
-        self.wait = wait
         self.eager = False  # decoding eagerly, with the layer to be packaged at exit
         self.fn = None  # torch.compile of _layer_region, made when needed (creating it imports Dynamo)
         self.package: packaged_region.PackagedRegion | None = None  # the layer packaged by AOTInductor, if there is one
@@ -389,7 +391,7 @@ class _Region:
     def __call__(self, block, x, ctx, i: int) -> torch.Tensor:
         cache = ctx.cache
         args = (block, x, ctx.mask, ctx.rope, cache.keys[i], cache.values[i], cache.index)
-        if not self.compiled or (self.eager and self.wait):  # (a compile=True call after compile="cached" ones)
+        if not self.compiled:
             self._compile(args)
         elif self.to_package and i == 0:  # at the second step, not before the first compiled token
             self.to_package = False
@@ -411,11 +413,10 @@ class _Region:
         return self.fn(*args)
 
     def _compile(self, args) -> None:
-        """Open the layer's package (:mod:`lmforge.generation.packaged_region`). Without one, compile the layer with
-        Dynamo, precompiled and saved (:mod:`lmforge.generation.step_artifact`), and have it packaged for later
-        processes once this one exits, unless :data:`PACKAGE_ENV` is ``off``. Unless :attr:`wait`: then, with
-        neither the package nor the saved compile in the cache, the layer runs eagerly, and is exported and packaged
-        as this process exits."""
+        """Open the layer's package (:mod:`lmforge.generation.packaged_region`). Without one, where the layer's
+        precompiled code is saved (:mod:`lmforge.generation.step_artifact`) or :data:`PACKAGE_ENV` is ``off``, load
+        or compile it with Dynamo, and have it packaged for later processes once this one exits (unless ``off``).
+        With neither, the layer runs eagerly, and is exported and packaged as this process exits."""
         folder = compile_cache_dir()
         mode = package_mode() if folder is not None else "off"
         self.eager = False
@@ -423,8 +424,7 @@ class _Region:
             self.place = packaged_region.locate(args[0], args[1:], folder, _switches())
             self.package = packaged_region.saved(self.place) if self.place is not None else None
         saved = _artifact_path(folder, args)
-        if (self.package is None and not self.wait and mode == "background" and self.place is not None
-                and not saved.is_file()):
+        if self.package is None and mode == "background" and self.place is not None and not saved.is_file():
             packaged_region.package_when_exiting(self.place, args[0], _layer_region, args[1:])
             self.eager = True
         elif self.package is None:
@@ -537,22 +537,22 @@ def _backend(device: torch.device, graphs: bool = False, frozen: bool = True, at
 
 
 def compiled_step(model, batch: int, capacity: int, dtype: torch.dtype, device: torch.device,
-                  wait: bool = True) -> _CompiledStep:
+                  whole: bool = True) -> _CompiledStep:
     """The compiled step for this model and shape, built on first use (the compile itself happens at its
-    first call); a stale one (weights changed since it froze them) is replaced. ``wait=False``
-    (``compile="cached"``): a regional step's layer that is not in the compile cache runs eagerly instead of
-    compiling, and is packaged as the process exits (:class:`_Region`)."""
+    first call); a stale one (weights changed since it froze them) is replaced. ``whole=False``
+    (``compile="cached"``): an unfrozen CPU step compiles by region, and a layer not in the compile cache runs
+    eagerly instead of compiling, and is packaged as the process exits (:class:`_Region`). ``True``: the step is
+    compiled whole, a regional one made earlier included."""
     steps = _STEPS.setdefault(model, OrderedDict())
     key = (batch, capacity, dtype, str(device))
     step = steps.get(key)
     if step is None or step.stale(model):
-        step = steps[key] = _CompiledStep(model, torch.device(device), batch, dtype)
+        step = steps[key] = _CompiledStep(model, torch.device(device), batch, dtype, whole)
         while len(steps) > MAX_STEPS_PER_MODEL:
             steps.popitem(last=False)
+    elif whole and step.region is not None:
+        step._whole()
     step.check_guards = step.compiled and (step.precompiled or step.region is not None)
-    step.wait = wait
-    if step.region is not None:
-        step.region.wait = wait
     steps.move_to_end(key)
     return step
 
@@ -577,9 +577,9 @@ class CompiledStepper(Stepper):
     """
 
     def __init__(self, model, input_ids, attention_mask, max_new_tokens: int, start_id: int, pad_id: int,
-                 wait: bool = True):
+                 whole: bool = True):
         check_supported(model)
-        self.wait = wait  # see compiled_step
+        self.whole = whole  # see compiled_step
         super().__init__(model, input_ids, attention_mask, max_new_tokens, start_id, pad_id, use_cache=True)
         self.capacity = capacity_for(self.tokens.shape[1])
         self.cache.capacity = self.capacity  # the prefill allocates buffers of the final size
@@ -609,7 +609,7 @@ class CompiledStepper(Stepper):
         s = self.static
         if self._step is None:
             self._step = compiled_step(self.model, self.batch_size, self.capacity, s.keys[0].dtype, s.keys[0].device,
-                                       self.wait)
+                                       self.whole)
             s.keys, s.values = self._step.adopt(s.keys, s.values)
         ids = tokens.reshape(-1, 1).contiguous()  # (N, 1), strides fixed: a column view's would follow L_max
         return self._step(self.model, ids, self._slots[i:i + 1], self._positions,

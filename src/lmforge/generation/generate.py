@@ -131,7 +131,7 @@ class _Run:
         start = start if start is not None else model._decoder_start_id()
         if config.compile:
             self.stepper = CompiledStepper(model, ids, mask, config.max_new_tokens, start, pad,
-                                           wait=config.compile is True)
+                                           whole=config.compile is True)
         else:
             self.stepper = Stepper(model, ids, mask, config.max_new_tokens, start, pad, config.use_cache)
         self.batch_size = ids.shape[0]

@@ -8,10 +8,11 @@ AOTInductor into a shared library, and packaged (``.pt2``) beside inductor's cac
 torch's C++ package loader (``torch._C._aoti``), which needs neither.
 
 Building a package takes longer than Dynamo's compile (on that model: cold starts of 21-28 s against 13-17 s, most
-of it g++ on AOTInductor's C++ wrapper), so the first process does not wait for it. It compiles the layer with Dynamo
-as before and, at its second step, exports the layer; when it exits, a detached child process, at low priority,
-packages it (:func:`package_at_exit`). With ``compile="cached"`` it compiles nothing: it runs the layer eagerly, and
-exports it only as it exits (:func:`package_when_exiting`). Later processes open the package. (While a child
+of it g++ on AOTInductor's C++ wrapper), so the first process does not wait for it. With ``compile="cached"`` (the
+regional step's mode) it compiles nothing: it runs the layer eagerly, and exports it only as it exits
+(:func:`package_when_exiting`), for a detached child process to package at low priority. Where the layer's code was
+saved by Dynamo's precompile instead (or packaging was off), it loads that and, at its second step, exports the layer
+for packaging at exit (:func:`package_at_exit`). Later processes open the package. (While a child
 builds, other processes on its cores decode slower, a low priority notwithstanding: an eager GPT-2 int8 generation
 of 128 tokens on 2 cores took 14-24 s beside one instead of 2-4 s.)
 

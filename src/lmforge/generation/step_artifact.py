@@ -2,11 +2,11 @@
 
 Inductor's own caches (:func:`lmforge.generation.compiled.compile_cache_dir`) spare a new process the lowering and
 the C++ build, but not Dynamo's trace of the step. torch's precompile (``torch.compile(fn).aot_compile``) captures
-the whole result instead: the step's bytecode, its guards and the compiled graph. One file per compiled function
-(a step's one compiled layer, :class:`lmforge.generation.compiled._Region`, or a whole step where its layers
-differ) is kept beside inductor's caches, and a new process loads it instead of compiling. On the GPT-2 shape with
-int8 weights (2 cores, `lmforge generate --compile`), saving the whole step took a warm start to its first compiled
-token in 10.1 s against 12.8 s (medians of 6, alternated in one sitting).
+the whole result instead: the step's bytecode, its guards and the compiled graph. One file per compiled function (a
+regional step's one compiled layer, :class:`lmforge.generation.compiled._Region`, or a whole step) is kept beside
+inductor's caches, and a new process loads it instead of compiling. On the GPT-2 shape with int8 weights (2 cores,
+`lmforge generate --compile`), saving the whole step took a warm start to its first compiled token in 10.1 s against
+12.8 s (medians of 6, alternated in one sitting).
 
 Only steps that are not frozen are saved this way (:func:`lmforge.generation.compiled.opaque_matmuls`: int8, and
 bf16 where lmforge's kernel takes the rows). Their weights are inputs, read from the live model at every call, so
