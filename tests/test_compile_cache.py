@@ -175,8 +175,8 @@ def test_a_cached_int8_step_compiles_one_layer_for_all_a_compile_true_one_the_wh
     is to be packaged at exit; a ``compile=True`` call then compiles the step whole (faster per token), and the
     packaging stays. GPT-2's per-layer attention scale is a constant the region rejects at the second layer: that step
     takes the packaging back and is compiled whole at once. Where the layer's precompiled code is saved (here by a
-    process with packaging off), a cached step loads it, and has the layer packaged after its second step. All decode
-    as eager does."""
+    process with packaging off), a cached step loads it, and has the layer packaged after its second step. A step of
+    more rows than decoding's one or two compiles by region with ``compile=True`` too. All decode as eager does."""
     calls = []  # (what, package name): no package is built in this process
     for what in ("package_when_exiting", "package_at_exit", "cancel"):
         monkeypatch.setattr(packaged_region, what, lambda place, *args, what=what: calls.append((what, place[0].name)))
@@ -221,6 +221,11 @@ def test_a_cached_int8_step_compiles_one_layer_for_all_a_compile_true_one_the_wh
         (step,) = compiled._STEPS[model].values()
         assert step.region.precompiled and not step.region.eager and not step.precompiled
         assert calls == [("package_when_exiting", name), ("package_at_exit", name)]
+        with torch.no_grad():  # more rows than compiled.WHOLE_MAX_ROWS: by region with compile=True too
+            rows = ids.repeat(compiled.WHOLE_MAX_ROWS + 1, 1)
+            assert model.generate(rows, max_new_tokens=6, compile=True).tolist() == model.generate(
+                rows, max_new_tokens=6).tolist()
+        assert compiled._STEPS[model][next(reversed(compiled._STEPS[model]))].region is not None
 
 
 def test_a_saved_step_is_checked_at_each_generation_and_compiled_again_when_its_guards_fail(monkeypatch):

@@ -70,7 +70,8 @@ def register(subparsers) -> None:
                         "decoders with learned/sinusoidal/RoPE positions only. Bare (or 'cached'): where this "
                         "machine's compile cache lacks an int8 or bf16 step, decode eagerly rather than wait tens "
                         "of seconds for it, and build it as this process exits, for the next one (fp32 steps "
-                        "compile now). 'now': compile the whole step before decoding: a longer start, faster tokens")
+                        "compile now). 'now': compile before decoding (an int8 or bf16 step of one or two rows "
+                        "whole: a longer start, faster tokens)")
     parser.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
                         help="print a single output as it is generated (on by default)")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu (default) or cuda")

@@ -30,12 +30,15 @@ layers can then share one compiled graph: with ``compile="cached"``, such a step
                                  -> norm, head (eager) -> logits (N, V)
 
 That is one layer's trace, lowering and kernels instead of L layers', so it starts sooner, and it can be packaged
-for new processes (below). It runs slower than the whole step: each layer's call from Python into the compiled
-code costs about 0.1 ms, a dozen times a token on GPT-2 (GPT-2 shape, 2 cores, one run side by side, medians of 5:
-int8 107 against 130 tokens/s, bf16 64 against 71). So ``compile=True``, for a process that lives long enough to
-gain from the compile, compiles the step whole (a regional step made by an earlier ``"cached"`` call too), and
-``compile="cached"`` compiles by region. A layer the compiled one does not fit (another class, or a constant of its
-own, like GPT-2's per-layer attention scale) makes the step compile whole.
+for new processes (below). Where the step's products are decoding's one or two rows (:data:`WHOLE_MAX_ROWS`), it
+runs slower than the whole step: each layer's call from Python into the compiled code costs about 0.1 ms, a dozen
+times a token on GPT-2, against a layer's products of 0.5-1 ms (GPT-2 shape, batch 1, 2 cores, one run side by
+side, medians of 5: int8 107 against 130 tokens/s, bf16 64 against 71). So ``compile=True``, for a process that
+lives long enough to gain from the compile, compiles such a step whole (a regional step made by an earlier
+``"cached"`` call too), and ``compile="cached"`` compiles by region. With more rows the products outweigh the calls:
+at batch 8 (int8, fbgemm's GEMM) the whole step ran no faster in one process (283-299 against 285-289 tokens/s)
+and took 29 s to compile against 12, so such steps compile by region either way. A layer the compiled one does not
+fit (another class, or a constant of its own, like GPT-2's per-layer attention scale) makes the step compile whole.
 
 The compiled steps are kept per model (weakly: they go with it) and per (batch size, capacity, dtype,
 device), at most :data:`MAX_STEPS_PER_MODEL` of them (least recently used dropped). Each is a fresh
@@ -122,6 +125,8 @@ CPU_OPTIONS = {"max_autotune": True, "max_autotune_gemm_backends": "CPP"}
 # compiled step owns its KV buffers (:meth:`_CompiledStep.adopt`): every generation of that shape decodes in the
 # same memory, which the graph writes in place.
 CUDA_GRAPHS = True
+# compile=True compiles an unfrozen CPU step of up to this many rows whole, and one of more by region (module docstring)
+WHOLE_MAX_ROWS = gemv.MAX_ROWS
 # Package that layer with AOTInductor (lmforge.generation.packaged_region), which a new process opens without Dynamo:
 # "background" (a child process builds it once this process exits; building it before the first compiled token
 # instead made a cold start 8-11 s longer on 2 cores) or "off"
@@ -237,7 +242,7 @@ class _CompiledStep:
     (:mod:`lmforge.generation.step_artifact`), so a new process neither traces nor lowers it again.
 
     ``whole=False`` (``compile="cached"``): such a step compiles one layer for all (:class:`_Region`), which starts
-    sooner; ``True``, the whole step, which runs faster (see the module docstring)."""
+    sooner; ``True``, the whole step up to :data:`WHOLE_MAX_ROWS` rows, which runs faster (module docstring)."""
 
     def __init__(self, model, device: torch.device, batch: int = 1, dtype: torch.dtype = torch.float32,
                  whole: bool = True):
@@ -249,7 +254,8 @@ class _CompiledStep:
         # An unfrozen CPU step is compiled ahead (torch's precompile) and saved whole (lmforge.generation.step_artifact)
         self.savable = not self.freeze and self.cpu
         self.region: _Region | None = None  # one layer compiled for all, until a layer does not fit it
-        self.fn = self._fresh_fn(self.savable and not whole)
+        self.rows = batch
+        self.fn = self._fresh_fn(self.savable and not self.wants_whole(whole))
         self.versions = [(t, t._version) for t in _weights(model)]
         self.compiled = False
         self.precompiled = False  # self.fn is a precompiled step, whose guards this class checks itself ...
@@ -263,6 +269,10 @@ class _CompiledStep:
             return torch.compile(_fresh(), fullgraph=True, dynamic=False, backend=self.backend)
         self.region = _Region(self.backend)
         return functools.partial(_decode_step, run_layer=self.region)
+
+    def wants_whole(self, whole: bool) -> bool:
+        """Whether a call with ``whole`` (``compile=True``) is to run this step whole rather than by region."""
+        return whole and self.rows <= WHOLE_MAX_ROWS
 
     def _whole(self) -> None:
         """Compile the step whole from now on: some layer does not fit the region compiled from the first, or a
@@ -541,8 +551,8 @@ def compiled_step(model, batch: int, capacity: int, dtype: torch.dtype, device: 
     """The compiled step for this model and shape, built on first use (the compile itself happens at its
     first call); a stale one (weights changed since it froze them) is replaced. ``whole=False``
     (``compile="cached"``): an unfrozen CPU step compiles by region, and a layer not in the compile cache runs
-    eagerly instead of compiling, and is packaged as the process exits (:class:`_Region`). ``True``: the step is
-    compiled whole, a regional one made earlier included."""
+    eagerly instead of compiling, and is packaged as the process exits (:class:`_Region`). ``True``: a step of up to
+    :data:`WHOLE_MAX_ROWS` rows is compiled whole, a regional one made earlier included."""
     steps = _STEPS.setdefault(model, OrderedDict())
     key = (batch, capacity, dtype, str(device))
     step = steps.get(key)
@@ -550,7 +560,7 @@ def compiled_step(model, batch: int, capacity: int, dtype: torch.dtype, device: 
         step = steps[key] = _CompiledStep(model, torch.device(device), batch, dtype, whole)
         while len(steps) > MAX_STEPS_PER_MODEL:
             steps.popitem(last=False)
-    elif whole and step.region is not None:
+    elif step.region is not None and step.wants_whole(whole):
         step._whole()
     step.check_guards = step.compiled and (step.precompiled or step.region is not None)
     steps.move_to_end(key)

@@ -69,8 +69,8 @@ class GenerationConfig(ConfigBase):
             compile cache holds the step; where it does not, a step that compiles one layer for all (int8,
             and bf16 on lmforge's kernel) decodes eagerly instead of waiting, and its layer is packaged as
             the process exits, for the next one (a one-off process gains less from the compile than it
-            costs); other steps compile as with ``True``. ``True`` compiles such steps whole: a longer
-            compile, and faster tokens than one layer run for all.
+            costs); other steps compile as with ``True``. ``True`` compiles such steps whole at
+            decoding's one or two rows: a longer compile, and faster tokens than one layer run for all.
     """
 
     max_new_tokens: int = 64
