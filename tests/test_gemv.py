@@ -253,6 +253,31 @@ def test_bf16_rows_compile_as_one_opaque_operator_and_switched_off_use_f_linear(
         assert "lmforge" not in graph
 
 
+def test_the_operators_shapes_for_tracing_match_their_outputs():
+    """What a compiled graph assumes of each operator's output (its fake) is what the kernel returns: int8's fp32
+    for bf16 activations too. (int8_gemv_n's once took x's dtype: a compiled bf16 step read its fp32 q, k and v as
+    bf16, and decoded GPT-2's shape to token 0 from the second token on.)"""
+    if not _kernel_here():
+        return
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    torch.manual_seed(0)
+    q, s = quantize_int8(torch.randn(24, 64))
+    w = torch.randn(24, 64)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(1, 2, 64, dtype=dtype)
+        calls = {"int8_gemv": lambda x, q, s, w: gemv.int8_gemv(x, q, s),
+                 "int8_gemv_n": lambda x, q, s, w: gemv.int8_gemv_n(x, [q, q[:8]], [s, s[:8]]),
+                 "float_gemv": lambda x, q, s, w: (gemv.bf16_gemv if dtype == torch.bfloat16 else gemv.f32_gemv)(
+                     x, w.to(dtype))}
+        for name, call in calls.items():
+            real = call(x, q, s, w)
+            with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+                fake = call(*(mode.from_tensor(t) for t in (x, q, s, w)))
+            real, fake = (list(r) if isinstance(r, (list, tuple)) else [r] for r in (real, fake))
+            assert [(t.dtype, t.shape) for t in fake] == [(t.dtype, t.shape) for t in real], (name, dtype)
+
+
 # ------------------------------------------------------------------------------------------- fp32
 @pytest.mark.parametrize("rows", [1, 2, 5])
 @pytest.mark.parametrize("n_in", [96, 70])  # 70: eight 8-wide blocks and a tail of 6

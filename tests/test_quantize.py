@@ -159,6 +159,17 @@ def test_compiled_int8_decoding_equals_eager_and_is_not_frozen(trained):
     assert [step.freeze for step in _STEPS[model].values()] == [not fbgemm]
 
 
+def test_compiled_int8_decoding_in_bf16_at_batch_1_equals_eager(trained):
+    """With bf16 activations at one row, the compiled step's int8 products (q, k and v in one kernel call among them)
+    run lmforge's kernel as eager decoding does, so the same tokens: the graph takes their fp32 outputs as fp32."""
+    model = apply_precision(lmforge.load(trained).eval(), "bf16", "int8")
+    ids = torch.tensor([[5, 17, 42, 7, 99]])
+    with torch.no_grad():
+        eager = model.generate(ids, max_new_tokens=12, ignore_eos=True).sequences
+        compiled = model.generate(ids, max_new_tokens=12, ignore_eos=True, compile=True).sequences
+    assert torch.equal(compiled, eager)
+
+
 def test_compiled_bf16_decoding_at_batch_1_calls_the_kernel_unfrozen(trained):
     """A bf16 model's compiled step at batch 1 runs lmforge's bf16 kernel (one opaque op per matmul, as its eager
     decoding does), so it is compiled unfrozen; its tokens are eager's where the two agree to bf16 rounding."""

@@ -383,8 +383,8 @@ class _Region:
     of every generation instead. A layer they reject (another class, or a constant of its own, like GPT-2's
     per-layer attention scale) raises :class:`_GuardsFailed`, and the step is compiled whole. Where the layer's
     AOTInductor package is in the cache (:mod:`lmforge.generation.packaged_region`), it runs instead, and each
-    layer's signature stands in for the guards. A layer that is in neither form runs eagerly, and is packaged as
-    this process exits, for the next one (``compile="cached"`` does not wait for a compile)."""
+    layer's signature stands in for the guards. A layer that is in neither form runs eagerly (unless packaging is
+    off), and is packaged as this process exits, for the next one: ``compile="cached"`` does not wait for a compile."""
 
     def __init__(self, backend):
         self.backend = backend

@@ -203,9 +203,9 @@ def generate_text(
     """Continuations of ``prompts`` (a string or a list); ``num_return_sequences`` texts per prompt.
 
     Example (``model`` and ``tok``: a trained model and its tokenizer; the example of :func:`stream` runs
-    both functions on an untrained one):
-        >>> generate_text(model, tok, ["Once upon a time"], max_new_tokens=20)  # doctest: +SKIP
-        [' there was a ...']
+    both functions on an untrained one)::
+
+        generate_text(model, tok, ["Once upon a time"], max_new_tokens=20)  # [' there was a ...']
     """
     config = resolve_config(config, settings)
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
