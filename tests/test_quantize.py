@@ -159,32 +159,6 @@ def test_compiled_int8_decoding_equals_eager_and_is_not_frozen(trained):
     assert [step.freeze for step in _STEPS[model].values()] == [not fbgemm]
 
 
-def test_compiled_int8_decoding_in_bf16_at_batch_1_equals_eager(trained):
-    """With bf16 activations at one row, the compiled step's int8 products (q, k and v in one kernel call among them)
-    run lmforge's kernel as eager decoding does, so the same tokens: the graph takes their fp32 outputs as fp32."""
-    model = apply_precision(lmforge.load(trained).eval(), "bf16", "int8")
-    ids = torch.tensor([[5, 17, 42, 7, 99]])
-    with torch.no_grad():
-        eager = model.generate(ids, max_new_tokens=12, ignore_eos=True).sequences
-        compiled = model.generate(ids, max_new_tokens=12, ignore_eos=True, compile=True).sequences
-    assert torch.equal(compiled, eager)
-
-
-def test_compiled_bf16_decoding_at_batch_1_calls_the_kernel_unfrozen(trained):
-    """A bf16 model's compiled step at batch 1 runs lmforge's bf16 kernel (one opaque op per matmul, as its eager
-    decoding does), so it is compiled unfrozen; its tokens are eager's where the two agree to bf16 rounding."""
-    from lmforge.generation.compiled import _STEPS
-    from lmforge.nn import gemv
-
-    model = apply_precision(lmforge.load(trained).eval(), "bf16")
-    ids = torch.tensor([[5, 17, 42, 7, 99]])
-    with torch.no_grad():
-        eager = model.generate(ids, max_new_tokens=12, ignore_eos=True).sequences
-        compiled = model.generate(ids, max_new_tokens=12, ignore_eos=True, compile=True).sequences
-    assert torch.equal(compiled, eager)
-    assert [step.freeze for step in _STEPS[model].values()] == [not gemv.available()]
-
-
 def test_compiled_int4_layer_calls_the_packed_kernel_and_equals_eager():
     """Under torch.compile an int4 layer calls tinygemm's int4 matmul on its packed weight (traced with the
     packing, which a frozen step folds into constants) rather than a dequantised full-precision weight."""
@@ -205,18 +179,26 @@ def test_compiled_int4_layer_calls_the_packed_kernel_and_equals_eager():
     assert any("_weight_int4pack_mm_for_cpu" in op for op in ops), ops
 
 
-def test_compiled_int4_decoding_in_bf16_is_frozen_and_equals_eager(trained):
-    """An int4 model decoding in bf16 at batch 1 is compiled frozen, so its packing is folded once; unfrozen (as
-    a bf16 model's step is, for the bf16 kernel) it ran the packing at every step: 4x slower than eager."""
+@pytest.mark.parametrize("quantize", [None, "int8", "int4"])
+def test_compiled_decoding_in_bf16_at_batch_1_equals_eager(trained, quantize):
+    """In bf16 at one row, a compiled step's products run what eager decoding's do, so the same tokens (eager's where
+    the two agree to bf16 rounding).
+    - bf16: lmforge's bf16 kernel, one opaque op per matmul, so the step is compiled unfrozen.
+    - int8: lmforge's int8 kernel (q, k and v in one call among them), whose fp32 outputs the graph takes as fp32.
+    - int4: compiled frozen, so its packing is folded once; unfrozen (as a bf16 model's step is, for the bf16
+      kernel) it ran the packing at every step: 4x slower than eager."""
     from lmforge.generation.compiled import _STEPS
+    from lmforge.nn import gemv
 
-    model = apply_precision(lmforge.load(trained).eval(), "bf16", "int4")
+    model = apply_precision(lmforge.load(trained).eval(), "bf16", quantize)
     ids = torch.tensor([[5, 17, 42, 7, 99]])
     with torch.no_grad():
         eager = model.generate(ids, max_new_tokens=12, ignore_eos=True).sequences
         compiled = model.generate(ids, max_new_tokens=12, ignore_eos=True, compile=True).sequences
     assert torch.equal(compiled, eager)
-    assert [step.freeze for step in _STEPS[model].values()] == [True]
+    frozen = {None: not gemv.available(), "int4": True}
+    if quantize in frozen:
+        assert [step.freeze for step in _STEPS[model].values()] == [frozen[quantize]]
 
 
 def test_tied_head_of_a_quantised_decoder_uses_the_quantised_table():
