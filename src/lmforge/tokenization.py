@@ -727,9 +727,16 @@ class Tokenizer:
             lowercase: for ``vocab.txt`` only; default from a ``tokenizer_config.json`` beside it
                 (``do_lower_case``), else True as in ``BertTokenizerFast``.
 
-        Example:
-            >>> Tokenizer.load("gpt2-folder").special_token_ids()  # doctest: +SKIP
-            {'bos_token_id': 50256, 'eos_token_id': 50256}
+        Example (GPT-2's own folder gives ``{'bos_token_id': 50256, 'eos_token_id': 50256}``):
+            >>> import pathlib, tempfile
+            >>> d = pathlib.Path(tempfile.mkdtemp())
+            >>> _ = (d / "corpus.txt").write_text("".join(f"Document {i} is short.\\n\\n" for i in range(400)))
+            >>> tok = train_tokenizer([d / "corpus.txt"], vocab_size=300, family="gpt", show_progress=False)
+            >>> _ = tok.save(d / "tok")
+            >>> Tokenizer.load(d / "tok").special_token_ids()
+            {'bos_token_id': 0, 'eos_token_id': 0}
+            >>> Tokenizer.load(d / "tok" / "tokenizer.json").family  # a bare HF file: the family is guessed
+            'gpt'
         """
         path = Path(path)
         if not path.exists():

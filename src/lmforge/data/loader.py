@@ -49,10 +49,11 @@ Example:
     >>> sentence_segments(np.array([7, 7, 5, 7, 5, 7, 7, 7, 7]), np.array([0, 9]), max_len=4, end_ids=[5])
     (array([0, 3, 5]), array([3, 2, 4]))
     >>> loader = StatefulLoader(PackedDataset(d / "data", 16, 4), num_workers=2)
+    >>> import json
     >>> for step, batch in enumerate(loader):  # batch: (4, 17)
-    ...     if step == 10: torch.save(loader.state_dict(), d / "loader.pt")
+    ...     if step == 10: _ = (d / "loader.json").write_text(json.dumps(loader.state_dict()))
     >>> resumed = StatefulLoader(PackedDataset(d / "data", 16, 4), num_workers=2)
-    >>> resumed.load_state_dict(torch.load(d / "loader.pt"))
+    >>> resumed.load_state_dict(json.loads((d / "loader.json").read_text()))
     >>> sum(1 for _ in resumed) == len(loader) - 11  # the rest of the epoch
     True
 """
@@ -296,11 +297,11 @@ class PackedDataset(_ShardDataset):
         rank, world_size: this process's slice; default from ``torch.distributed`` if initialised, else 0/1.
         eos_id: boundary token between documents; default the tokenizer's eos (BERT: [SEP]) from the manifest.
 
-    Example:
-        >>> ds = PackedDataset("data/corpus", seq_len=128, batch_size=4)  # doctest: +SKIP
-        >>> x = next(iter(ds)); inputs, targets = x[:, :-1], x[:, 1:]  # (4, 128) each  # doctest: +SKIP
+    Example (``data/corpus``: a folder made by ``lmforge data prepare``; the module's example runs this on a
+    corpus it makes)::
 
-        The module's example runs this on a corpus it makes.
+        ds = PackedDataset("data/corpus", seq_len=128, batch_size=4)
+        x = next(iter(ds)); inputs, targets = x[:, :-1], x[:, 1:]  # (4, 128) each
     """
 
     kind = "packed"
@@ -423,12 +424,10 @@ class DocumentDataset(_ShardDataset):
         sentence_end_ids: cut at sentence ends (:func:`sentence_segments`) instead of every ``max_len`` tokens;
             counting the segments then reads every token once, at construction.
 
-    Example:
-        >>> ds = DocumentDataset("data/corpus", max_len=510, batch_size=16)  # doctest: +SKIP
-        >>> [x.shape for x in next(iter(ds))][:2]  # doctest: +SKIP
-        [torch.Size([510]), torch.Size([87])]
+    Example (as for :class:`PackedDataset`, the module's example runs this)::
 
-        The module's example runs this on a corpus it makes.
+        ds = DocumentDataset("data/corpus", max_len=510, batch_size=16)
+        [x.shape for x in next(iter(ds))][:2]  # [torch.Size([510]), torch.Size([87])]: segments vary
     """
 
     kind = "documents"
@@ -511,12 +510,11 @@ class StatefulLoader:
         pin_memory: pin batches for faster host-to-GPU copies.
         prefetch_factor: batches each worker loads ahead.
 
-    Example:
-        >>> loader = StatefulLoader(PackedDataset("data/corpus", 256, 8), num_workers=2)  # doctest: +SKIP
-        >>> for step, batch in enumerate(loader):  # batch: (8, 257)  # doctest: +SKIP
-        ...     if step == 100: torch.save(loader.state_dict(), "loader.pt")
+    Example (the module's example runs this, and resumes from the saved state, on a corpus it makes)::
 
-        The module's example runs this, and resumes from the saved state, on a corpus it makes.
+        loader = StatefulLoader(PackedDataset("data/corpus", 256, 8), num_workers=2)
+        for step, batch in enumerate(loader):  # batch: (8, 257)
+            if step == 100: Path("loader.json").write_text(json.dumps(loader.state_dict()))
     """
 
     def __init__(self, dataset: _ShardDataset, num_workers: int = 0, pin_memory: bool = False,

@@ -13,10 +13,10 @@
 
 ELMo's biLM itself is a model: :mod:`lmforge.models.bilstm_lm`.
 
-Example:
+Example (``all-MiniLM-L6-v2``: the pretrained model that ``make`` installs; any model folder works):
     >>> from lmforge.embeddings import SentenceEncoder
-    >>> enc = SentenceEncoder.load("runs/minilm")                               # doctest: +SKIP
-    >>> enc.encode(["A man plays guitar.", "Someone plays music."]).shape       # doctest: +SKIP
+    >>> enc = SentenceEncoder.load("all-MiniLM-L6-v2")
+    >>> enc.encode(["A man plays guitar.", "Someone plays music."]).shape
     (2, 384)
 """
 

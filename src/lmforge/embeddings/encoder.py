@@ -252,8 +252,10 @@ def load_encoder(folder: str | Path, *, device: str = "cpu", max_length: int | N
 def embed_texts(model: str | Path | SentenceEncoder, texts: Sequence[str], **encode_kwargs) -> np.ndarray:
     """One-call sentence embeddings from a model folder (or a :class:`SentenceEncoder`): (len(texts), D).
 
-    Example:
-        >>> vecs = embed_texts("runs/minilm", ["a man plays guitar"], pooling="mean")  # doctest: +SKIP
+    Example (``all-MiniLM-L6-v2``: the pretrained model that ``make`` installs; any model folder works):
+        >>> vecs = embed_texts("all-MiniLM-L6-v2", ["A man plays guitar.", "Someone plays music."])
+        >>> vecs.shape
+        (2, 384)
     """
     encoder = model if isinstance(model, SentenceEncoder) else SentenceEncoder.load(model)
     return encoder.encode(texts, **encode_kwargs)

@@ -14,20 +14,22 @@ pooling. The rows a loss needs:
 Training is the :class:`~lmforge.training.Trainer` with a loss: :class:`SentenceTuples` tokenises the S sides
 of B tuples into (S, B, T) ids, and :class:`SiameseLoss` embeds them with the model and applies the loss, a
 mean over the B tuples. The softmax loss also trains a classifier on (u, v, |u - v|): the Trainer then trains
-:class:`PairClassifier` (the encoder and the classifier), and saves its encoder. So a run has checkpoints, exact resume, bf16 autocast, gradient accumulation and
-AdamW without decay on biases, norms and embeddings, as every lmforge run does.
+:class:`PairClassifier` (the encoder and the classifier), and saves its encoder. So a run has checkpoints, exact
+resume, bf16 autocast, gradient accumulation and AdamW without decay on biases, norms and embeddings, as every
+lmforge run does.
 
 Evaluation on held-out pairs:
     * :func:`evaluate_sts`: Spearman correlation of cos(text1, text2) with the label.
     * :func:`evaluate_retrieval`: each positive pair's text1 is a query; the corpus is every text2 of the set
       (the hard negatives included); recall@k and MRR of the paired text2.
 
-Example:
-    >>> from lmforge.embeddings import SentenceEncoder
-    >>> enc = SentenceEncoder.load("runs/minilm")                              # doctest: +SKIP
-    >>> train_embedding(enc, "bible-triplets:train", loss="mnrl", out="runs/sbert", max_steps=200)  # doctest: +SKIP
-    >>> evaluate_retrieval(enc, datasets.load("bible-paraphrase", "test"))  # doctest: +SKIP
-    {'recall@1': ..., 'recall@5': ..., 'recall@10': ..., 'mrr': ..., 'queries': ...}
+Example (a sketch: a few minutes of training on two CPU cores)::
+
+    from lmforge.embeddings import SentenceEncoder
+    enc = SentenceEncoder.load("all-MiniLM-L6-v2")
+    train_embedding(enc, "bible-triplets:train", loss="mnrl", out="runs/sbert", max_steps=200)
+    evaluate_retrieval(enc, datasets.load("bible-paraphrase", "test"))
+    # {'recall@1': ..., 'recall@5': ..., 'recall@10': ..., 'mrr': ..., 'queries': ...}
 """
 
 from __future__ import annotations

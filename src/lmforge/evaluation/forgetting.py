@@ -13,10 +13,10 @@ Both losses are the Trainer's ordinary evaluation (:meth:`lmforge.training.Train
 objective the model was pre-trained with (default: ``mlm`` for encoders, ``clm`` for decoders). A body that
 fine-tuning kept frozen scores exactly its ``before``.
 
-Example (a sketch: it reads model folders)::
+Example (a sketch: it reads a fine-tuned task folder, the pre-trained model and its prepared corpus)::
 
-    >>> forgetting("runs/rt/best", "runs/bert/model", "data/corpus")  # doctest: +SKIP
-    {'objective': 'mlm', 'before': 4.61, 'after': 5.02, 'forgetting': 0.41, ...}
+    forgetting("runs/rt/best", "runs/bert/model", "data/corpus")
+    # {'objective': 'mlm', 'before': 4.61, 'after': 5.02, 'forgetting': 0.41, ...}
 """
 
 from __future__ import annotations

@@ -75,15 +75,14 @@ says so): encoder-decoders, relative position biases (ALiBi, T5, Shaw: they woul
 last slot of the static cache), and ``use_cache=False``. Tokens equal the eager path's up to fp32
 rounding (the compiled kernels sum in another order), which can decide only a near-tied argmax.
 
-Example:
-    >>> import torch, lmforge
-    >>> model = lmforge.build_model("gpt-tiny", n_layers=2).eval()
-    >>> ids = torch.tensor([[5, 6, 7]])
-    >>> out = model.generate(ids, max_new_tokens=8, compile=True)           # doctest: +SKIP
-    >>> out.tolist() == model.generate(ids, max_new_tokens=8).tolist()     # doctest: +SKIP
-    True
-    >>> cached_steps(model)                                                 # doctest: +SKIP
-    [(1, 64, torch.float32, 'cpu')]
+Example (a sketch: compiling takes most of a minute on two CPU cores; ``tests/test_generation_compiled.py`` runs it)::
+
+    import torch, lmforge
+    model = lmforge.build_model("gpt-tiny", n_layers=2).eval()
+    ids = torch.tensor([[5, 6, 7]])
+    out = model.generate(ids, max_new_tokens=8, compile=True)
+    out.tolist() == model.generate(ids, max_new_tokens=8).tolist()  # True
+    cached_steps(model)                                              # [(1, 64, torch.float32, 'cpu')]
 """
 
 from __future__ import annotations

@@ -23,14 +23,14 @@
     registry.py        build_task: the Task class for each task name
     metrics.py         scikit-learn, scipy, seqeval, sacrebleu, rouge-score; SQuAD EM/F1; perplexity
 
-Example:
-    >>> from lmforge.tasks import TaskSpec, finetune, Recipe
-    >>> from lmforge.training import TrainConfig
-    >>> result = finetune("path/to/minilm", TaskSpec(task="classify"), "rt-sentiment:train",  # doctest: +SKIP
-    ...                   "rt-sentiment:dev", config=TrainConfig(lr=5e-5, warmup=40, max_steps=400,
-    ...                   batch_size=16, schedule="linear"), recipe=Recipe(layer_decay=0.9), out="runs/rt")
-    >>> result.best_value  # doctest: +SKIP
-    0.87
+Example (a sketch: minutes of fine-tuning on two CPU cores)::
+
+    from lmforge.tasks import TaskSpec, finetune, Recipe
+    from lmforge.training import TrainConfig
+    result = finetune("all-MiniLM-L6-v2", TaskSpec(task="classify"), "rt-sentiment:train", "rt-sentiment:dev",
+                      config=TrainConfig(lr=5e-5, warmup=40, max_steps=400, batch_size=16, schedule="linear"),
+                      recipe=Recipe(layer_decay=0.9), out="runs/rt")
+    result.best_value  # 0.87
 """
 
 from __future__ import annotations

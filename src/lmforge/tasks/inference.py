@@ -11,10 +11,10 @@ Predictions files, one entry per input row, in the row's order:
     .tsv    the input columns, then the prediction: label | score | labels | tags | answer | output, its
     .csv    probability, and one ``prob_<label>`` column per class
 
-Example:
-    >>> scores = evaluate("runs/rt/best", "rt-sentiment:test")  # doctest: +SKIP
-    >>> round(scores["accuracy"], 3)  # doctest: +SKIP
-    0.874
+Example (a sketch: ``runs/rt/best`` is a task folder made by ``lmforge finetune``)::
+
+    scores = evaluate("runs/rt/best", "rt-sentiment:test")
+    round(scores["accuracy"], 3)  # 0.874
 """
 
 from __future__ import annotations

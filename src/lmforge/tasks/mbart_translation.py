@@ -13,13 +13,13 @@ initialised model of the same shape, the paper's baseline (Table 2: mBART25 vs R
 Training is the one :class:`~lmforge.training.Trainer` with the pairs collator; translation is greedy
 decoding (:func:`lmforge.tasks.seq2seq.greedy_generate`), scored with sacrebleu's corpus BLEU.
 
-Example (the English/Spanish Bible pairs ship with lmforge as ``kjv-rv1909``)::
+Example (a sketch: ``runs/mbart/model`` is a model pre-trained with ``--objective multilingual-denoising``; the
+English/Spanish Bible pairs ship with lmforge as ``kjv-rv1909``)::
 
-    >>> result = finetune_translation("runs/mbart/model", datasets.load("kjv-rv1909"), source="en",
-    ...                               target="es", out="runs/mbart-en-es", max_steps=2000)   # doctest: +SKIP
-    >>> evaluate_translation("runs/mbart-en-es/model", datasets.load("kjv-rv1909", "test"),
-    ...                      source="en", target="es")                                     # doctest: +SKIP
-    {'bleu': ..., 'chrf': ..., 'examples': 1699}
+    result = finetune_translation("runs/mbart/model", datasets.load("kjv-rv1909"), source="en",
+                                  target="es", out="runs/mbart-en-es", max_steps=2000)
+    evaluate_translation("runs/mbart-en-es/model", datasets.load("kjv-rv1909", "test"), source="en", target="es")
+    # {'bleu': ..., 'chrf': ..., 'examples': 1699}
 """
 
 from __future__ import annotations

@@ -13,11 +13,12 @@
     pretrain.py                  the recipe behind `lmforge pretrain`: tokenizer + shards + objective + model
 
 Example (``data/corpus``: a folder made by ``lmforge data prepare``; the example of
-:mod:`lmforge.training.pretrain` runs this on a corpus it makes):
-    >>> from lmforge.training import TrainConfig
-    >>> from lmforge.training.pretrain import pretrain
-    >>> pretrain(TrainConfig(model="bert-tiny", objective="mlm", data="data/corpus", out="runs/bert",
-    ...                      overrides={"n_layers": 2}, max_steps=200))  # doctest: +SKIP
+:mod:`lmforge.training.pretrain` runs this on a corpus it makes)::
+
+    from lmforge.training import TrainConfig
+    from lmforge.training.pretrain import pretrain
+    pretrain(TrainConfig(model="bert-tiny", objective="mlm", data="data/corpus", out="runs/bert",
+                         overrides={"n_layers": 2}, max_steps=200))
 """
 
 from __future__ import annotations
