@@ -72,6 +72,8 @@ from lmforge.errors import UserInputError
 
 # How long a rank that lost a peer waits for torchrun to stop it before it leaves by itself (other launchers).
 PEER_FAILURE_GRACE_S = 10.0
+# How long a gloo group's last collective gets to let go of its tensors before the group is destroyed (teardown).
+GLOO_DRAIN_S = 0.1
 _COMM_ERROR = re.compile(r"gloo|nccl|connection (reset|closed|refused)|broken pipe|processgroup|c10d|timed out",
                          re.IGNORECASE)
 _OPS = {"sum": "SUM", "max": "MAX", "min": "MIN"}
@@ -229,10 +231,18 @@ def teardown(barrier: bool = False) -> None:
     ``barrier=True`` (a job that ended normally) first waits for every rank: a rank that destroys its group
     while a peer still talks to it can abort that peer at exit (gloo: "terminate called without an active
     exception"). Not after a failure, where a peer may be gone and the barrier would wait for the timeout.
+
+    A gloo group first sleeps ``GLOO_DRAIN_S``. A gloo worker thread frees a finished collective's tensors after
+    the caller has moved on, and freeing a tensor made in Python takes the GIL; the group's destructor (here, or
+    later with the DDP wrapper that holds it) joins those threads while holding the GIL. If the destructor came
+    first, the two waited for each other for ever: a torchrun job that had finished and printed its result
+    then hung at exit (seen in CI on a loaded host). Sleeping lets the worker take the GIL and finish.
     """
     if dist.is_available() and dist.is_initialized():
         if barrier and dist.get_world_size() > 1:
             dist.barrier()
+        if dist.get_backend() == "gloo":
+            time.sleep(GLOO_DRAIN_S)
         dist.destroy_process_group()
 
 
