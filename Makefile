@@ -35,9 +35,10 @@ browser:
 	else echo "browser test will be skipped: install Chromium with: sudo apt-get install chromium chromium-driver"; fi
 
 # tests/ and the docstring examples in src/lmforge (pyproject.toml: testpaths, --doctest-modules), on two
-# processes (pytest-xdist; each test file stays on one, so a file's shared fixtures are built once).
+# processes (pytest-xdist; each test file stays on one, so a file's shared fixtures are built once). The 25
+# slowest tests are listed at the end: CI's log shows where the suite's time goes.
 test: $(STAMP) browser
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25
 
 # Every speed/memory benchmark in benchmarks/, one table of lmforge vs reference (`lmforge bench --quick`: minutes).
 bench: $(STAMP)
