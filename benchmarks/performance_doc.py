@@ -491,9 +491,9 @@ reuses inductor's built kernels. The int8 step runs one layer for all twelve (re
 `lmforge.generation.compiled`), packaged by AOTInductor (`lmforge.generation.packaged_region`): the warm row opens
 the package without importing Dynamo or inductor. With an empty cache, bare `--compile` does not wait for that
 layer: it decodes eagerly, and as it exits exports the layer and starts a child process that packages it; `--compile
-now` compiles the layer with Dynamo before its second token (and exports it at its third). Each warm row starts
-once the package is written. The in-process rows above do not package (the build would share the cores with the
-next rows' timed runs)."""
+now` compiles the whole step with Dynamo before its second token and saves it precompiled
+(`lmforge.generation.step_artifact`), which its warm row loads. Each warm row starts once the package is written.
+The in-process rows above do not package (the build would share the cores with the next rows' timed runs)."""
 
 METHODS["verify_cost"] = """\
 `benchmarks/verify_cost.py`: what integrity checking adds to loading a model folder. A randomly initialised
