@@ -4,7 +4,7 @@ A gloo worker thread frees a finished collective's tensors after the caller has 
 made in Python takes the GIL; the group's destructor joins those threads while holding the GIL. Without
 ``teardown``'s drain, a finished torchrun job hung at exit (CI, on a loaded host). The race is narrow, so the
 script widens it: a long switch interval keeps the GIL with the main thread until it blocks, and the group is
-opened and left many times. Before the fix this script hung in about two runs out of five (40 rounds each).
+opened and left many times. Before the fix this script hung in 4 of 8 runs (40 rounds each).
 """
 
 from __future__ import annotations
