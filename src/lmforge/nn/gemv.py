@@ -184,8 +184,9 @@ def _load_ops() -> ctypes.CDLL:
         _ops["lib"].lmforge_gemv_bind.argtypes = [ctypes.c_void_p] * 3
         for name, dtype in (("int8_gemv", torch.float32), ("bf16_gemv", torch.bfloat16), ("f32_gemv", torch.float32)):
             torch.library.register_fake(f"lmforge::{name}", _fake(dtype), lib=_LIB)
-        torch.library.register_fake("lmforge::int8_gemv_n", lib=_LIB)(  # (fp32 like int8_gemv's, whatever x's dtype)
-            lambda x, qweights, scales: [x.new_empty(*x.shape[:-1], q.shape[0], dtype=torch.float32) for q in qweights])
+        int8_fake = _fake(torch.float32)  # int8_gemv_n's outputs are int8_gemv's, one per weight (fp32 for any x)
+        torch.library.register_fake("lmforge::int8_gemv_n", lib=_LIB)(
+            lambda x, qweights, scales: [int8_fake(x, q) for q in qweights])
     return _ops["lib"]
 
 
