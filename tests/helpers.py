@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from lmforge.config import ModelConfig
 from lmforge.nn import attention
 
@@ -37,3 +39,18 @@ def command_args(command: list[str], options: dict, overrides: dict | None = Non
     for key, value in (overrides or {}).items():
         args += ["--override", f"{key}={value}"]
     return args
+
+
+def rank_pid(launchers: set[int], rank: int) -> int | None:
+    """The pid of the worker process running ``rank`` that one of the torchrun processes ``launchers`` started."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid in launchers and f"RANK={rank}".encode() in environ:
+            return int(entry.name)
+    return None

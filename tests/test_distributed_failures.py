@@ -20,6 +20,7 @@ from lmforge.cli.main import main
 from lmforge.tokenization import Tokenizer
 from lmforge.training import CheckpointManager, TrainConfig
 from lmforge.training.pretrain import build_pretraining
+from helpers import rank_pid
 from test_training_pretrain import data_root, pretrain_args, prepared  # noqa: F401
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
@@ -30,21 +31,6 @@ def _torchrun(args: list[str]) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                              *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def _rank_pid(launcher: int, rank: int) -> int | None:
-    """The pid of the worker process of ``rank`` that the torchrun process ``launcher`` started."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == launcher and f"RANK={rank}".encode() in environ:
-            return int(entry.name)
-    return None
 
 
 def _wait_for(condition, proc: subprocess.Popen, timeout: float = 120.0) -> None:
@@ -79,7 +65,7 @@ def test_killing_one_rank_ends_the_job_and_keeps_the_last_checkpoint(data_root, 
     proc = _torchrun(["-m", "lmforge.cli.main", *args])
     latest = out / "checkpoints" / "latest"
     _wait_for(lambda: latest.is_file() and (out / "metrics.jsonl").read_text().count("\n") >= 3, proc)
-    victim = _rank_pid(proc.pid, 1)
+    victim = rank_pid({proc.pid}, 1)
     assert victim is not None, "rank 1's process not found"
     os.kill(victim, signal.SIGKILL)
     rc, text, took = _finish(proc, time.monotonic())

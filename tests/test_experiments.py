@@ -159,7 +159,8 @@ def test_without_ray_the_ray_backend_says_how_to_install_it(small, tmp_path, mon
 
 
 def test_a_failing_cell_is_recorded_the_others_finish_and_retry_failed_reruns_it(data, tmp_path, capsys):
-    late = tmp_path / "late-data"  # does not exist yet: the cell fails when it reads its data
+    late = tmp_path / "late-data"  # not prepared yet (a missing folder is refused before any cell runs):
+    late.mkdir()                    # the cell fails when it reads its data
     axis = {"name": "data", "variants": [{"name": "good"}, {"name": "late", "data": str(late)}]}
     grid = write_grid(tmp_path, grid_text(data, [axis], seeds=[0]))
     out = tmp_path / "out"
@@ -171,7 +172,7 @@ def test_a_failing_cell_is_recorded_the_others_finish_and_retry_failed_reruns_it
     kept = tree_state(out / good["run"])
     # A plain rerun leaves the failed cell alone; --retry-failed runs it again.
     assert run_cli(grid, "--out", out, "--threads", "1") == 1
-    shutil.copytree(data, late)
+    shutil.copytree(data, late, dirs_exist_ok=True)
     assert run_cli(grid, "--out", out, "--threads", "1", "--retry-failed") == 0
     good_again, fixed = rows(out)
     assert tree_state(out / good["run"]) == kept

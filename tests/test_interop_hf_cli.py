@@ -121,8 +121,14 @@ def test_existing_destination_needs_overwrite(bert_folder, tmp_path, capsys):
     assert main(["convert", "from-hf", str(bert_folder), str(dst)]) == 2
     assert "already exists" in capsys.readouterr().err
     assert (dst / "keep.txt").read_text() == "mine"
+    # --overwrite replaces a model folder, never a folder of something else (issue 63: nothing it did not make).
+    assert main(["convert", "from-hf", str(bert_folder), str(dst), "--overwrite"]) == 2
+    assert "not empty and not a model folder (it holds keep.txt)" in capsys.readouterr().err
+    assert sorted(p.name for p in dst.iterdir()) == ["keep.txt"]
+    (dst / "keep.txt").unlink()
+    assert main(["convert", "from-hf", str(bert_folder), str(dst), "--overwrite"]) == 0  # an empty folder: replaced
     assert main(["convert", "from-hf", str(bert_folder), str(dst), "--overwrite", "--dtype", "bfloat16"]) == 0
-    assert not (dst / "keep.txt").exists() and (dst / "model.safetensors").is_file()
+    assert (dst / "model.safetensors").is_file()  # a model folder: replaced
     assert "wrote" in capsys.readouterr().out
 
 

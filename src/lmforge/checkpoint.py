@@ -59,9 +59,11 @@ from lmforge.models.bilstm_lm import PRESETS as BILM_PRESETS
 from lmforge.models.bilstm_lm import BiLM, BiLMConfig
 from lmforge.models.quantize import apply_precision, current_precision, refuse_training
 from lmforge.tokenization import Tokenizer
+from lmforge.utils.folder_kinds import TRAINABLE, WrongFolderKind, folder_kind, require_kind
 from lmforge.utils.io import read_mapping_file
 
-__all__ = ["CONFIG_FILE", "PACKAGED_MODELS", "TOKENIZER_FILE", "WEIGHTS_FILE", "CheckpointError", "bilm_config",
+__all__ = ["CONFIG_FILE", "PACKAGED_MODELS", "TOKENIZER_FILE", "WEIGHTS_FILE", "CheckpointError", "WrongFolderKind",
+           "bilm_config", "folder_kind", "require_kind",
            "canonical_state", "check_tokenizer", "is_bilm", "is_hf_folder", "load", "load_bilm", "load_body",
            "load_checks", "load_weights", "model_source", "packaged_model", "read_config", "read_model_folder", "save",
            "tokenizer_identity", "verify_folder", "write_manifest"]
@@ -251,6 +253,8 @@ def load_body(source, tokenizer=None, random_init: bool = False, verify: bool | 
     else:
         path = Path(str(source))
         refuse_training(path)
+        # Before any weight is read: a biLM, an adapter or a run folder gets one line saying what it is.
+        require_kind(path, TRAINABLE)
         if path.is_dir():
             body, tok = read_model_folder(path, with_tokenizer=tokenizer is None, verify=verify)
         elif path.exists() or "/" in str(source):

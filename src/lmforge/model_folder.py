@@ -43,7 +43,9 @@ from safetensors.torch import save_file
 from lmforge.config import ModelConfig
 from lmforge.errors import IntegrityError, LmforgeError, UserInputError
 from lmforge.tokenization import Tokenizer
-from lmforge.utils.io import atomic_dir
+from lmforge.utils.faults import environment_errors
+from lmforge.utils.io import atomic_dir, refuse_foreign_folder
+from lmforge.utils.lock import remove_stale_temporaries
 from lmforge.utils.manifest import MANIFEST_FILE, check_files, file_entries
 
 CONFIG_FILE = "config.json"
@@ -77,22 +79,33 @@ def canonical_state(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], di
     return tensors, aliases
 
 
+def is_model_folder(path: str | Path) -> bool:
+    """Whether ``path`` holds a model folder (lmforge's or Hugging Face's): a config and weights or a manifest;
+    the one kind of folder :func:`save` replaces."""
+    path = Path(path)
+    return (path / CONFIG_FILE).is_file() and ((path / WEIGHTS_FILE).is_file() or (path / MANIFEST_FILE).is_file())
+
+
 def save(model: torch.nn.Module, path: str | Path, tokenizer=None, extra_files: dict[str, str] | None = None,
          manifest: bool = True) -> Path:
     """Write a model folder atomically and return its path.
 
     Args:
         model: an lmforge Transformer (anything with ``.config`` and a state dict).
-        path: destination folder; replaced as a whole if it exists.
+        path: destination folder; replaced as a whole if it is a model folder (anything else there is refused:
+            :func:`is_model_folder`). A killed earlier save's temporary beside it is removed first.
         tokenizer: an object with ``save(folder)`` or a path to a tokenizer.json to copy along.
         extra_files: name -> text of further files to write into the folder.
         manifest: write ``manifest.json`` (off only where an enclosing folder's manifest covers these files).
     """
     path = Path(path)
+    refuse_foreign_folder(path, is_model_folder, "a model folder")
+    remove_stale_temporaries(path.parent, path.name)
     tensors, aliases = canonical_state(model)
     with atomic_dir(path) as tmp:
         (tmp / CONFIG_FILE).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n", encoding="utf-8")
-        save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", "aliases": json.dumps(aliases)})
+        with environment_errors(tmp / WEIGHTS_FILE, "write"):  # safetensors' Rust writer names the errno in words
+            save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", "aliases": json.dumps(aliases)})
         if tokenizer is not None:
             if isinstance(tokenizer, (str, Path)):
                 shutil.copy(tokenizer, tmp / TOKENIZER_FILE)

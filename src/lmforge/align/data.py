@@ -28,12 +28,17 @@ PAIR_FIELDS = ("prompt", "chosen", "rejected")
 
 
 def field_text(table: Table, i: int, field: str, allow_empty: bool = False) -> str:
-    """Row ``i``'s ``field`` as text; missing (or empty, unless allowed) is an error naming the row and field."""
+    """Row ``i``'s ``field`` as text; missing, not text (a JSON number, list, object or boolean) or empty
+    (unless allowed) is an error naming the file, row and field."""
     value = table.rows[i].get(field)
     if value is None:
         raise UserInputError(f"{table.where(i)}: field {field!r} is missing")
     if not isinstance(value, str):
-        value = str(value)
+        kind = {bool: "a boolean", int: "a number", float: "a number", list: "a list", dict: "an object"}.get(
+            type(value), type(value).__name__)
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise UserInputError(f"{table.where(i)}: field {field!r} is {kind} ({shown}), not text; write it as a "
+                             "JSON string")
     if not allow_empty and not value.strip():
         raise UserInputError(f"{table.where(i)}: field {field!r} is empty")
     return value

@@ -63,6 +63,7 @@ def load_policy(source: str):
     if not Path(source).is_dir():
         raise UserInputError(f"--policy {source}: no such model folder")
     folder = model_folder(source)[0]
+    checkpoint.require_kind(folder, ("model", "hf", "task"), "align", "--policy")
     if not (folder / checkpoint.TOKENIZER_FILE).is_file() and not checkpoint.is_hf_folder(folder):
         raise UserInputError(f"--policy {source}: the folder has no {checkpoint.TOKENIZER_FILE}; prompts and "
                              "responses are text, so the policy needs its tokenizer beside it")

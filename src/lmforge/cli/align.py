@@ -40,7 +40,7 @@ from lmforge.training import config as tc
 from lmforge.training.config import TrainConfig, setting_names
 from lmforge.training.trainer import run_started
 from lmforge.utils.flags import add_dataclass_flags
-from lmforge.utils.io import removed_on_failure
+from lmforge.utils.lock import refuse_if_held, removed_on_failure
 from lmforge.utils.runs import model_folder
 
 ALIGN_OPTIONS = [
@@ -108,6 +108,7 @@ def _settings(given: dict) -> tuple[TrainConfig, AlignConfig]:
 def run(args) -> int:
     with plain_warnings("align"):
         config, align = _settings(vars(args))
+        refuse_if_held(config.out)  # at once, not after minutes of building what it could not write
         with removed_on_failure(config.out, keep=run_started):
             result = run_align(config, align, log=lambda line: print(line, file=sys.stderr))
     if os.environ.get("RANK", "0") != "0":  # under torchrun rank 0 reports for all

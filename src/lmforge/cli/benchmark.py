@@ -16,17 +16,29 @@ import argparse
 import sys
 
 from lmforge.cli.finetune import _add_trainer_flags
-from lmforge.cli.main import plain_warnings
+from lmforge.cli.main import UserError, plain_warnings
 from lmforge.evaluation.benchmark_suite import SUITES, TABLE_FILE, run_suite
+from lmforge.utils.folder_kinds import TRAINABLE, require_kind
 from lmforge.utils.io import make_folder
+from lmforge.utils.lock import removed_on_failure
 
 
 def run(args) -> int:
     given = {k: v for k, v in vars(args).items() if k not in ("func", "suite", "tasks", "verb")}
-    make_folder(args.out)
+    suite, tasks = args.suite, args.tasks.split(",") if args.tasks else None
+    if "/" in suite:  # one task by name, e.g. glue/sst2: the suite's run of that task alone
+        if tasks:
+            raise UserError(f"{suite} names one task; drop --tasks, or name the suite ({suite.split('/')[0]})")
+        suite, tasks = suite.split("/", 1)[0], [suite]
     with plain_warnings("benchmark"):
-        result = run_suite(args.suite, given, args.out, args.tasks.split(",") if args.tasks else None,
-                           log=lambda line: print(line, file=sys.stderr))
+        if suite not in SUITES:
+            raise UserError(f"unknown benchmark suite {suite!r} (known: {', '.join(SUITES)}; or one of its tasks by "
+                            "name, e.g. glue/sst2)")
+        require_kind(args.model, TRAINABLE, "benchmark", "--model")  # before --out is made
+        # A refused suite (no usable data) leaves no empty folder behind; one holding a task's run is kept.
+        with removed_on_failure(args.out, keep=lambda out: any(out.iterdir())):
+            make_folder(args.out)
+            result = run_suite(suite, given, args.out, tasks, log=lambda line: print(line, file=sys.stderr))
     print(open(f"{args.out}/{TABLE_FILE}", encoding="utf-8").read(), end="")
     print(f"wrote {args.out}/{TABLE_FILE}, results.json and {len(result['submission'])} submission files")
     return 0
@@ -37,7 +49,8 @@ def register(subparsers) -> None:
         "benchmark", help="fine-tune and evaluate every task of a suite (glue): its table, average and test "
                           "submission files", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
         argument_default=argparse.SUPPRESS)
-    parser.add_argument("suite", choices=list(SUITES), help="the suite: glue")
+    parser.add_argument("suite", metavar="SUITE", help=f"the suite ({', '.join(SUITES)}), or one of its tasks by name "
+                        "(e.g. glue/sst2)")
     parser.add_argument("--model", required=True, help="preset name, lmforge model folder or Hugging Face folder")
     parser.add_argument("--tokenizer", default=None, help="tokenizer folder (needed for presets)")
     parser.add_argument("--data-dir", default=None, metavar="DIR",

@@ -64,7 +64,7 @@ def _check(args) -> None:
 
 def _run(args) -> int:
     _check(args)
-    folder = model_argument("chat", args.model)
+    folder = model_argument("chat", args.model, ("model", "hf", "quantized"))
     if folder.is_dir() and not (folder / CHAT_TEMPLATE_FILE).is_file():  # before the model loads
         raise UserError(f"--model {folder}: no chat template ({CHAT_TEMPLATE_FILE}); chat needs an "
                         "instruction-tuned decoder (lmforge finetune with an instruct task)")

@@ -22,12 +22,14 @@ from lmforge.training.dist_checkpoint import (
     is_sharded,
     write_model_folder,
 )
+from lmforge.utils.folder_kinds import require_kind
 
 
 def run_consolidate(args) -> int:
     src, dst = Path(args.src), Path(args.dst)
     if not src.exists():
         raise UserError(f"{src}: no such checkpoint, checkpoints folder or run folder")
+    require_kind(src, ("run", "checkpoint"), "checkpoint consolidate", "SRC")
     if dst.resolve() == src.resolve() or src.resolve() in dst.resolve().parents:
         raise UserError(f"{dst}: the output must lie outside the checkpoint it is made from")
     if args.tokenizer is not None and not Path(args.tokenizer).exists():
@@ -41,6 +43,7 @@ def run_consolidate(args) -> int:
 
 def run_average(args) -> int:
     run = Path(args.run)
+    require_kind(run, ("run", "checkpoint"), "checkpoint average", "RUN")
     out = Path(args.out) if args.out else run / f"model-avg{args.last}"
     if args.tokenizer is not None and not Path(args.tokenizer).exists():
         raise UserError(f"--tokenizer {args.tokenizer}: no such tokenizer folder or file")

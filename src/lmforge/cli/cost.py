@@ -16,6 +16,7 @@ from lmforge.cost.report import REFERENCE_SOURCE, format_tag, price_tag, referen
 from lmforge.errors import UserInputError
 from lmforge.training.price_tag import DEVICE_KINDS, GRID_INTENSITY, PriceSettings
 from lmforge.utils.flags import key_values
+from lmforge.utils.folder_kinds import MODELS, require_kind
 
 
 def add_price_flags(parser) -> None:
@@ -82,6 +83,8 @@ def run(args) -> int:
         return 0
     if not args.run:
         raise UserInputError("give a RUN folder, or --plan with --model and --tokens")
+    # What training wrote carries price tags: a tokenizer, shards, an adapter or an index never do.
+    require_kind(args.run, ("run", "experiment", "quickstart", "checkpoint", "baseline", "bilm", *MODELS), "cost", "RUN")
     tag = price_tag(args.run, args.region, args.grid_intensity, args.price_per_hour, args.power_watts)
     if args.json:
         print(json.dumps({**tag, "references_lbs_co2e": dict(reference_rows(tag["co2e_kg"])[1:]),

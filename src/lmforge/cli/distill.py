@@ -37,13 +37,14 @@ from lmforge.distillation.config import DistillConfig, saved_settings
 from lmforge.distillation.pretraining import OBJECTIVES, build_distillation
 from lmforge.distillation.student import describe_init
 from lmforge.distillation.task import distill_task
+from lmforge.evaluation import named
 from lmforge.tasks.settings import FINETUNE_DEFAULTS
 from lmforge.training import config as tc
 from lmforge.training import distributed
 from lmforge.training.config import TrainConfig, setting_names
 from lmforge.training.trainer import run_started
 from lmforge.utils.flags import add_dataclass_flags, key_values
-from lmforge.utils.io import removed_on_failure
+from lmforge.utils.lock import refuse_if_held, removed_on_failure
 
 # (flag, type, help) of the DistillConfig fields; the defaults are shown from the dataclass.
 DISTILL_FLAGS = [
@@ -52,7 +53,8 @@ DISTILL_FLAGS = [
     ("student", str, "student: a preset, config file or model folder (default: the teacher's config with half its "
                      "layers); a preset gets half the teacher's layers and its vocabulary unless --override says "
                      "otherwise, and starts from every other teacher layer when the shapes allow"),
-    ("train", str, "task distillation: training texts with gold labels (.tsv .csv .jsonl, or NAME:SPLIT)"),
+    ("train", str, "task distillation: training texts with gold labels (.tsv .csv .jsonl .parquet, a dataset folder "
+                   "DIR:SPLIT, or NAME:SPLIT)"),
     ("eval", str, "task distillation: evaluation data, scored during training (picks OUT/best)"),
     ("alpha_ce", float, "pre-training: weight of the soft-target KL (scaled by T^2)"),
     ("alpha_mlm", float, "pre-training: weight of the student's own objective loss (MLM, or next-token CE)"),
@@ -78,6 +80,13 @@ def _settings(given: dict) -> tuple[TrainConfig, DistillConfig]:
         raise UserError("missing --out: the run folder")
     resume = bool(given.get("resume"))
     saved = saved_settings(out) if resume else {}
+    if given.get("task") is not None:  # a task by name (glue/sst2): its training and evaluation splits
+        train, evaluation = named.distill_sources(given["task"], given.get("data_dir"))
+        given = {**given, "train": given.get("train") or train, "eval": given.get("eval") or evaluation}
+    elif given.get("data_dir") is not None:  # --resume of a run by name: its NAME:SPLIT sources read from here
+        for source in (given.get("train"), given.get("eval"), *saved.get("distill", {}).values()):
+            if isinstance(source, str) and ":" in source:
+                named.use_data_dir(source.partition(":")[0], given["data_dir"])
     distill_given = {k: v for k, v in given.items() if k in DistillConfig.config_keys() and v is not None}
     distill = DistillConfig.from_dict({**saved.get("distill", {}), **distill_given}, source="command line")
     trainer_given = {k: v for k, v in given.items() if k in setting_names() and v is not None}
@@ -115,6 +124,7 @@ def run(args) -> int:
     given = vars(args)
     with plain_warnings("distill"):
         config, distill = _settings(given)
+        refuse_if_held(config.out)  # at once, not after minutes of building what it could not write
         # A run that fails before its first step leaves no folder holding only its settings behind.
         with removed_on_failure(config.out, keep=run_started):
             if distill.train:
@@ -177,6 +187,11 @@ def register(subparsers) -> None:
         what.add_argument("--" + key.replace("_", "-"), dest=key, type=kind, default=None,
                           metavar=METAVARS.get(key, key.upper().replace("_", "-")),
                           help=text + ("" if default is None else f" (default: {default})"))
+    what.add_argument("--task", default=None, metavar="NAME",
+                      help="task distillation on a task by name (see `lmforge tasks list`, e.g. glue/sst2): --train "
+                           "and --eval default to its training and first evaluation split")
+    what.add_argument("--data-dir", default=None, metavar="DIR",
+                      help="--task NAME: the suite's folder in its official layout (else $LMFORGE_GLUE_DIR ...)")
     what.add_argument("--data", default=None, metavar="SHARDS",
                       help="pre-training distillation: prepared shards (output of `lmforge data prepare`; the "
                            "teacher's tokenizer)")

@@ -20,11 +20,12 @@ import math
 import sys
 
 from lmforge.cli._load_args import add_load_flags, add_precision_flags
-from lmforge.cli.main import model_argument, plain_warnings
+from lmforge.cli.main import UserError, model_argument, plain_warnings
 from lmforge.checkpoint import read_model_folder
-from lmforge.evaluation import baselines, forgetting, length_extrapolation
+from lmforge.evaluation import baselines, forgetting, length_extrapolation, named
 from lmforge.tasks.inference import evaluate, table_lines, tune_null_threshold
 from lmforge.tasks.spec import TASKS
+from lmforge.utils.folder_kinds import MODELS
 
 OVERRIDE_FLAGS = {
     "text_column": "column of the input text, if it differs from training",
@@ -43,11 +44,20 @@ def add_common(parser, output: bool) -> None:
     """The flags evaluate and predict share."""
     parser.add_argument("--model", required=True, metavar="DIR",
                         help="task folder, or a run folder (then its best/, else its model/)")
-    parser.add_argument("--data", required=True, metavar="FILE", help=".tsv .csv .jsonl .conll file, or NAME:SPLIT")
+    parser.add_argument("--data", default=None, metavar="FILE",
+                        help=".tsv .csv .jsonl .conll .parquet file, a dataset folder DIR:SPLIT, or NAME:SPLIT "
+                             "(with --task NAME: default its evaluation split(s) from --data-dir)")
     if output:
         parser.add_argument("--output", required=True, metavar="FILE", help="predictions file: .jsonl, .tsv or .csv")
-    parser.add_argument("--task", default=None, choices=TASKS,
-                        help="the task (checked against the folder's; required for a plain model folder)")
+    parser.add_argument("--task", default=None, metavar="TASK",
+                        help=f"the task type ({', '.join(TASKS)}; checked against the folder's, required for a plain "
+                             "model folder) or a task by name (see `lmforge tasks list`, e.g. glue/sst2: its splits "
+                             "from --data-dir, scored with the leaderboard's metrics)")
+    parser.add_argument("--data-dir", default=None, metavar="DIR",
+                        help="--task NAME: the suite's folder in its official layout (else $LMFORGE_GLUE_DIR ...)")
+    parser.add_argument("--split", default=None, metavar="SPLIT",
+                        help="--task NAME: the split to read (default: evaluate every evaluation split, predict the "
+                             "first; a test split: evaluate writes the submission file into --out)")
     parser.add_argument("--subtask", default=None, metavar="NAME", help="text2text mixture: which task the data is")
     for key, text in OVERRIDE_FLAGS.items():
         kind = int if key.startswith("max_") else float if key == "null_threshold" else str
@@ -92,8 +102,52 @@ def run_forgetting(args, folder) -> int:
     return 0
 
 
+def run_named(args, folder) -> int:
+    """``--task NAME``: the leaderboard's metrics on the task's splits (or --data), a test split's submission."""
+    if args.seq_len is not None or args.forgetting or args.tune_null_threshold:
+        raise UserError(f"--task {args.task}: scores the leaderboard's metrics; drop --seq-len, --forgetting and "
+                        "--tune-null-threshold")
+    result = named.evaluate(folder, args.task, data=args.data, split=args.split, data_dir=args.data_dir,
+                            out=args.out, overrides=overrides(args), batch_size=args.batch_size, device=args.device,
+                            limit=args.limit, log=lambda line: print(line, file=sys.stderr))
+    if result["scores"]:
+        for line in table_lines(result["scores"]):
+            print(line)
+    print(json.dumps(result["scores"]))
+    return 0
+
+
+def run_harness(args, folder) -> int:
+    """``--harness TASKS``: lm-evaluation-harness on the folder (lmforge.evaluation.harness); lm_eval is imported
+    only here."""
+    import time
+    from pathlib import Path
+
+    from lmforge.evaluation import harness
+
+    results = harness.evaluate(folder, args.harness.split(","), limit=args.limit, num_fewshot=args.num_fewshot,
+                               batch_size=args.batch_size, device=args.device, include_path=args.include_path or ())
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    out = harness.write_results(results, args.output or f"harness_{Path(folder).resolve().name}_{stamp}.json")
+    for line in harness.table_lines(results):
+        print(line)
+    print(f"lm_eval results: {out}")
+    print(json.dumps(harness.metrics(results)))
+    sys.stdout.flush()
+    return 0
+
+
 def run(args) -> int:
-    model = model_argument("evaluate", args.model)
+    model = model_argument("evaluate", args.model, (*MODELS, "baseline"))
+    if named.is_name(args.task):  # a task by name (glue/sst2): its splits, metrics and submission format
+        with plain_warnings("evaluate"):
+            return run_named(args, model)
+    if args.data is None and not getattr(args, "harness", None):
+        raise UserError("missing --data FILE (or --task NAME, e.g. glue/sst2, with --data-dir)")
+    named.use_data_dir_of(args.data, args.data_dir)
+    if getattr(args, "harness", None):
+        with plain_warnings("evaluate"):
+            return run_harness(args, model)
     if args.forgetting:
         with plain_warnings("evaluate"):
             return run_forgetting(args, model)
@@ -127,6 +181,21 @@ def register(subparsers) -> None:
     add_common(parser, output=False)
     parser.add_argument("--limit", type=int, default=None, help="evaluate the first N rows only (--seq-len: the "
                         "first N blocks)")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="--task NAME: write DIR/scores.json (the leaderboard's metrics) and, for a test split, "
+                             "the submission file in the leaderboard's format (GLUE: DIR/SST-2.tsv ...)")
+    parser.add_argument("--harness", default=None, metavar="TASK[,TASK...]",
+                        help="lm-evaluation-harness tasks on a decoder folder (pip install 'lmforge[harness]'): "
+                        "lm_eval's names, lmforge's own (lmforge_next_verse, lmforge_austen_ppl) or --include-path "
+                        "YAML; nothing is downloaded. Writes lm_eval's results JSON (--output) and prints a line "
+                        "per task; --limit: documents per task, --batch-size: rows per forward pass")
+    parser.add_argument("--num-fewshot", type=int, default=None, metavar="K",
+                        help="--harness: examples in each prompt (default: the task's, else 0)")
+    parser.add_argument("--include-path", action="append", default=None, metavar="DIR",
+                        help="--harness: a folder of task YAML files (repeatable); relative data_files are read "
+                        "from beside each YAML")
+    parser.add_argument("--output", default=None, metavar="FILE",
+                        help="--harness: the results JSON (default: ./harness_<model folder>_<UTC time>.json)")
     parser.add_argument("--seq-len", type=int, default=None, metavar="N",
                         help="length extrapolation: a decoder folder's next-token loss on --data (a text file, corpus, "
                         "or a prepared data folder: its validation split) in blocks of N positions, per bucket of "

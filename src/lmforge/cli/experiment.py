@@ -24,7 +24,9 @@ from lmforge.cli.main import plain_warnings
 from lmforge.errors import UserInputError
 from lmforge.experiments import load_grid, report, run_grid
 from lmforge.experiments.backends import BACKENDS
+from lmforge.experiments.runner import machine_fault
 from lmforge.experiments.report import TABLE_FILE
+from lmforge.utils.folder_kinds import require_kind
 
 
 def _log(line: str) -> None:
@@ -44,10 +46,14 @@ def run(args) -> int:
          f"{result.interrupted} interrupted; report: {result.out / 'report.html'}")
     if result.interrupted:
         return 130
+    fault = machine_fault(result.out)
+    if fault is not None:  # a full disk is the machine's, not a cell's bug: exit 3, one line naming the file
+        raise fault
     return 1 if any(e["failed"] for e in result.table) else 0
 
 
 def run_report(args) -> int:
+    require_kind(args.dir, ("experiment",), "experiment report", "DIR")
     report(args.dir)
     print((Path(args.dir) / TABLE_FILE).read_text(encoding="utf-8"), end="")
     return 0

@@ -20,7 +20,7 @@ from lmforge.tokenization import Tokenizer
 def run(args) -> int:
     if args.top_k < 1:
         raise UserError(f"--top-k {args.top_k}: must be at least 1")
-    folder = model_argument("fill-mask", args.model)
+    folder = model_argument("fill-mask", args.model, ("model", "hf", "quantized"))
     if not (folder / "tokenizer.json").is_file():
         raise UserError(f"--model {folder}: no tokenizer.json (save the model with its tokenizer)")
     with plain_warnings("fill-mask"):

@@ -51,7 +51,7 @@ from lmforge.training import config as tc
 from lmforge.training.config import TrainConfig
 from lmforge.training.trainer import run_started
 from lmforge.utils.flags import add_dataclass_flags
-from lmforge.utils.io import removed_on_failure
+from lmforge.utils.lock import refuse_if_held, removed_on_failure
 
 # (metavar, help) of the task-format flags: the TaskSpec fields lmforge.tasks.settings.TASK_KEYS names.
 TASK_FLAGS = {
@@ -87,6 +87,8 @@ EMBEDDING_DEFAULTS = {"lr": "2e-05", "max_steps": "one epoch"}
 
 def run(args) -> int:
     given = vars(args)
+    if given.get("out"):
+        refuse_if_held(given["out"])  # at once, not after minutes of building what it could not write
     # A run that fails before its first step leaves no folder holding only its settings behind.
     with removed_on_failure(given.get("out") or ".", keep=run_started):
         return _run(given, args)
@@ -213,7 +215,8 @@ def register(subparsers) -> None:
     what.add_argument("--pack", action="store_true", default=False,  # the parser's default is SUPPRESS
                       help="instruct: pack short examples (block-diagonal mask)")
     what.add_argument("--train", default=None, metavar="FILE",
-                      help="training data (.tsv .csv .jsonl .conll, or NAME:SPLIT)")
+                      help="training data (.tsv .csv .jsonl .conll .parquet, a dataset folder DIR:SPLIT, or "
+                           "NAME:SPLIT)")
     what.add_argument("--eval", default=None, metavar="FILE", help="evaluation data, for --metric and OUT/best")
     what.add_argument("--eval-set", dest="eval_sets", action="append", default=None, metavar="NAME=FILE",
                       help="a further evaluation set (e.g. out-of-domain data), repeatable: scored at every "

@@ -31,6 +31,7 @@ import pkgutil
 import sys
 import warnings
 from pathlib import Path
+from typing import Iterable
 
 import lmforge
 from lmforge.cli._load_args import load_checks_of
@@ -44,6 +45,7 @@ from lmforge.errors import (
     RunLocked,
     UserInputError,
 )
+from lmforge.utils.folder_kinds import MODELS, require_kind
 from lmforge.utils.runs import model_folder
 
 EXIT_CODES = """exit codes:
@@ -74,10 +76,12 @@ def plain_warnings(verb: str):
         warnings.showwarning = previous
 
 
-def model_argument(verb: str, path: str | Path) -> Path:
+def model_argument(verb: str, path: str | Path, kinds: Iterable[str] = MODELS) -> Path:
     """``--model PATH`` as a model folder: a run folder means its ``best/``, else its ``model/``, and the
-    choice is said on stderr."""
+    choice is said on stderr. A folder of a kind not in ``kinds`` (see :mod:`lmforge.utils.folder_kinds`) is
+    refused in one line that says what it is, before anything is loaded or written."""
     folder, picked = model_folder(path)
+    require_kind(folder, kinds, verb, "--model")  # before the note: a refusal is the only line
     if picked:
         what = "its best evaluation" if folder.name == "best" else "its final model"
         print(f"lmforge {verb}: using {folder} ({what})", file=sys.stderr, flush=True)

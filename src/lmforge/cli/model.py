@@ -6,6 +6,7 @@ import json
 
 from lmforge.config import list_presets, resolve_config
 from lmforge.models import Transformer
+from lmforge.utils.folder_kinds import MODELS, require_kind
 
 
 def register(subparsers) -> None:
@@ -59,6 +60,7 @@ def describe(name_or_path: str, seq_len: int | None = None) -> dict:
 
 
 def run_info(args) -> int:
+    require_kind(args.model, MODELS, "model info", "NAME_OR_DIR")  # a preset name passes
     info = describe(args.model, args.seq_len)
     width = max(map(len, info))
     for key, value in info.items():

@@ -26,6 +26,7 @@ from lmforge.peft.hf_export import export_hf
 from lmforge.tasks.model import read_task_meta
 from lmforge.tasks.peft import merge_task_folder
 from lmforge.tokenization import Tokenizer
+from lmforge.utils.folder_kinds import adapter_kinds, require_kind
 
 
 def register(subparsers) -> None:
@@ -75,7 +76,9 @@ def _common(parser, out_help: str) -> None:
     add_load_flags(parser)
 
 
-def _load(args):
+def _load(args, verb: str):
+    require_kind(args.base, ("model", "hf"), verb, "--base")
+    require_kind(args.adapter, adapter_kinds(args.adapter), verb, "--adapter")
     out = Path(args.out)
     if out.exists() and not args.overwrite:
         raise UserError(f"{out}: already exists (use --overwrite to replace it)")
@@ -87,6 +90,7 @@ def _load(args):
 
 
 def run_info(args) -> int:
+    require_kind(args.adapter, adapter_kinds(args.adapter), "peft info")
     meta, cfg = read_adapter_config(require_path(args.adapter, "ADAPTER", folder=True))
     if args.json:
         print(json.dumps(meta))
@@ -110,9 +114,10 @@ def run_info(args) -> int:
 
 def run_merge(args) -> int:
     adapter = Path(args.adapter)
+    require_kind(adapter, ("adapter", "task"), "peft merge", "--adapter")  # a task folder: finetune --peft's
     if adapter.is_dir() and (read_task_meta(adapter) or {}).get("peft"):
         return _merge_task_folder(args, adapter)
-    model = _load(args)
+    model = _load(args, "peft merge")
     name = model.active_adapter
     try:
         merged = model.merge_and_unload(name)
@@ -144,7 +149,7 @@ def _merge_task_folder(args, adapter: Path) -> int:
 
 
 def run_export_hf(args) -> int:
-    model = _load(args)
+    model = _load(args, "peft export-hf")
     path = export_hf(model, args.out, base_model_name_or_path=args.base_name or str(args.base))
     hf = json.loads((Path(path) / "adapter_config.json").read_text(encoding="utf-8"))
     print(f"wrote {path}: {hf['peft_type']} for {hf.get('task_type') or 'the base model'}; load it with "

@@ -10,14 +10,24 @@ columns, the prediction and one ``prob_<label>`` column per class. Labels are no
 from __future__ import annotations
 
 from lmforge.cli.evaluate import add_common, overrides
-from lmforge.cli.main import model_argument, plain_warnings
-from lmforge.evaluation import baselines
+from lmforge.cli.main import UserError, model_argument, plain_warnings
+from lmforge.evaluation import baselines, named
 from lmforge.tasks.inference import predict
+from lmforge.utils.folder_kinds import MODELS
 
 
 def run(args) -> int:
-    model = model_argument("predict", args.model)
+    model = model_argument("predict", args.model, (*MODELS, "baseline"))
     with plain_warnings("predict"):
+        if named.is_name(args.task):  # a task by name (glue/sst2): --split (default its first evaluation split)
+            rows = named.predict(model, args.task, args.output, data=args.data, split=args.split,
+                                 data_dir=args.data_dir, overrides=overrides(args), batch_size=args.batch_size,
+                                 device=args.device)
+            print(f"wrote {len(rows)} predictions to {args.output}")
+            return 0
+        if args.data is None:
+            raise UserError("missing --data FILE (or --task NAME, e.g. glue/sst2, with --data-dir)")
+        named.use_data_dir_of(args.data, args.data_dir)
         if baselines.is_baseline(model):
             rows = baselines.predict(model, args.data, args.output)
         else:

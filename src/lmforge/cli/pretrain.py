@@ -31,7 +31,8 @@ from lmforge.training.config import TrainConfig, read_settings, setting_names
 from lmforge.training.pretrain import build_pretraining
 from lmforge.training.trainer import run_started
 from lmforge.utils.flags import add_dataclass_flags, key_values
-from lmforge.utils.io import removed_on_failure
+from lmforge.utils.folder_kinds import require_kind
+from lmforge.utils.lock import refuse_if_held, removed_on_failure
 
 # (setting, help). Types, defaults and choices come from TrainConfig, so the two cannot drift apart. A setting
 # on by default is turned off by its --no- flag, and its help says what that flag does.
@@ -80,6 +81,8 @@ OPTIONS = [
     ("fsdp_param_dtype", "FSDP: dtype parameters are all-gathered in for compute; auto follows --precision"),
     ("fsdp_reduce_dtype", "FSDP: dtype of the gradient reduce-scatter"),
     ("fsdp_cpu_offload", "FSDP: keep sharded parameters, gradients and optimizer state in host memory"),
+    ("dist_timeout", "seconds a collective waits for a silent rank (hung, or its node lost) before every rank "
+                     "stops with one line (default: torch's, 30 min with gloo, 10 min with NCCL)"),
     ("num_workers", "DataLoader worker processes"),
     ("seed", "seed of initial weights, data order, masking and dropout"),
     ("resume", "continue the run in --out from its newest intact checkpoint"),
@@ -114,9 +117,13 @@ def _settings(args):
         if not Path(config.out).exists():
             raise InputFileNotFound(f"--out {config.out}: no such folder, so there is no run to resume; check the "
                                     "path, or start a run there without --resume")
+        require_kind(config.out, ("run",), "pretrain --resume", "--out")
         raise UserInputError(f"--out {config.out}: holds no run to resume (no config.yaml); check the path, or "
                              "start a run there without --resume")
     config.require("model", "objective", "data", "out", source=args.config or "a --config file")
+    # A model folder to continue from: a task folder has no pre-training head, a run folder means its model/ (a
+    # quantised folder passes, to be refused with what to train instead).
+    require_kind(config.model, ("model", "hf", "bilm", "quantized"), "pretrain", "--model")
     return config
 
 
@@ -127,9 +134,10 @@ def run(args) -> int:
 def _run(args) -> int:
     with plain_warnings("pretrain"):
         config = _settings(args)
+        refuse_if_held(config.out)  # at once, not after minutes of building what it could not write
         # A run that fails before its first step leaves no folder holding only its settings behind.
         with (removed_on_failure(config.out, keep=run_started),
-              distributed.session(config.strategy, config.device) as ctx):
+              distributed.session(config.strategy, config.device, config.dist_timeout) as ctx):
             built = build_pretraining(config)
             config, model, trainer = built.config, built.model, built.trainer
             cfg = model.config
@@ -181,5 +189,5 @@ def register(subparsers) -> None:
                              "format=full-sentences|doc-sentences (mlm) picks RoBERTa's input format: pairs of "
                              "multi-sentence segments or of single sentences, or whole sentences packed across "
                              "documents or kept within one")
-    add_load_flags(parser)  # --model FOLDER is checked against its manifest like every other load
+    add_load_flags(parser, tokenizer=True)  # --model FOLDER is checked against its manifest like every other load
     parser.set_defaults(func=run)

@@ -53,6 +53,9 @@ def register(subparsers) -> None:
                         help="requests that may wait for a row; more get 429 with Retry-After (64)")
     parser.add_argument("--max-len", type=int, default=None, metavar="N",
                         help="prompt + completion tokens per request; more get 400 (default: the model's max_seq_len)")
+    parser.add_argument("--max-request-tokens", type=int, default=1 << 16, metavar="N",
+                        help="prompt + completion tokens of one request, over all its prompts and n; more get 413 "
+                        "(65536)")
     parser.add_argument("--timeout", type=float, default=600.0, metavar="S",
                         help="seconds a request may run before it is ended with 504 (600)")
     parser.add_argument("--max-body", type=int, default=1 << 20, metavar="BYTES",
@@ -96,7 +99,7 @@ def run(args) -> int:
 
 def _run(args) -> int:
     limits = Limits(max_batch=args.max_batch, max_queue=args.max_queue, max_len=args.max_len,
-                    timeout=args.timeout, max_body=args.max_body)
+                    max_request_tokens=args.max_request_tokens, timeout=args.timeout, max_body=args.max_body)
     if not 0 < args.port < 65536:
         raise UserError(f"--port {args.port}: give a port in 1..65535")
     _require_extra()

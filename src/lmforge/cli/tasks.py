@@ -47,7 +47,7 @@ def _show(args) -> int:
 
 
 def _evaluate(args) -> int:
-    scores = benchmarks.evaluate(model_argument("tasks evaluate", args.model), args.name, args.data_dir,
+    scores = benchmarks.evaluate(model_argument("tasks evaluate", args.model, ("task", "baseline")), args.name, args.data_dir,
                                  args.batch_size, args.device)
     for key, value in scores.items():
         print(f"{key:24s} {value:.4f}")

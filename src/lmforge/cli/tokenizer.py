@@ -15,6 +15,7 @@ import sys
 
 from lmforge.cli.main import UserError
 from lmforge.tokenization import FAMILIES, KINDS, Tokenizer, train_tokenizer
+from lmforge.utils.folder_kinds import MODELS, require_kind
 
 
 class HELP(argparse.ArgumentDefaultsHelpFormatter):
@@ -27,6 +28,8 @@ class HELP(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def _load(path):
+    # Every folder that holds a tokenizer: its own, or a model's; run and shard folders keep theirs in tokenizer/.
+    require_kind(path, ("tokenizer", "bilm", *MODELS), "tokenizer", "--tokenizer")
     return Tokenizer.load(path)
 
 

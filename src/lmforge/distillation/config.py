@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from lmforge.config import ConfigBase, ConfigError
+from lmforge.tasks import columnar
 from lmforge.utils.io import read_mapping_file
 
 SETTINGS_FILE = "distill.yaml"
@@ -73,6 +74,8 @@ class DistillConfig(ConfigBase):
         so that the saved settings still work when the run is resumed from another working directory."""
         paths = {k: str(Path(v).resolve()) for k in ("student", "train", "eval")
                  if (v := getattr(self, k)) and Path(v).exists()}
+        paths.update({k: columnar.absolute(v) for k in ("train", "eval")  # DIR:SPLIT of a dataset folder
+                      if k not in paths and (v := getattr(self, k))})
         return self.replace(teacher=str(Path(teacher).resolve()), **paths)
 
     def loss_weights(self) -> dict[str, float]:

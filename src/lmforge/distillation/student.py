@@ -39,6 +39,7 @@ from torch import nn
 from lmforge import checkpoint
 from lmforge.config import ConfigError
 from lmforge.errors import InputFileNotFound, UserInputError
+from lmforge.utils.folder_kinds import MODELS
 from lmforge.utils.runs import model_folder
 
 _LAYER = re.compile(r"(^|\.)layers\.(\d+)\.")
@@ -123,6 +124,7 @@ def teacher_folder(path: str | Path) -> Path:
     if not path.exists():
         raise InputFileNotFound(f"--teacher {path}: no such folder")
     folder, _ = model_folder(path)
+    checkpoint.require_kind(folder, MODELS, "distill", "--teacher")
     if not (folder / checkpoint.CONFIG_FILE).is_file() or not (folder / checkpoint.WEIGHTS_FILE).is_file():
         raise UserInputError(f"--teacher {path}: not a model or task folder (no {checkpoint.CONFIG_FILE} and "
                              f"{checkpoint.WEIGHTS_FILE}); give the folder `lmforge pretrain` or `lmforge finetune` "

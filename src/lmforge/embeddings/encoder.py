@@ -46,6 +46,7 @@ from lmforge.embeddings.pooling import POOLINGS, pool
 from lmforge.errors import InputFileNotFound, UserInputError
 from lmforge.nn.scalar_mix import ScalarMix
 from lmforge.tokenization import Tokenizer
+from lmforge.utils.folder_kinds import MODELS, require_kind
 
 Layer = int | str
 
@@ -243,6 +244,7 @@ def load_encoder(folder: str | Path, *, device: str = "cpu", max_length: int | N
     if not folder.is_dir():
         raise UserInputError(f"--model {folder}: not a folder (convert a Hugging Face model with "
                              "`lmforge convert from-hf`)")
+    require_kind(folder, (*MODELS, "bilm"), flag="--model")
     try:
         return SentenceEncoder.load(folder, device=device, max_length=max_length)
     except FileNotFoundError as exc:

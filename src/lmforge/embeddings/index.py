@@ -32,7 +32,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from lmforge.errors import InputFileNotFound, UserInputError
-from lmforge.utils.io import atomic_dir, read_text_file
+from lmforge.utils.faults import environment_errors
+from lmforge.utils.io import atomic_dir, atomic_save_npy, read_text_file, refuse_foreign_folder
 
 EMBEDDINGS, DOCS, META, FAISS_FILE = "embeddings.npy", "docs.jsonl", "index.json", "hnsw.faiss"
 BACKENDS = ("exact", "faiss")
@@ -115,16 +116,19 @@ class VectorIndex:
     def save(self, folder: str | Path) -> Path:
         """Write the index folder atomically (a temporary sibling renamed into place) and return its path."""
         folder = Path(folder)
+        refuse_foreign_folder(folder, lambda f: (f / META).is_file(), "an index folder")
         meta = {**self.meta, "count": len(self), "dim": int(self.vectors.shape[1]), "backend": self.backend}
         with atomic_dir(folder) as tmp:
-            np.save(tmp / EMBEDDINGS, self.vectors)
+            # np.save onto a path writes with C's fwrite, whose short write on a full disk has no errno.
+            atomic_save_npy(tmp / EMBEDDINGS, self.vectors)
             with open(tmp / DOCS, "w", encoding="utf-8") as f:
                 for i, text in enumerate(self.texts):
                     f.write(json.dumps({"id": i, "text": text}, ensure_ascii=False) + "\n")
             (tmp / META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
             if self.backend == "faiss":
                 import faiss
-                faiss.write_index(self._graph, str(tmp / FAISS_FILE))
+                with environment_errors(tmp / FAISS_FILE, "write"):  # faiss names the errno only in words
+                    faiss.write_index(self._graph, str(tmp / FAISS_FILE))
         return folder
 
     @classmethod

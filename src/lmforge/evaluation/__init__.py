@@ -7,6 +7,9 @@
     cloze_probe.py  LAMA-style knowledge probes: P@1 / P@10 by relation, on facts stated in the shipped corpora
     length_extrapolation.py  a decoder's LM loss per bucket of positions, read past its training length
     forgetting.py   catastrophic forgetting: the pre-training loss of a body before and after fine-tuning
+    harness.py      `lmforge evaluate --harness`: lm-evaluation-harness tasks on a folder, offline
+    harness_lm.py   the lm_eval model class (``lmforge``): loglikelihood, rolling loglikelihood, generate_until
+    harness_tasks/  lmforge's own lm_eval tasks (YAML + JSON lines from the shipped data sets)
     baselines.py    simple baselines on any classify task, as task folders: the four below, trained and scored
     linear_baselines.py   TF-IDF + logistic regression, n-gram SVM (scikit-learn pipelines, stored as tensors)
     bilstm_classifier.py  BiLSTM with max pooling over time

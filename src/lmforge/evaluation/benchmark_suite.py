@@ -65,11 +65,24 @@ def _index(row: dict[str, Any], k: int):
     return row.get("index", row.get("id", k))
 
 
-def _write_submission(model, name: str, split: str, file: Path, data_dir) -> int:
+def submission_file(name: str, split: str) -> str | None:
+    """The leaderboard's file name for ``name``'s test ``split`` (``glue/mnli``, ``test_matched``: MNLI-m.tsv);
+    None where lmforge knows no submission format."""
+    suite = layouts.LAYOUTS[name].suite if name in layouts.LAYOUTS else None
+    files = dict(SUITES.get(suite, {}).get(name, ()))
+    if suite in DIAGNOSTIC and DIAGNOSTIC[suite][1:3] == (name, split):
+        return DIAGNOSTIC[suite][3]
+    return files.get(split)
+
+
+def write_submission(model, name: str, split: str, file: Path, data_dir, table=None, batch_size: int = 32,
+                     device: str = "cpu") -> int:
+    """Predict ``name``'s ``split`` (or the rows of ``table``) with the task folder ``model`` and write ``file``
+    as the leaderboard reads it: ``index<TAB>prediction`` per row. Returns the number of rows."""
     bench = benchmarks.get(name)
-    table = benchmarks.table(name, split, data_dir)
+    table = table if table is not None else benchmarks.table(name, split, data_dir)
     key = "score" if bench.task == "regress" else "label"
-    rows = predict(model, table)
+    rows = predict(model, table, batch_size=batch_size, device=device)
     lines = [f"{_index(table.rows[k], k)}\t{p[key]}" for k, p in enumerate(rows)]
     atomic_write_text(file, "index\tprediction\n" + "".join(line + "\n" for line in lines))
     return len(lines)
@@ -113,10 +126,10 @@ def run_suite(suite: str, given: dict[str, Any], out: str | Path, tasks: list[st
         atomic_write_text(run / SCORES_FILE, json.dumps(scores[name], indent=2) + "\n")
         for split, file in SUITES[suite][name]:
             if split in layouts.LAYOUTS[name].files and layouts.path(name, split, data_dir).is_file():
-                submission[file] = _write_submission(model, name, split, out / SUBMISSION_DIR / file, data_dir)
+                submission[file] = write_submission(model, name, split, out / SUBMISSION_DIR / file, data_dir)
     if suite in DIAGNOSTIC and DIAGNOSTIC[suite][0] in names:
         by, name, split, file = DIAGNOSTIC[suite]
-        submission[file] = _write_submission(model_folder(out / _short(by))[0], name, split,
+        submission[file] = write_submission(model_folder(out / _short(by))[0], name, split,
                                              out / SUBMISSION_DIR / file, data_dir)
     mean, per_task = average(scores)
     result = {"suite": suite, "tasks": names, "scores": scores, "task_scores": per_task, "average": mean,

@@ -215,19 +215,32 @@ def evaluate(model_dir, name: str, data_dir=None, batch_size: int = 32, device: 
                              "leaderboard); predict it with `lmforge predict`")
     out: dict[str, float] = {}
     for split in bench.evals:
-        data = table(name, split, data_dir)
-        if bench.task in ("qa", "seq2seq", "tag"):  # the task's own scoring is the leaderboard's
-            scores = inference.evaluate(model_dir, data, batch_size=batch_size, device=device)
-            scores = {m: scores[m] for m in bench.metrics if m in scores}
-        else:
-            preds = (baselines.predict(model_dir, data) if baselines.is_baseline(model_dir) else
-                     inference.predict(model_dir, data, batch_size=batch_size, device=device))
-            key = "score" if bench.task == "regress" else "label"
-            gold = [row.get(bench.columns["label"]) for row in data.rows]
-            scores = score(name, gold, [p[key] for p in preds], [row.get("question_id") for row in data.rows])
+        scores = score_table(model_dir, name, table(name, split, data_dir), batch_size, device)
         suffix = f"_{split.rsplit('_', 1)[-1]}" if len(bench.evals) > 1 else ""
         out.update({f"{k}{suffix}": v for k, v in scores.items()})
     return out
+
+
+def score_table(model_dir, name: str, data, batch_size: int = 32, device: str = "cpu",
+                overrides: dict[str, Any] | None = None) -> dict[str, float]:
+    """The leaderboard's metrics of a fine-tuned task folder on labelled rows of task ``name`` (a
+    :class:`~lmforge.tasks.data.Table`: a split read by :func:`table`, or the same rows from a file).
+
+    ``overrides``: column names of rows laid out otherwise (``label_column`` also names the gold labels), as
+    ``lmforge evaluate --text-column`` gives them.
+    """
+    bench = get(name)
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if bench.task in ("qa", "seq2seq", "tag"):  # the task's own scoring is the leaderboard's
+        scores = inference.evaluate(model_dir, data, overrides=overrides, batch_size=batch_size, device=device)
+        return {m: scores[m] for m in bench.metrics if m in scores}
+    key = "score" if bench.task == "regress" else "label"
+    column = overrides.get("label_column") or bench.columns["label"]
+    data.require(column)  # the gold labels (a test split's rows have none)
+    preds = (baselines.predict(model_dir, data) if baselines.is_baseline(model_dir) else
+             inference.predict(model_dir, data, overrides=overrides, batch_size=batch_size, device=device))
+    gold = [row.get(column) for row in data.rows]
+    return score(name, gold, [p[key] for p in preds], [row.get("question_id") for row in data.rows])
 
 
 def score(name: str, gold: Sequence, pred: Sequence, groups: Sequence | None = None) -> dict[str, float]:

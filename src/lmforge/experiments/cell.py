@@ -38,7 +38,7 @@ import torch
 from lmforge.errors import LmforgeError
 from lmforge.prompting.generative import run_few_shot
 from lmforge.tasks.run import run_finetune
-from lmforge.tasks.settings import finetune_settings
+from lmforge.evaluation.benchmarks import task_settings
 from lmforge.training.config import TrainConfig
 from lmforge.training.logging import METRICS_FILE, read_metrics
 from lmforge.training.pretrain import pretrain
@@ -107,7 +107,7 @@ def finetune_stage(run: Path, settings: dict[str, Any], seed: int, model: str | 
     if model is not None:
         given["model"] = model
     resume = not _fresh(out)
-    full = finetune_settings({**given, "out": str(out), "seed": seed, "resume": resume})
+    full = task_settings({**given, "out": str(out), "seed": seed, "resume": resume})  # a task by name resolved here
     full["peft"] = settings.get("peft")
     outcome = run_finetune(full, log=lambda line: print(line, file=sys.stderr, flush=True))
     if outcome.stopped_by in ("SIGINT", "SIGTERM"):

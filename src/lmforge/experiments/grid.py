@@ -90,7 +90,8 @@ from lmforge.prompting.generative import METRICS as PROMPT_SCORES
 from lmforge.prompting.generative import PROMPT_DEFAULTS, few_shot_rows, few_shot_task
 from lmforge.tasks.metrics import LOWER_IS_BETTER
 from lmforge.tasks.recipe import Recipe
-from lmforge.tasks.settings import RECIPE_KEYS, TASK_KEYS, TRAINER_KEYS, finetune_settings
+from lmforge.evaluation.benchmarks import task_settings
+from lmforge.tasks.settings import RECIPE_KEYS, TASK_KEYS, TRAINER_KEYS
 from lmforge.tasks.spec import TaskSpec
 from lmforge.training.config import TrainConfig
 from lmforge.training.pretrain import (format_and_options, load_tokenizer, model_config_for, objective_kwargs,
@@ -111,8 +112,8 @@ PROMPT_METRICS = tuple(f"prompt_{m}" for m in PROMPT_SCORES)
 # Keys of a prompt cell: `lmforge prompt generate`'s settings; the runner sets seeds and out.
 PROMPT_KEYS = tuple(k for k in PROMPT_DEFAULTS if k not in ("seeds", "out"))
 # Keys of a fine-tuning stage: the `lmforge finetune` settings (lmforge.tasks.settings), peft as a mapping.
-FINETUNE_KEYS = ("model", "tokenizer", "random_init", "train", "eval", "eval_sets", "task", "label_map", "peft",
-                 "merge", *TASK_KEYS, *RECIPE_KEYS, *TRAINER_KEYS)
+FINETUNE_KEYS = ("model", "tokenizer", "random_init", "train", "eval", "eval_sets", "task", "data_dir", "label_map",
+                 "peft", "merge", *TASK_KEYS, *RECIPE_KEYS, *TRAINER_KEYS)
 CELL_DEFAULTS = {"progress": False, "tensorboard": False}  # a cell logs to files, not to a terminal
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
@@ -519,9 +520,12 @@ def _resolve_paths(folder: Path, settings: dict[str, Any]) -> dict[str, Any]:
     def resolved(value):
         if isinstance(value, str) and value and not Path(value).is_absolute() and (folder / value).exists():
             return str((folder / value).resolve())
+        head, sep, split = value.rpartition(":") if isinstance(value, str) else ("", "", "")
+        if sep and head and not Path(head).is_absolute() and (folder / head).is_dir():  # a dataset folder's split
+            return f"{(folder / head).resolve()}:{split}"
         return value
 
-    for key in ("data", "tokenizer", "model", "train", "eval", "pool"):
+    for key in ("data", "tokenizer", "model", "train", "eval", "pool", "data_dir"):
         if key in out:
             out[key] = resolved(out[key])
     if isinstance(out.get("eval_sets"), dict):
@@ -730,7 +734,10 @@ def _finetune_settings(where: str, given: dict[str, Any], steps: int | None, met
             if not isinstance(peft, dict):
                 raise ConfigError(f"peft={peft!r} must be a mapping of PeftConfig fields, e.g. {{method: lora, r: 8}}")
             peft = PeftConfig.from_dict(peft, source="peft").to_dict()
-        settings = finetune_settings({**given, "model": given.get("model") or "<pre-trained model>", "out": "<cell>"})
+        # A task by name (task: glue/sst2, data_dir: DIR) resolves as in `lmforge finetune`: its columns, labels,
+        # train and eval splits and metric; the cell keeps the name and resolves it again where it runs.
+        probe = {**given, "model": given.get("model") or "<pre-trained model>", "out": "<cell>"}
+        settings = task_settings(probe)
         TaskSpec.from_dict(settings["task"], source="task")
         recipe = dict(settings["recipe"])
         recipe.pop("epochs", None), recipe.pop("warmup_ratio", None)
@@ -738,7 +745,7 @@ def _finetune_settings(where: str, given: dict[str, Any], steps: int | None, met
         TrainConfig.from_dict(settings["trainer"], source="trainer")
     except (LmforgeError, ValueError, TypeError) as exc:
         raise GridError(f"{where}: {exc}") from exc
-    if any(m in FINETUNE_METRICS for m in metrics) and not given.get("eval"):
+    if any(m in FINETUNE_METRICS for m in metrics) and not settings["eval"]:
         raise GridError(f"{where}: eval: the metrics ask for fine-tuning scores; give eval: data to score on")
     sets = _set_metrics(_eval_set_names(given))
     missing = [m for m in metrics if m.startswith("finetune_") and m not in FINETUNE_METRICS and m not in sets]

@@ -28,11 +28,12 @@ from typing import Any, Callable
 
 import yaml
 
-from lmforge.errors import UserInputError
+from lmforge.errors import EXIT_ENVIRONMENT, EnvironmentFault, UserInputError
 from lmforge.experiments.backends import BACKENDS, run_local, run_ray, threads_per_cell
 from lmforge.experiments.cell import LOG_FILE, RESULT_FILE, TASK_FILE, read_json, write_json
 from lmforge.experiments.grid import Grid, GridError, load_grid
 from lmforge.experiments.report import CELLS_DIR, EXPERIMENT_FILE, RESULTS_FILE, write_report
+from lmforge.utils.faults import ADVICE
 from lmforge.utils.io import atomic_write_text, read_text_file
 from lmforge.utils.lock import RunFolderLock
 
@@ -107,6 +108,25 @@ def _row(grid: Grid, out: Path, cell, seed: int, result: dict[str, Any], threads
             "error": result.get("error"), "run": str(run_folder(out, cell.id, seed).relative_to(out))}
 
 
+def machine_fault(out: str | Path) -> EnvironmentFault | None:
+    """The first failed cell in ``OUT/results.jsonl`` that the machine refused (a full disk, a read-only folder), as
+    the :class:`~lmforge.errors.EnvironmentFault` the experiment ends with (exit 3, not a cell's exit 1): the cells
+    after it met the same disk, and ``--retry-failed`` reruns them once there is room."""
+    path = Path(out) / RESULTS_FILE
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.is_file() else []
+    for row in rows:
+        error = row.get("error") or ""
+        if error.startswith(f"{EnvironmentFault.__name__}: "):
+            message = error.removeprefix(f"{EnvironmentFault.__name__}: ")
+        elif error.startswith(f"the cell's process exited with code {EXIT_ENVIRONMENT};"):
+            message = f"{row['run']}: {error}"
+        else:
+            continue
+        code = next((c for c, advice in ADVICE.items() if advice in message), 0)
+        return EnvironmentFault(code, f"{message} (cell {row['run']}; rerun with --retry-failed)")
+    return None
+
+
 def write_results(grid: Grid, out: Path) -> list[dict[str, Any]]:
     """Rewrite ``OUT/results.jsonl`` from the cells' ``result.json`` files, in grid order."""
     rows = []
@@ -138,6 +158,7 @@ def run_grid(grid_path: str | Path, out: str | Path, *, size: str | None = None,
     check_runner_options(workers, threads, backend)
     grid = load_grid(grid_path, size)
     grid.check_models()
+    check_inputs(grid)  # every cell's, before the first one runs: a typo fails one line, not every cell
     out = Path(out)
     check_grid_copy(grid, out, extend)  # before the lock creates OUT: a refused grid changes nothing
     local_threads = threads or threads_per_cell(workers)
@@ -195,6 +216,41 @@ def run_grid(grid_path: str | Path, out: str | Path, *, size: str | None = None,
     return ExperimentRun(out, counts["ok"], counts["failed"], skipped, counts["interrupted"], table)
 
 
+# The settings of each stage that name a file or folder the cell reads. A data set's name (``rt-sentiment:dev``) is
+# no path; a value that is one (a separator or a data file's suffix) must exist before any cell runs.
+INPUTS = {"pretrain": ("data", "tokenizer", "model"), "finetune": ("train", "eval", "tokenizer", "model", "data_dir"),
+          "prompt": ("data", "pool", "model")}
+ALWAYS_PATHS = {("pretrain", "data"), ("pretrain", "tokenizer"), ("finetune", "tokenizer"), ("finetune", "data_dir")}
+DATA_SUFFIXES = (".tsv", ".csv", ".jsonl", ".json", ".conll", ".gz", ".parquet", ".arrow", ".txt", ".yaml")
+
+
+def _missing(stage: str, key: str, value: Any) -> bool:
+    if not isinstance(value, str) or not value or Path(value).exists():
+        return False
+    if ":" in value:  # NAME:SPLIT of a shipped data set, DIR:SPLIT of a stored one: the head must exist if a path
+        head = value.rpartition(":")[0]
+        return Path(head).is_absolute() and not Path(head).exists()
+    return (stage, key) in ALWAYS_PATHS or "/" in value or value.startswith(".") or value.endswith(DATA_SUFFIXES)
+
+
+def check_inputs(grid: Grid) -> None:
+    """Refuse a grid one of whose cells names an input file or folder that does not exist (one line naming the
+    cell, the setting and the path), before any cell runs or anything is written.
+
+    Raises:
+        GridError: the first missing input, in grid order.
+    """
+    for cell in grid.cells:
+        for stage, settings in cell.stages.items():
+            values = [(key, settings.get(key)) for key in INPUTS.get(stage, ())]
+            values += [(f"eval_sets.{name}", v) for name, v in (settings.get("eval_sets") or {}).items()] \
+                if isinstance(settings.get("eval_sets"), dict) else []
+            for key, value in values:
+                if _missing(stage, key.split(".")[0] if key.startswith("eval_sets") else key, value):
+                    raise GridError(f"{grid.path}: cell {cell.id}: {stage} {key}: {value}: no such file or folder; "
+                                    "fix the grid (no cell was run)")
+
+
 def report(out: str | Path) -> list[dict[str, Any]]:
     """Rewrite the report of the experiment folder ``out`` from its results (``lmforge experiment report``)."""
     out = Path(out)
@@ -205,5 +261,5 @@ def report(out: str | Path) -> list[dict[str, Any]]:
         return write_report(out)
 
 
-__all__ = ["ExperimentRun", "GridError", "check_grid_copy", "check_runner_options", "report", "run_grid",
-           "write_results"]
+__all__ = ["ExperimentRun", "GridError", "check_grid_copy", "check_inputs", "check_runner_options", "report",
+           "run_grid", "write_results"]

@@ -118,9 +118,11 @@ class SlotBatch:
         """Prefill ``ids`` (T,) into a free row for sequence ``key``; return the next-token logits (V,)."""
         return self.join_many([(key, ids)])[0]
 
-    def join_many(self, items: Sequence[tuple[Hashable, Sequence[int]]]) -> torch.Tensor:
+    def join_many(self, items: Sequence[tuple[Hashable, Sequence[int]]], all_positions: bool = False
+                  ) -> torch.Tensor:
         """Prefill G prompts of one length T together (one forward over (G, T): a wave of new requests costs
-        one pass over the weights, not G), each into a free row; return their next-token logits (G, V)."""
+        one pass over the weights, not G), each into a free row; return their next-token logits (G, V), or
+        with ``all_positions`` the logits at every prompt position (G, T, V) (a server scoring the prompts)."""
         G = len(items)
         T = len(items[0][1]) if items else 0
         if any(len(ids) != T for _, ids in items):
@@ -155,7 +157,7 @@ class SlotBatch:
         self._valid[rows, start:self.cur] = True
         self.keys.extend(key for key, _ in items)
         self.lengths.extend([T] * G)
-        return out.logits[:, -1]  # (G, V)
+        return out.logits if all_positions else out.logits[:, -1]  # (G, T, V) or (G, V)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Append ``tokens`` (n,), one per row in :attr:`keys` order; return the next logits (n, V)."""

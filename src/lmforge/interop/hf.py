@@ -54,11 +54,12 @@ from lmforge.interop.hf_llama import LLAMA, MISTRAL, QWEN2
 from lmforge.interop.hf_mixtral import MIXTRAL
 from lmforge.interop.hf_switch import SWITCH
 from lmforge.interop.hf_t5 import T5
-from lmforge.model_folder import materialise, save
+from lmforge.model_folder import is_model_folder, materialise, save
 from lmforge.models import load_transformer
 from lmforge.models.transformer import Transformer
 from lmforge.tokenization import Tokenizer, TokenizerError
-from lmforge.utils.io import atomic_dir
+from lmforge.utils.faults import environment_errors
+from lmforge.utils.io import atomic_dir, refuse_foreign_folder
 from lmforge.utils.lock import remove_stale_temporaries
 
 HF_CONFIG = "config.json"
@@ -419,6 +420,7 @@ def _check_destination(path: Path, overwrite: bool) -> None:
         raise HFConversionError(f"{path}: it is a file, not a folder; remove it or choose another path")
     if path.exists() and not overwrite:
         raise HFConversionError(f"{path}: already exists (use --overwrite / overwrite=True to replace it)")
+    refuse_foreign_folder(path, is_model_folder, "a model folder")  # a user's files or a run folder stay
     # A conversion killed mid-write left its temporary folder beside the destination; this one replaces it.
     remove_stale_temporaries(path.parent, path.name)
 
@@ -520,7 +522,7 @@ def hf_config_for(cfg: ModelConfig, task: str | None = None) -> tuple[Family, st
     raise HFConversionError(f"no Hugging Face architecture expresses model {cfg.name!r}; closest: {best}")
 
 
-def _write_hf_tokenizer(tokenizer, folder: Path, cfg: ModelConfig) -> None:
+def _write_hf_tokenizer(tokenizer, folder: Path, cfg: ModelConfig, chat_template: str | None = None) -> None:
     tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer.load(tokenizer)
     tok.save(folder)  # tokenizer.json (HF format) + lmforge_tokenizer.json (roles, for the way back)
     specials = {f"{role}_token": token for role, token in tok.roles.items()
@@ -529,12 +531,14 @@ def _write_hf_tokenizer(tokenizer, folder: Path, cfg: ModelConfig) -> None:
     tok_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.max_seq_len, **specials}
     if tok.sentinels:
         tok_config["additional_special_tokens"] = list(tok.sentinels)
+    if chat_template is not None:
+        tok_config["chat_template"] = chat_template  # what tokenizer.apply_chat_template renders
     (folder / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n", encoding="utf-8")
     (folder / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n", encoding="utf-8")
 
 
 def to_hf(model, path: str | Path, *, tokenizer=None, task_head: TaskHead | None = None,
-          dtype: torch.dtype | None = None, overwrite: bool = True) -> Path:
+          dtype: torch.dtype | None = None, overwrite: bool = True, chat_template: str | None = None) -> Path:
     """Write an lmforge model as an HF folder that ``transformers.AutoModel*.from_pretrained`` loads.
 
     Args:
@@ -544,6 +548,8 @@ def to_hf(model, path: str | Path, *, tokenizer=None, task_head: TaskHead | None
         task_head: weights kept aside by :func:`load_hf` (e.g. BertForSequenceClassification's classifier).
         dtype: cast the weights (default: as they are).
         overwrite: replace an existing folder.
+        chat_template: a Jinja chat template for tokenizer_config.json (with a tokenizer; ``lmforge convert
+            to-hf`` passes the folder's chat_template.json as :meth:`ChatTemplate.to_jinja` writes it).
 
     Returns:
         ``path``.
@@ -580,18 +586,21 @@ def to_hf(model, path: str | Path, *, tokenizer=None, task_head: TaskHead | None
 
     with atomic_dir(path) as tmp:
         (tmp / HF_CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n", encoding="utf-8")
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        with environment_errors(tmp / "model.safetensors", "write"):  # safetensors names the errno in words
+            save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if tokenizer is not None:
-            _write_hf_tokenizer(tokenizer, tmp, cfg)
+            _write_hf_tokenizer(tokenizer, tmp, cfg, chat_template)
     return path
 
 
 def convert_to_hf(source: str | Path, dst: str | Path, *, dtype: torch.dtype | None = None,
-                  overwrite: bool = True) -> Path:
-    """lmforge model folder -> HF folder, with its tokenizer and task head (if it has them)."""
+                  overwrite: bool = True, chat_template: str | None = None) -> Path:
+    """lmforge model folder -> HF folder, with its tokenizer and task head (if it has them), and
+    ``chat_template`` (Jinja) in its tokenizer_config.json."""
     source = Path(source)
     if not (source / "config.json").is_file():
         raise HFConversionError(f"{source}: not an lmforge model folder (no config.json)")
     model = load_transformer(source).eval()
     tokenizer = source if (source / "tokenizer.json").is_file() else None
-    return to_hf(model, dst, tokenizer=tokenizer, task_head=TaskHead.load(source), dtype=dtype, overwrite=overwrite)
+    return to_hf(model, dst, tokenizer=tokenizer, task_head=TaskHead.load(source), dtype=dtype, overwrite=overwrite,
+                 chat_template=chat_template if tokenizer is not None else None)

@@ -32,7 +32,7 @@ import torch
 
 from lmforge.errors import UserInputError
 from lmforge.utils.figures import figure, png
-from lmforge.utils.io import atomic_write_bytes
+from lmforge.utils.io import atomic_write_bytes, staged_files
 
 MAX_TOKENS = 128  # default limit on the text's tokens (query and key side)
 
@@ -97,6 +97,12 @@ def draw_attention_maps(maps: dict[str, AttentionMaps], out: str | Path, max_tok
     for kind, m in maps.items():
         check_length(max(len(m.queries), len(m.keys)), max_tokens, f"the {kind} sequence")
     out = Path(out)
+    with staged_files(out) as staged:
+        written = _draw(maps, staged)
+    return [out / path.relative_to(staged) for path in written]
+
+
+def _draw(maps: dict[str, AttentionMaps], out: Path) -> list[Path]:
     written = []
     for kind, m in maps.items():
         side = max(3.0, 0.25 * max(len(m.queries), len(m.keys)) + 1.5)

@@ -100,6 +100,50 @@ class ChatTemplate(ConfigBase):
             response += [trained] * len(piece)
         return ids, response
 
+    def to_jinja(self, tokenizer) -> str:
+        """This template as a Jinja chat template (HF's ``tokenizer_config.json`` ``chat_template``, over
+        ``messages`` and ``add_generation_prompt``): it renders the text of :meth:`render`'s pieces joined, after
+        the BOS that :meth:`encode` opens with, so ``tokenizer.apply_chat_template(messages, tokenize=False)``
+        in transformers (or lm-evaluation-harness) gives the string lmforge trains and serves on. The tokenizer's
+        BOS/EOS strings are written into the template, so it needs no variables beyond those two.
+
+        Example:
+            >>> from jinja2 import Environment
+            >>> class Tok:
+            ...     def special_token(self, role): return {"eos": "</s>"}.get(role)
+            >>> jinja = Environment().from_string(ChatTemplate().to_jinja(Tok()))
+            >>> jinja.render(messages=[{"role": "user", "content": "hi"}], add_generation_prompt=True)
+            '<|user|>\\nhi\\n<|assistant|>\\n'
+        """
+        eos = tokenizer.special_token("eos") or ""
+        bos = tokenizer.special_token("bos")
+
+        def lit(text: str) -> str:
+            # A JSON string is a Jinja string literal: Jinja unescapes \n, \" and \\ the same way.
+            return json.dumps(text, ensure_ascii=False)
+
+        def parts(role: str) -> tuple[str, str]:
+            head, tail = getattr(self, role).split("{content}", 1)
+            return head.replace("{eos}", eos), tail.replace("{eos}", eos)
+
+        (sh, st), (uh, ut), (ah, at) = parts("system"), parts("user"), parts("assistant")
+        at, newline = at.rstrip("\n"), "\n" if at.endswith("\n") else ""
+        gen = self.assistant.split("{content}", 1)[0]  # as render() ends an inference prompt
+        return (
+            (f"{{{{ {lit(bos)} }}}}" if bos is not None and bos != eos else "")
+            + "{%- set gen = add_generation_prompt is defined and add_generation_prompt -%}"
+            "{%- for message in messages -%}"
+            f"{{%- if message['role'] == 'system' -%}}{{{{ {lit(sh)} + message['content'] + {lit(st)} }}}}"
+            f"{{%- elif message['role'] == 'user' -%}}{{{{ {lit(uh)} + message['content'] + {lit(ut)} }}}}"
+            f"{{%- elif message['role'] == 'assistant' -%}}{{{{ {lit(ah)} + message['content'] + {lit(at)} }}}}"
+            # the newline after a response opens the next turn: a conversation does not end with it
+            f"{{%- if {lit(newline)} and not (loop.last and not gen) -%}}{{{{ {lit(newline)} }}}}{{%- endif -%}}"
+            "{%- else -%}{{ raise_exception('a message role must be system, user or assistant') }}"
+            "{%- endif -%}"
+            "{%- endfor -%}"
+            f"{{%- if gen -%}}{{{{ {lit(gen)} }}}}{{%- endif -%}}"
+        )
+
     config_noun = "chat template field(s)"
 
     def save(self, folder: str | Path) -> Path:

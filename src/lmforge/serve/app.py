@@ -6,16 +6,24 @@
     POST /v1/embeddings             sentence embeddings (encoders)
     POST /v1/classify               labels and probabilities (fine-tuned task models; an extension)
     POST /v1/search                 top-k documents of an ``lmforge index build`` folder (an extension)
+    POST /tokenize, /detokenize     text or messages -> token ids -> text (vLLM's shapes)
+    GET  /tokenizer_info            the tokenizer's special tokens and chat template (what lm-evaluation-harness's
+                                    remote tokenizer reads)
     GET  /health, GET /metrics      liveness, and Prometheus metrics (:mod:`lmforge.serve.metrics`)
     GET  /                          the playground page (:mod:`lmforge.serve.playground`)
 
 Generation requests become :class:`~lmforge.serve.batching.job.Job` s (one per prompt and choice) that the
-model's scheduler runs in its continuous batch; tokens come back through an asyncio queue. Bad input gets
-a 4xx with OpenAI's error body (:func:`~lmforge.serve.openai_schema.error_body`): invalid JSON or fields
-400, a wrong key 401, an unknown model 404, a big body 413, a full queue 429 with ``Retry-After``, a
-draining server 503. Any other exception fails only its request: a 500 whose body carries an error id
-that the server's log prints beside the traceback. A client that disconnects cancels its jobs, freeing
-their rows at the next step.
+model's scheduler runs in its continuous batch; tokens come back through an asyncio queue. Completions take
+the prompt forms of :mod:`lmforge.serve.prompts`; with ``echo`` the answer repeats the prompt, its tokens
+scored by the same prefill (``max_tokens: 0`` scores without generating, as evaluation clients do).
+
+Bad input gets a 4xx with OpenAI's error body (:func:`~lmforge.serve.openai_schema.error_body`): invalid
+JSON or fields 400, a wrong key 401, an unknown model 404, a big body 413, a full queue 429 with
+``Retry-After``, a draining server 503. A request that could never run (more prompts x n than the scheduler
+holds, a prompt over the context, more tokens than ``--max-request-tokens``) gets 400/413 naming the limit.
+Any other exception fails only its request: a 500 whose body carries an error id that the server's log
+prints beside the traceback. A client that disconnects cancels its jobs, freeing their rows at the next
+step.
 
 Example (tests/test_serve_api.py runs it under a live server):
     >>> app = create_app({}, Limits())                   # no models: the routes are there all the same
@@ -36,16 +44,18 @@ import numpy as np
 from lmforge.errors import LmforgeError
 from lmforge.generation import encode_prompt
 from lmforge.serve import openai_schema as S
-from lmforge.serve.batching.job import Job, Token
-from lmforge.serve.batching.scheduler import Draining, QueueFull, error_id
-from lmforge.serve.limits import Limits, check_length, key_matches
+from lmforge.serve.batching.job import Echo, Job, Token
+from lmforge.serve.batching.scheduler import Draining, QueueFull, TooLarge, error_id
+from lmforge.serve.limits import Limits, OverBudget, check_budget, check_length, key_matches
 from lmforge.serve.metrics import Metrics
+from lmforge.serve.prompts import PromptError, legacy_logprobs, parse_prompt, top_strings
 from lmforge.serve.served import ServedModel, search
 from lmforge.tasks.data import Table
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 DEFAULT_CHAT_MAX_TOKENS = 256  # chat: up to this, or what the context leaves
 API_PATHS = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/classify", "/v1/search")
+TOKENIZER_PATHS = ("/tokenize", "/detokenize", "/tokenizer_info")
 OPEN_PATHS = ("/", "/health", "/metrics", "/playground.js", "/playground.css", "/docs", "/openapi.json")
 
 
@@ -118,8 +128,9 @@ class _Guard:
                 return await self.app(scope, replay, send_counted)
             return await self.app(scope, receive, send_counted)
         finally:
-            if path.startswith("/v1/"):
-                endpoint = path if path in API_PATHS else "other"  # bounded label values, whatever clients send
+            if path.startswith("/v1/") or path in TOKENIZER_PATHS:
+                # bounded label values, whatever clients send
+                endpoint = path if path in API_PATHS + TOKENIZER_PATHS else "other"
                 state.metrics.requests.labels(endpoint, str(status["code"])).inc()
                 state.metrics.latency.labels(endpoint).observe(time.monotonic() - start)
 
@@ -151,13 +162,15 @@ def create_app(served: dict[str, ServedModel], limits: Limits, api_key: str | No
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {}
-        where = [str(p) for p in first.get("loc", ()) if p != "body"]
+        # a body that is a union of models (/tokenize) puts the member's class name in the path: not a field
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first.get("loc", ())
+                        if p != "body" and not isinstance(getattr(S, str(p), None), type)).lstrip(".")
         message = first.get("msg", "invalid request")
         if first.get("type") == "json_invalid":
             message = "the body is not valid JSON"
         elif where:
-            message = f"{'.'.join(where)}: {message}"
-        return _json_error(400, message, "invalid_request_error", ".".join(where) or None)
+            message = f"{where}: {message}"
+        return _json_error(400, message, "invalid_request_error", where or None)
 
     @app.exception_handler(HTTPException)
     async def _http(request, exc: HTTPException):
@@ -214,11 +227,13 @@ def create_app(served: dict[str, ServedModel], limits: Limits, api_key: str | No
     @app.post("/v1/completions", response_model=S.Completion, responses=streamed)
     async def completions(body: S.CompletionRequest, request: Request):
         m = model_of(body.model, "generate")
-        prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-        if not prompts:
-            raise ApiError(400, "prompt: give a text or a non-empty list of texts", param="prompt")
-        ids = [encode_prompt(m.model, m.tokenizer, p) for p in prompts]
-        run = _Generation(state, m, body, ids, DEFAULT_MAX_TOKENS, body.logprobs, request)
+        try:
+            prompts = parse_prompt(body.prompt, m.model.config.vocab_size)
+        except PromptError as exc:
+            raise ApiError(400, str(exc), param=exc.param) from None
+        ids = [encode_prompt(m.model, m.tokenizer, p) if isinstance(p, str) else p for p in prompts]
+        texts = [p if isinstance(p, str) else m.tokenizer.decode(p) for p in prompts] if body.echo else None
+        run = _Generation(state, m, body, ids, DEFAULT_MAX_TOKENS, body.logprobs, request, echo=texts)
         if body.stream:
             return StreamingResponse(run.stream(chat=False), media_type="text/event-stream")
         return await run.complete(chat=False)
@@ -285,7 +300,49 @@ def create_app(served: dict[str, ServedModel], limits: Limits, api_key: str | No
             data.append({"index": i, "label": label, "probabilities": p.get("probabilities")})
         return {"object": "list", "data": data, "model": m.name}
 
+    def tokenizer_model(name: str | None) -> ServedModel:
+        if name is not None:
+            return model_of(name, "generate")
+        generating = [m for m in served.values() if m.kind == "generate"]
+        if len(generating) != 1:
+            raise ApiError(400, "model: name one of the served generating models ("
+                           f"{', '.join(m.name for m in generating) or 'none'})", param="model")
+        return generating[0]
 
+    @app.post("/tokenize", response_model=S.TokenizeResponse)
+    def tokenize(body: S.TokenizeRequest):
+        m = tokenizer_model(body.model)
+        if isinstance(body, S.TokenizeChatRequest):
+            try:
+                ids = m.chat_prompt([msg.model_dump() for msg in body.messages], body.add_generation_prompt)
+            except LmforgeError as exc:
+                raise ApiError(400, str(exc), param="messages") from None
+        elif body.add_special_tokens:
+            ids = encode_prompt(m.model, m.tokenizer, body.prompt)  # what /v1/completions feeds the model
+        else:
+            ids = m.tokenizer.encode(body.prompt, add_special_tokens=False)
+        strs = [m.tokenizer.id_to_token(i) or "" for i in ids] if body.return_token_strs else None
+        return {"count": len(ids), "max_model_len": m.max_len, "tokens": ids, "token_strs": strs}
+
+    @app.post("/detokenize", response_model=S.DetokenizeResponse)
+    def detokenize(body: S.DetokenizeRequest):
+        m = tokenizer_model(body.model)
+        vocab = m.model.config.vocab_size
+        bad = next((i for i, t in enumerate(body.tokens) if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ApiError(400, f"tokens[{bad}]: token id {body.tokens[bad]} is outside the vocabulary "
+                           f"(0..{vocab - 1})", param=f"tokens[{bad}]")
+        # special tokens kept: decoding is then the inverse of /tokenize (clients rely on it being lossless)
+        return {"prompt": m.tokenizer.decode(body.tokens, skip_special_tokens=False)}
+
+    @app.get("/tokenizer_info", response_model=S.TokenizerInfo)
+    def tokenizer_info(model: str | None = None):
+        m = tokenizer_model(model)
+        tok = m.tokenizer
+        roles = {f"{role}_token": tok.special_token(role) for role in ("bos", "eos", "pad", "unk")}
+        return {"model": m.name, "tokenizer_class": "PreTrainedTokenizerFast", **roles,
+                "model_max_length": m.max_len, "vocab_size": tok.vocab_size,
+                "chat_template": m.chat_jinja()}
 
     return app
 
@@ -304,12 +361,15 @@ class _Generation:
     """One completion or chat request: its jobs (prompts x n), and their events turned into a response."""
 
     def __init__(self, state, m: ServedModel, body, prompts: list[list[int]], default_max: int, logprobs,
-                 request):
+                 request, echo: list[str] | None = None):
         self.state, self.m, self.body, self.request = state, m, body, request
+        self.echo = echo  # completions with echo: each prompt's text, shown before its completion
         self.created, self.id = int(time.time()), f"cmpl-{uuid.uuid4().hex[:24]}"
-        stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-        if len(stops) > S.MAX_STOPS or any(not s for s in stops):
-            raise ApiError(400, f"stop: up to {S.MAX_STOPS} non-empty strings", param="stop")
+        stops = [body.stop] if isinstance(body.stop, str) else body.stop if body.stop is not None else []
+        if (not isinstance(stops, list) or len(stops) > S.MAX_STOPS
+                or any(not isinstance(s, str) or not s for s in stops)):
+            raise ApiError(400, f"stop: give a string or a list of up to {S.MAX_STOPS} non-empty strings",
+                           param="stop")
         if getattr(body, "messages", None) is not None:
             stops += m.chat_stops()
         temperature = 1.0 if body.temperature is None else body.temperature
@@ -317,15 +377,18 @@ class _Generation:
         loop = asyncio.get_running_loop()
         self.jobs: list[Job] = []
         self.prompt_tokens = 0
+        self.offsets: list[int] = []  # per choice: where its next logprobs token starts in its text
+        budget = 0
         for p, ids in enumerate(prompts):
             room = m.max_len - len(ids)
             max_tokens = body.max_tokens if body.max_tokens is not None else max(1, min(default_max, room))
             try:
                 check_length(len(ids), max_tokens, m.max_len)
             except LmforgeError as exc:
-                raise ApiError(400, str(exc), param="max_tokens" if room > 0 else "prompt",
-                               code="context_length_exceeded") from None
+                where = "max_tokens" if room > 0 else "prompt" if len(prompts) == 1 else f"prompt[{p}]"
+                raise ApiError(400, f"{where}: {exc}", param=where, code="context_length_exceeded") from None
             self.prompt_tokens += len(ids)
+            budget += (len(ids) + max_tokens) * body.n
             for c in range(body.n):
                 index = p * body.n + c
                 seed = None if body.seed is None else body.seed + c
@@ -333,7 +396,12 @@ class _Generation:
                     list(ids), max_tokens, decode=m.tokenizer.decode, emit=self._emitter(loop, index),
                     temperature=temperature, top_p=1.0 if body.top_p is None else body.top_p,
                     top_k=body.top_k or None, seed=seed, eos_ids=[] if body.ignore_eos else m.eos_ids, stops=stops,
-                    logprobs=logprobs, timeout=state.limits.timeout))
+                    logprobs=logprobs, echo=echo is not None, timeout=state.limits.timeout))
+                self.offsets.append(0)
+        try:
+            check_budget(budget, state.limits.max_request_tokens)
+        except OverBudget as exc:
+            raise ApiError(413, str(exc), param="prompt", code="request_too_large") from None
 
     def _emitter(self, loop, index: int):
         def emit(event) -> None:
@@ -347,8 +415,11 @@ class _Generation:
     def submit(self) -> None:
         scheduler = self.m.scheduler
         try:
-            for i, job in enumerate(self.jobs):
-                scheduler.submit(job)
+            scheduler.submit_many(self.jobs)
+        except TooLarge as exc:
+            what = "n" if self.body.n > 1 else "prompt"
+            raise ApiError(400, f"{what}: {exc} (--max-batch + --max-queue): send fewer prompts or a smaller n",
+                           param=what, code="request_too_large") from None
         except QueueFull as exc:
             self.cancel()
             raise ApiError(429, f"the server is busy: {exc}; retry later", "rate_limit_error",
@@ -390,9 +461,12 @@ class _Generation:
         texts = [""] * len(self.jobs)
         reasons: list[str | None] = [None] * len(self.jobs)
         logprobs = [[] for _ in self.jobs]
+        echoes: list[Echo | None] = [None] * len(self.jobs)
         try:
             async for index, event in self.events():
-                if isinstance(event, Token):
+                if isinstance(event, Echo):
+                    echoes[index] = event
+                elif isinstance(event, Token):
                     texts[index] += event.text
                     logprobs[index].append(event)
                 elif event[0] == "error":
@@ -406,7 +480,11 @@ class _Generation:
                            "timeout")
         choices = []
         for i, text in enumerate(texts):
-            lp = self._logprobs(logprobs[i], chat) if self.jobs[i].logprobs is not None else None
+            lp = None
+            if self.jobs[i].logprobs is not None:
+                lp = self._logprobs(logprobs[i], chat, i, echoes[i])
+            if echoes[i] is not None:
+                text = self._echo_text(i) + text
             if chat:
                 choices.append({"index": i, "message": {"role": "assistant", "content": text}, "logprobs": lp,
                                 "finish_reason": reasons[i]})
@@ -415,7 +493,11 @@ class _Generation:
         return {"id": self.id, "object": "chat.completion" if chat else "text_completion", "created": self.created,
                 "model": self.m.name, "choices": choices, "usage": self._usage()}
 
-    def _logprobs(self, tokens: list[Token], chat: bool) -> dict:
+    def _echo_text(self, index: int) -> str:
+        return self.echo[index // self.body.n]
+
+    def _logprobs(self, tokens: list[Token], chat: bool, index: int = 0, echo: Echo | None = None) -> dict:
+        """The ``logprobs`` of choice ``index``'s new ``tokens`` (after its prompt's, with ``echo``)."""
         dec = self.m.tokenizer.decode
 
         def text(i):
@@ -425,8 +507,19 @@ class _Generation:
             return {"content": [{"token": text(t.id), "logprob": t.logprob, "bytes": list(text(t.id).encode()),
                                  "top_logprobs": [{"token": text(i), "logprob": lp, "bytes": list(text(i).encode())}
                                                   for i, lp in (t.top or {}).items()]} for t in tokens]}
-        return {"tokens": [text(t.id) for t in tokens], "token_logprobs": [t.logprob for t in tokens],
-                "top_logprobs": [{text(i): lp for i, lp in (t.top or {}).items()} for t in tokens]}
+        ids, lps, tops = [], [], []
+        if echo is not None:
+            ids, lps, tops = list(echo.ids), list(echo.logprobs), list(echo.top)
+        ids += [t.id for t in tokens]
+        lps += [t.logprob for t in tokens]
+        tops += [t.top or {} for t in tokens]
+        strs = [text(i) for i in ids]
+        # as in OpenAI's legacy API, each position's alternatives include the token itself (up to logprobs + 1)
+        top = [None if alt is None else top_strings([*alt.items(), (i, lp)], text)
+               for alt, i, lp in zip(tops, ids, lps)]
+        out = legacy_logprobs(strs, lps, top, self.offsets[index])
+        self.offsets[index] += sum(len(s) for s in strs)
+        return out
 
     def stream(self, chat: bool):
         """The event stream of this request; jobs are submitted first, so a full queue is still a 429."""
@@ -434,10 +527,10 @@ class _Generation:
         kind = "chat.completion.chunk" if chat else "text_completion"
         head = {"id": self.id, "object": kind, "created": self.created, "model": self.m.name}
 
-        def chunk(index, text=None, reason=None, role=False, token=None):
+        def chunk(index, text=None, reason=None, role=False, token=None, echo=None):
             lp = None
-            if token is not None and self.jobs[index].logprobs is not None:
-                lp = self._logprobs([token], chat)
+            if (token is not None or echo is not None) and self.jobs[index].logprobs is not None:
+                lp = self._logprobs([token] if token is not None else [], chat, index, echo)
             if chat:
                 delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
                 choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": reason}
@@ -455,7 +548,9 @@ async def _stream_chunks(run: _Generation, chunk, chat: bool):
             for i in range(len(run.jobs)):
                 yield chunk(i, role=True)
         async for index, event in run.events():
-            if isinstance(event, Token):
+            if isinstance(event, Echo):
+                yield chunk(index, run._echo_text(index), echo=event)
+            elif isinstance(event, Token):
                 if event.text or run.jobs[index].logprobs is not None:
                     yield chunk(index, event.text, token=event)
             elif event[0] == "error":

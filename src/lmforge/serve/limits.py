@@ -2,7 +2,13 @@
 
     max_batch      requests decoded together (rows of the running batch)
     max_queue      requests waiting for a row; one more gets 429 with Retry-After
-    max_len        prompt + completion tokens per request; more gets 400 naming both numbers
+    max_len        prompt + completion tokens per prompt; more gets 400 naming both numbers (a prompt scored
+                   with echo and max_tokens 0 may fill all max_len)
+    max_request_tokens
+                   prompt + completion tokens of a whole request (every prompt, times n); more gets 413
+    max_batch + max_queue
+                   generations (prompts x n) of one request; more gets 400 (it could never run), while a
+                   request that fits only later gets 429
     timeout        seconds a request may take; then it ends (504, or an error event in a stream)
     max_body       request body bytes; more gets 413
 
@@ -37,12 +43,13 @@ class Limits:
     max_batch: int = 16
     max_queue: int = 64
     max_len: int | None = None
+    max_request_tokens: int = 1 << 16
     timeout: float = 600.0
     max_body: int = 1 << 20
     retry_after: int = 1  # seconds a refused client is asked to wait
 
     def __post_init__(self) -> None:
-        for name in ("max_batch", "max_queue", "max_body"):
+        for name in ("max_batch", "max_queue", "max_body", "max_request_tokens"):
             if getattr(self, name) < 1:
                 raise UserInputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.max_len is not None and self.max_len < 2:
@@ -59,6 +66,18 @@ def check_length(prompt_tokens: int, max_tokens: int, max_len: int) -> None:
         raise TooLong(f"this model's maximum context length is {max_len} tokens; you requested {total} "
                       f"tokens ({prompt_tokens} in the prompt, {max_tokens} for the completion): shorten the "
                       "prompt or max_tokens")
+
+
+class OverBudget(UserInputError):
+    """A request whose prompts and completions together exceed ``max_request_tokens``."""
+
+
+def check_budget(tokens: int, max_request_tokens: int) -> None:
+    """Raise :class:`OverBudget` if a request's ``tokens`` (prompts + completions, times n) exceed the budget."""
+    if tokens > max_request_tokens:
+        raise OverBudget(f"this request needs {tokens} tokens (its prompts and completions, times n), over the "
+                         f"server's per-request budget of {max_request_tokens} (--max-request-tokens): send fewer "
+                         "or shorter prompts, or a smaller max_tokens or n")
 
 
 def key_matches(header: str | None, key: str) -> bool:

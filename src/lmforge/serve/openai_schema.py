@@ -5,7 +5,9 @@ Requests refuse unknown fields (``extra="forbid"``): a misspelt ``max_token`` wo
 silently. Fields of OpenAI's API that lmforge does not implement are absent, so they are refused the same
 way, with a 400 naming them. ``top_k`` is an extension (as in vLLM). Bounds are checked here (negative
 ``max_tokens``, ``n`` over :data:`MAX_N`, ...); limits that depend on the model (prompt + completion
-length) are checked by the app.
+length, token ids within the vocabulary) are checked by the app. ``prompt`` and ``stop`` take several
+forms: the schema publishes each, and the app checks the value itself, so that a wrong one gets one message
+naming it rather than pydantic's error per member of a union.
 
 Errors have OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
 
@@ -21,13 +23,28 @@ Example:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 MAX_N = 8  # choices per request
 MAX_LOGPROBS = 20  # alternatives per token (OpenAI's own cap)
-MAX_STOPS = 4
+MAX_STOPS = 16  # OpenAI takes 4; evaluation clients send a task's stop strings plus EOS, often more
+
+_IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
+# The four forms of OpenAI's API, published in the schema; the app checks the value itself
+# (:func:`lmforge.serve.prompts.parse_prompt`), so a wrong form gets one message naming it, not pydantic's
+# error per union member (``prompt.str: Input should be a valid string``).
+Prompt = Annotated[Any, WithJsonSchema({
+    "anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "string"}}, _IDS,
+              {"type": "array", "minItems": 1, "items": _IDS}],
+    "description": "a text, a list of texts, a list of token ids, or a list of lists of token ids"})]
+
+
+_STOP = {"type": "string", "minLength": 1}
+# Checked by the app (one message naming ``stop``), published as what it takes.
+Stop = Annotated[Any, WithJsonSchema({"anyOf": [_STOP, {"type": "array", "maxItems": MAX_STOPS, "items": _STOP},
+                                                {"type": "null"}]})]
 
 
 class _Request(BaseModel):
@@ -45,7 +62,7 @@ class _Sampling(_Request):
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=0, le=1_000_000, description="extension: sample among the k most likely")
     n: int = Field(1, ge=1, le=MAX_N, description="choices to generate")
-    stop: str | list[str] | None = Field(None, description="stop strings (up to 4); the text ends before one")
+    stop: Stop = Field(None, description="stop strings (up to 16); the text ends before one")
     # 2**53 - 1: the largest integer a JSON number holds exactly (a larger bound rounds up in clients and fuzzers)
     seed: int | None = Field(None, ge=0, le=2**53 - 1)
     stream: bool = False
@@ -55,9 +72,14 @@ class _Sampling(_Request):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str] = Field(description="the text to continue (a list: several prompts)")
-    logprobs: int | None = Field(None, ge=0, le=5, description="log-probabilities of the top tokens (legacy API)")
-    echo: Literal[False] = False
+    prompt: Prompt = Field(description="the text to continue: a text, a list of texts, a list of token ids, or "
+                           "a list of lists of token ids (several prompts)")
+    max_tokens: int | None = Field(None, ge=0, le=1_000_000,
+                                   description="tokens to generate at most; 0 with echo scores the prompt only")
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS,
+                                 description="log-probabilities of the top tokens per position (legacy API)")
+    echo: bool = Field(False, description="return the prompt too, with its tokens' log-probabilities "
+                       "(the first token's is null)")
 
 
 class ChatMessage(_Request):
@@ -69,6 +91,57 @@ class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+
+class TokenizeCompletionRequest(_Request):
+    model: str | None = Field(None, description="a served generating model (optional when there is one)")
+    prompt: str = Field(description="a text")
+    add_special_tokens: bool = Field(True, description="the ids /v1/completions gives this text (a leading BOS "
+                                     "where the model has one); false: the text's tokens alone")
+    return_token_strs: bool = Field(False, description="also return each token's string")
+
+
+class TokenizeChatRequest(_Request):
+    model: str | None = Field(None, description="a served generating model (optional when there is one)")
+    messages: list[ChatMessage] = Field(min_length=1, description="a conversation, rendered by the model's chat "
+                                        "template")
+    add_generation_prompt: bool = Field(True, description="end with the assistant's header")
+    return_token_strs: bool = Field(False, description="also return each token's string")
+
+
+# vLLM's two forms: a text, or a conversation
+TokenizeRequest = TokenizeCompletionRequest | TokenizeChatRequest
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(_Request):
+    model: str | None = Field(None, description="a served generating model (optional when there is one)")
+    tokens: list[Annotated[int, Field(ge=0)]] = Field(description="token ids")
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class TokenizerInfo(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    tokenizer_class: str
+    bos_token: str | None = None
+    eos_token: str | None = None
+    pad_token: str | None = None
+    unk_token: str | None = None
+    model_max_length: int
+    vocab_size: int
+    chat_template: str | None = Field(None, description="a Jinja template over messages and add_generation_prompt "
+                                      "(as in HF's tokenizer_config.json)")
 
 
 class EmbeddingRequest(_Request):

@@ -32,6 +32,7 @@ from lmforge.serve.limits import Limits
 from lmforge.tasks import inference
 from lmforge.tasks.model import read_task_meta
 from lmforge.tokenization import Tokenizer
+from lmforge.utils.folder_kinds import MODELS, require_kind
 
 
 def parse_model_args(values: list[str]) -> list[tuple[str, str]]:
@@ -67,12 +68,16 @@ class ServedModel:
     index: VectorIndex | None = None
     eos_ids: list[int] = field(default_factory=list)
 
-    def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+    def chat_prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
         """Prompt ids of a conversation, ending with the assistant's header (the model's chat template)."""
         if self.chat_template is None:
             raise UserInputError(f"model {self.name!r} has no chat template ({CHAT_TEMPLATE_FILE}, written by "
                                  "instruction tuning): use completions instead of chat")
-        return self.chat_template.encode(self.tokenizer, messages, add_generation_prompt=True)[0]
+        return self.chat_template.encode(self.tokenizer, messages, add_generation_prompt=add_generation_prompt)[0]
+
+    def chat_jinja(self) -> str | None:
+        """The chat template as Jinja (what HF tokenizers and lm-evaluation-harness render), or None."""
+        return None if self.chat_template is None else self.chat_template.to_jinja(self.tokenizer)
 
     def chat_stops(self) -> list[str]:
         """Stop strings every chat answer gets: the user's header, where the model would speak for the user."""
@@ -91,6 +96,7 @@ def load_served(name: str, folder: str | Path, limits: Limits, device: str = "cp
     folder = Path(folder)
     if not folder.is_dir():
         raise UserInputError(f"--model {folder}: not a model folder")
+    require_kind(folder, (*MODELS, "index"), flag="--model")  # a biLM, a run folder, ...: one line, nothing loaded
     if (folder / META).is_file():
         return load_index(name, folder, device)
     if not (folder / "tokenizer.json").is_file():

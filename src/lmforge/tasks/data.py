@@ -1,4 +1,5 @@
-"""Reading task data: TSV, CSV, JSONL and CoNLL files (optionally ``.gz``), or a shipped data set by name.
+"""Reading task data: TSV, CSV, JSONL and CoNLL files (optionally ``.gz``), Parquet/Arrow files and Hugging Face
+dataset folders (:mod:`lmforge.tasks.columnar`), or a shipped data set by name.
 
 Every row remembers where it came from, so that each complaint names the file and the row::
 
@@ -43,6 +44,7 @@ import numpy as np
 
 from lmforge import datasets
 from lmforge.datasets import benchmarks
+from lmforge.tasks import columnar
 from lmforge.utils.text import normalize_text
 from lmforge.errors import InputFileNotFound, LmforgeError, UserInputError
 from lmforge.utils.io import not_utf8, strip_bom, visible
@@ -123,7 +125,7 @@ def detect_format(path: str | Path) -> str:
                "conll": "conll", "bio": "conll", "iob": "conll"}
     if suffix not in aliases:
         raise TaskDataError(f"{path}: cannot tell the format from the name; use a .tsv, .csv, .jsonl or .conll "
-                            "file (optionally .gz)")
+                            "file (optionally .gz), a .parquet/.arrow file or a dataset folder (DIR:SPLIT)")
     return aliases[suffix]
 
 
@@ -215,6 +217,10 @@ def benchmark_table(name: str, split: str, data_dir: str | Path | None = None) -
     return Table(str(file), rows, list(dict.fromkeys(k for r in rows for k in r)), lines)
 
 
+def _known_name(name: str) -> bool:
+    return name in benchmarks.LAYOUTS or name in datasets.names()
+
+
 def _read_dataset(name: str, split: str) -> Table:
     if name in benchmarks.LAYOUTS:  # a public benchmark, from the user's folder
         return benchmark_table(name, split)
@@ -232,7 +238,9 @@ def read_table(source: str | Path, format: str | None = None) -> Table:
     """All rows of a data file (or ``NAME:SPLIT`` shipped data set).
 
     Args:
-        source: a ``.tsv``/``.csv``/``.jsonl``/``.conll`` file (``.gz`` allowed), or ``rt-sentiment:dev``.
+        source: a ``.tsv``/``.csv``/``.jsonl``/``.conll`` file (``.gz`` allowed), ``rt-sentiment:dev``, or data
+            kept as Parquet/Arrow: ``FILE.parquet``, a ``save_to_disk`` folder, ``DIR:SPLIT`` of a DatasetDict or
+            a dataset snapshot (:mod:`lmforge.tasks.columnar`).
         format: override the format guessed from the file name.
 
     Raises:
@@ -241,12 +249,19 @@ def read_table(source: str | Path, format: str | None = None) -> Table:
     """
     text = str(source)
     path = Path(text)
-    if not path.exists() and ":" in text and ("/" not in text and "\\" not in text
-                                              or text.partition(":")[0] in benchmarks.LAYOUTS):
+    named = not path.exists() and ":" in text and ("/" not in text and "\\" not in text
+                                                   or text.partition(":")[0] in benchmarks.LAYOUTS)
+    # A shipped or benchmark name wins over a folder of the same name in the working directory.
+    stored = None if named and _known_name(text.partition(":")[0]) else columnar.parse(text)
+    if stored is not None:
+        try:
+            where, rows, columns = columnar.read(text)
+        except columnar.ColumnarDataError as exc:
+            raise TaskDataError(str(exc)) from None
+        table = Table(where, rows, columns, [None] * len(rows))
+    elif named:
         name, _, split = text.partition(":")
         table = _read_dataset(name, split or "train")
-    elif path.is_dir():
-        raise TaskDataError(f"{path}: is a folder, not a file; give a .tsv, .csv, .jsonl or .conll file")
     elif not path.is_file():
         raise InputFileNotFound(f"{path}: no such data file")
     else:

@@ -37,8 +37,10 @@ import torch
 from lmforge import checkpoint, datasets
 from lmforge.errors import UserInputError
 from lmforge.generation import encode_prompt, generate
+from lmforge.model_folder import is_model_folder
 from lmforge.models.quantize import quantize_model, save_quantized
 from lmforge.tokenization import Tokenizer
+from lmforge.utils.io import refuse_foreign_folder
 
 PROMPTS = ("It is a truth universally acknowledged", "She was", "The weather", "My dear", "In the morning",
            "He said that")
@@ -126,6 +128,8 @@ def quantize_folder(model_dir: str | Path, to: str, out: str | Path, group_size:
         raise UserInputError(f"--model {model_dir}: no {checkpoint.TOKENIZER_FILE}; the quality report needs it")
     if Path(out).resolve() == model_dir.resolve():
         raise UserInputError(f"--out {out}: is the --model folder; write the quantised model to a new folder")
+    # Before minutes of work: a user's folder or a run folder at --out is never replaced by a model folder.
+    refuse_foreign_folder(out, is_model_folder, "a model folder", "--out")
     reference, tokenizer = checkpoint.read_model_folder(model_dir)
     if getattr(reference.config, "arch", None) != "decoder" or reference.lm_head is None:
         raise UserInputError(f"--model {model_dir}: a decoder with an LM head is needed (perplexity and greedy "

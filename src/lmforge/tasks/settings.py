@@ -34,8 +34,10 @@ from typing import Any
 import yaml
 
 from lmforge.config import ConfigError
+from lmforge.datasets import benchmarks
 from lmforge.errors import InputFileNotFound, UserInputError
 from lmforge.peft.config import MERGEABLE, PeftConfig
+from lmforge.tasks import columnar
 from lmforge.utils.flags import split_key_value
 from lmforge.utils.io import atomic_write_text, read_mapping_file
 
@@ -115,8 +117,9 @@ def parse_eval_sets(value, check_files: bool = True) -> dict[str, str]:
         if name in sets:
             raise UserInputError(f"--eval-set {text!r}: the name {name!r} is given twice; give each set its own name")
         path = Path(file)
-        dataset = not path.exists() and ":" in file and "/" not in file and "\\" not in file  # NAME:SPLIT
-        if check_files and not dataset and not path.is_file():
+        dataset = not path.exists() and ":" in file and ("/" not in file and "\\" not in file  # NAME:SPLIT
+                                                         or file.partition(":")[0] in benchmarks.LAYOUTS)
+        if check_files and not dataset and not path.is_file() and columnar.parse(file) is None:
             raise InputFileNotFound(f"--eval-set {text}: {file}: no such data file")
         sets[name] = file
     return sets

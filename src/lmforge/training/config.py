@@ -63,7 +63,9 @@ class TrainConfig(ConfigBase):
             ddp under torchrun with several processes), ``fsdp_param_dtype`` (dtype of the all-gathered
             parameters; auto follows ``precision``), ``fsdp_reduce_dtype`` (dtype of the gradient
             reduce-scatter), ``fsdp_cpu_offload`` (keep the sharded parameters, gradients and optimizer state
-            in host memory). ``batch_size`` is per rank: the global batch is batch_size x grad_accum x ranks.
+            in host memory), ``dist_timeout`` (seconds a collective waits for a silent rank, one that hangs or
+            whose node is lost, before every rank stops; None: torch's default, 30 min with gloo, 10 min with
+            NCCL). ``batch_size`` is per rank: the global batch is batch_size x grad_accum x ranks.
         bookkeeping: ``eval_every``/``eval_batches``, ``save_every``/``keep_checkpoints``, ``final_checkpoint``
             (what a finished run keeps: ``full`` checkpoint, so that ``--resume --max-steps`` extends it exactly;
             ``weights`` without the optimizer state, so that an extension restarts the optimizer; ``none``, only
@@ -112,6 +114,7 @@ class TrainConfig(ConfigBase):
     fsdp_param_dtype: str = "auto"
     fsdp_reduce_dtype: str = "fp32"
     fsdp_cpu_offload: bool = False
+    dist_timeout: float | None = None
     # --- evaluation, checkpoints, logs ------------------------------------------------------------
     eval_every: int = 200
     eval_batches: int = 20
@@ -171,6 +174,8 @@ class TrainConfig(ConfigBase):
         for key in ("weight_decay", "grad_clip"):
             if getattr(self, key) < 0:
                 raise bad(key, "must be >= 0")
+        if self.dist_timeout is not None and not self.dist_timeout > 0:
+            raise bad("dist_timeout", "must be > 0 seconds (or unset: torch's default)")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise bad("min_lr_ratio", "must be in [0, 1]")
         if not 0.0 <= self.label_smoothing < 1.0:

@@ -80,6 +80,7 @@ from lmforge.training.state import (
     verify_checkpoint,
     write_manifest,
 )
+from lmforge.utils.faults import environment_errors
 from lmforge.utils.io import atomic_dir, atomic_write_text
 from lmforge.errors import InputFileNotFound
 
@@ -138,7 +139,9 @@ def _groups_to_load(template: list[dict[str, Any]], saved: list[dict[str, Any]],
 def _write_shards(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     model_state, optimizer_state = get_state_dict(model, optimizer)
     writer = HuggingFaceStorageWriter(str(folder), save_distributed=True)
-    dcp.save({"model": model_state, "optimizer": optimizer_state["state"]}, storage_writer=writer)
+    # A rank's full disk comes back as DCP's CheckpointException (a BaseException) holding the OSError.
+    with environment_errors(folder, "write"):
+        dcp.save({"model": model_state, "optimizer": optimizer_state["state"]}, storage_writer=writer)
 
 
 def save_sharded(manager: CheckpointManager, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,

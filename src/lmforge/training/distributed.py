@@ -48,6 +48,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import datetime
 import inspect
 import json
 import os
@@ -56,6 +57,7 @@ import signal
 import socket
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
@@ -195,10 +197,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def setup(strategy: str = "auto", device: str = "auto") -> DistContext:
+def setup(strategy: str = "auto", device: str = "auto", timeout: float | None = None) -> DistContext:
     """Resolve ``strategy`` and, for ddp/fsdp, join (or reuse) the default process group.
 
     Backend: NCCL on CUDA, gloo on the CPU. Called again in the same process, it reuses the group.
+    ``timeout`` (seconds) bounds every collective of a new group: a rank whose peer went silent (hung, or its
+    node lost without closing the connection) fails after it, with a communication error (None: torch's default).
 
     Raises:
         ValueError: an unknown strategy, ``single`` under a multi-process launch, or more local ranks than GPUs.
@@ -216,13 +220,32 @@ def setup(strategy: str = "auto", device: str = "auto") -> DistContext:
     if not initialised:
         backend = "nccl" if dev.type == "cuda" else "gloo"
         device_id = dev if dev.type == "cuda" else None
+        limit = {} if timeout is None else {"timeout": datetime.timedelta(seconds=timeout)}
         if "MASTER_ADDR" in os.environ:
-            dist.init_process_group(backend, device_id=device_id)
+            dist.init_process_group(backend, device_id=device_id, **limit)
         else:  # no launcher: a group of one on a free local port
             dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
-                                    device_id=device_id)
+                                    device_id=device_id, **limit)
         rank, world_size = dist.get_rank(), dist.get_world_size()
+        if rank == 0:
+            _warn_shared_store()
     return DistContext(strategy, rank, local_rank, world_size, dev)
+
+
+def _warn_shared_store() -> None:
+    """Warn when torchrun would restart ranks onto the store of their previous attempt.
+
+    torchrun's c10d rendezvous shares its agent's store with the ranks and keeps that store across restarts;
+    the ranks of a new attempt then find the previous attempt's addresses in it, and a rank that reads a dead
+    peer's address fails to connect (pytorch/pytorch#135712, still so in torch 2.13). The restart then fails
+    now and then, depending on which rank starts first. ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` gives every
+    attempt a store of its own.
+    """
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and int(env.get("TORCHELASTIC_MAX_RESTARTS", 0) or 0) > 0:
+        warnings.warn("torchrun --max-restarts with the rendezvous store shared across attempts: a restart can fail "
+                      "when a rank reads the previous attempt's addresses; launch torchrun with "
+                      "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (see docs/distributed.md)", stacklevel=3)
 
 
 def teardown(barrier: bool = False) -> None:
@@ -282,8 +305,9 @@ def _await_termination(ctx: DistContext, exc: BaseException) -> None:
 
 
 @contextlib.contextmanager
-def session(strategy: str = "auto", device: str = "auto") -> Iterator[DistContext]:
-    """:func:`setup`, then :func:`teardown` on the way out (if the group was opened here).
+def session(strategy: str = "auto", device: str = "auto", timeout: float | None = None) -> Iterator[DistContext]:
+    """:func:`setup` (``timeout``: of the collectives, in seconds), then :func:`teardown` on the way out (if the
+    group was opened here).
 
     On an exception in a multi-rank job: a communication error (a peer died) prints one line and waits for the
     launcher to stop this rank; any other error closes the group first, so that peers blocked on this rank
@@ -296,7 +320,7 @@ def session(strategy: str = "auto", device: str = "auto") -> Iterator[DistContex
             trainer.fit()
     """
     opened = not (dist.is_available() and dist.is_initialized())
-    ctx = setup(strategy, device)
+    ctx = setup(strategy, device, timeout)
     try:
         yield ctx
     except BaseException as exc:

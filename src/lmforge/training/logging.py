@@ -26,16 +26,19 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
-from lmforge.utils.faults import environment_errors
+from lmforge.errors import EnvironmentFault
+from lmforge.utils.faults import ADVICE, as_fault, environment_errors, library_errno
 from lmforge.utils.figures import figure, png
 from lmforge.utils.io import atomic_write_bytes, atomic_write_text, make_folder
 
@@ -148,6 +151,8 @@ class RunLogger:
         truncate_metrics(self.metrics_path, start_step)
         with environment_errors(self.metrics_path, "append to"):
             self._file = open(self.metrics_path, "a", encoding="utf-8")
+        self._events: _GuardedRecords | None = None
+        self._quiet = False
         with environment_errors(self.out / TENSORBOARD_DIR, "write"):
             self._writer = self._tensorboard(start_step) if tensorboard else None
         self._plot_warned = False
@@ -167,7 +172,33 @@ class RunLogger:
                           "(pip install tensorboard; metrics.jsonl has the same numbers)", stacklevel=3)
             return None
         # purge_step drops events logged after the checkpoint we resume from, as truncate_metrics does.
-        return SummaryWriter(str(self.out / TENSORBOARD_DIR), purge_step=start_step + 1 if start_step else None)
+        _QuietEventThreads.enter()  # left in close()
+        self._quiet = True
+        try:
+            writer = SummaryWriter(str(self.out / TENSORBOARD_DIR), purge_step=start_step + 1 if start_step else None)
+        except Exception as exc:  # its first event is flushed at once: a full disk shows here
+            if library_errno(exc) not in ADVICE:
+                raise
+            self._warn_tensorboard(exc)
+            return None
+        self._events = _GuardedRecords.install(writer)
+        return writer
+
+    def _warn_tensorboard(self, fault: BaseException) -> None:
+        code = library_errno(fault)
+        message = as_fault(OSError(code, str(fault)), self.out / TENSORBOARD_DIR, "write") if code else fault
+        warnings.warn(f"TensorBoard events stopped: {message} (metrics.jsonl keeps every record)", stacklevel=4)
+
+    def _tensorboard_failed(self, exc: BaseException | None = None) -> None:
+        """Stop writing TensorBoard events after a full or read-only disk, with one warning: metrics.jsonl holds
+        the same numbers, and it (or the next checkpoint) reports the disk as the command's error."""
+        fault = exc or (self._events.fault if self._events is not None else None)
+        if fault is None:
+            return
+        writer, self._writer = self._writer, None
+        with contextlib.suppress(Exception):
+            writer.close()
+        self._warn_tensorboard(fault)
 
     def log(self, record: dict[str, Any]) -> None:
         """Write one step's record (needs ``step``; ``tokens`` is used for the tokens/s rate)."""
@@ -180,10 +211,16 @@ class RunLogger:
             self._file.flush()
         step = record["step"]
         if self._writer is not None:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
-                    tag = f"eval/{key[5:]}" if key.startswith("eval_") else f"train/{key}"
-                    self._writer.add_scalar(tag, value, step)
+            try:
+                for key, value in record.items():
+                    if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
+                        tag = f"eval/{key[5:]}" if key.startswith("eval_") else f"train/{key}"
+                        self._writer.add_scalar(tag, value, step)
+            except Exception as exc:
+                if library_errno(exc) not in ADVICE:
+                    raise
+                self._tensorboard_failed(exc)
+            self._tensorboard_failed()
         postfix = {"loss": record.get("loss"), "lr": record.get("lr"), "tok/s": record["tokens_per_s"]}
         self.bar.set_postfix({k: f"{v:.4g}" for k, v in postfix.items() if isinstance(v, (int, float))},
                              refresh=False)
@@ -200,8 +237,104 @@ class RunLogger:
             warnings.warn("matplotlib is not installed: no loss.png (pip install matplotlib)", stacklevel=2)
 
     def close(self) -> None:
-        self.plot()
-        self._file.close()
-        if self._writer is not None:
-            self._writer.close()
-        self.bar.close()
+        # Every handle is closed even when the plot (or a flush) finds the disk full, so no "Exception ignored"
+        # from a later garbage collection adds lines after the command's one-line error.
+        failing = sys.exc_info()[1]  # closed from a ``finally`` after a failure (say, a checkpoint the disk refused)
+        try:
+            self.plot()
+        except EnvironmentFault:
+            if failing is None:
+                raise  # else the failure that stopped the run stays the command's error, not the plot after it
+        finally:
+            try:
+                with environment_errors(self.metrics_path, "append to"):  # close flushes what a full disk refused
+                    self._file.close()
+            finally:
+                if self._writer is not None:
+                    with contextlib.suppress(Exception):
+                        self._writer.flush()
+                    self._tensorboard_failed()
+                    if self._writer is not None:
+                        self._writer.close()
+                if self._quiet:
+                    self._quiet = False
+                    _QuietEventThreads.exit()
+                self.bar.close()
+
+
+class _GuardedRecords:
+    """TensorBoard's record writer, as its background thread calls it, made to stop instead of failing there.
+
+    A full disk raised in that thread would print the thread's traceback and reach the main thread only at some
+    later ``add_scalar``. Here the first fixable disk error is kept in :attr:`fault`, and every later write is
+    dropped, so :class:`RunLogger` can warn once and carry on.
+    """
+
+    def __init__(self, records) -> None:
+        self._records = records
+        self.fault: BaseException | None = None
+
+    @classmethod
+    def install(cls, writer) -> "_GuardedRecords | None":
+        """Put a guard between ``writer``'s (a SummaryWriter) queue and its file; None where TensorBoard's
+        internals differ from the ones this knows (then a disk error fails as before, in the main thread)."""
+        try:
+            queue = writer._get_file_writer().event_writer._async_writer
+            guard = cls(queue._writer)
+            if queue._worker._record_writer is not queue._writer:
+                return None
+        except AttributeError:
+            return None
+        queue._writer = queue._worker._record_writer = guard
+        return guard
+
+    def _call(self, name: str, *args) -> None:
+        if self.fault is not None:
+            return
+        try:
+            getattr(self._records, name)(*args)
+        except Exception as exc:
+            if library_errno(exc) not in ADVICE:
+                raise
+            self.fault = exc
+
+    def write(self, data: bytes) -> None:
+        self._call("write", data)
+
+    def flush(self) -> None:
+        self._call("flush")
+
+    def close(self) -> None:
+        try:
+            self._records.close()
+        except Exception as exc:
+            if library_errno(exc) not in ADVICE:
+                raise
+
+
+class _QuietEventThreads:
+    """While a :class:`RunLogger` writes TensorBoard events, a full or read-only disk met by TensorBoard's writer
+    thread before :class:`_GuardedRecords` is in place (the first event, written as the writer is made) is not
+    printed as that thread's traceback: the logger warns about it in one line. Every other thread exception goes
+    to the hook that was there before."""
+
+    users = 0
+    previous = None
+
+    @classmethod
+    def enter(cls) -> None:
+        if cls.users == 0:
+            cls.previous, threading.excepthook = threading.excepthook, cls.hook
+        cls.users += 1
+
+    @classmethod
+    def exit(cls) -> None:
+        cls.users -= 1
+        if cls.users == 0 and threading.excepthook is cls.hook:
+            threading.excepthook = cls.previous
+
+    @staticmethod
+    def hook(args) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread" and library_errno(args.exc_value) in ADVICE:
+            return
+        (_QuietEventThreads.previous or threading.__excepthook__)(args)

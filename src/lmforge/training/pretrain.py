@@ -158,11 +158,19 @@ def load_tokenizer(config: TrainConfig) -> Tokenizer:
     return tokenizer
 
 
-def model_config_for(spec: str, tokenizer: Tokenizer, overrides: dict[str, Any]) -> ModelConfig | BiLMConfig:
-    """``spec`` (preset, config file or model folder) + ``overrides``, with the tokenizer's ids and vocabulary."""
+def model_config_for(spec: str, tokenizer: Tokenizer, overrides: dict[str, Any],
+                     source: str = "the data's tokenizer") -> ModelConfig | BiLMConfig:
+    """``spec`` (preset, config file or model folder) + ``overrides``, with the tokenizer's ids and vocabulary.
+
+    A model folder that records another tokenizer than ``tokenizer`` (named ``source`` in the refusal) is
+    refused, as every command that continues from a model refuses it
+    (:func:`lmforge.checkpoint.check_tokenizer`, ``--allow-tokenizer-mismatch`` to go on anyway): its embedding
+    rows mean other tokens, and its special ids would be rewritten."""
     bilm = is_bilm(spec)
     base = bilm_config(spec) if bilm else resolve_config(spec)
     has_weights = (Path(spec) / model_checkpoint.WEIGHTS_FILE).is_file()
+    if has_weights:
+        model_checkpoint.check_tokenizer(spec, tokenizer, source)
     vocab = overrides.get("vocab_size", base.vocab_size if has_weights else tokenizer.vocab_size)
     if isinstance(vocab, int) and vocab < tokenizer.vocab_size:
         raise ConfigError(f"vocab_size={vocab} is smaller than the tokenizer's {tokenizer.vocab_size} tokens"
@@ -319,7 +327,7 @@ def plan_pretraining(config: TrainConfig, rank: int = 0, tokenizer: Tokenizer | 
         languages = language_token_ids(tokenizer.vocab_size, codes)
         if not has_weights:
             overrides = {"vocab_size": tokenizer.vocab_size + len(codes), **overrides}
-    model_config = model_config_for(config.model, tokenizer, overrides)
+    model_config = model_config_for(config.model, tokenizer, overrides, f"the tokenizer of {config.data}")
     if languages and model_config.vocab_size < max(languages.values()) + 1:
         raise ConfigError(f"vocab_size={model_config.vocab_size} has no room for the {len(languages)} language ids "
                           f"after the tokenizer's {tokenizer.vocab_size} tokens; it needs "
@@ -424,5 +432,5 @@ def build_pretraining(config: TrainConfig, *, loss=None, init: Callable[[Transfo
 def pretrain(config: TrainConfig) -> TrainResult:
     """Build the run described by ``config`` and train it (see the module docstring); under torchrun, inside a
     :func:`~lmforge.training.distributed.session` (the process group is closed at the end, or on a failure)."""
-    with distributed.session(config.strategy, config.device):
+    with distributed.session(config.strategy, config.device, config.dist_timeout):
         return build_pretraining(config).trainer.fit()

@@ -52,6 +52,7 @@ from safetensors.torch import save_file
 
 from lmforge import checkpoint as model_checkpoint
 from lmforge.errors import LmforgeError
+from lmforge.utils.faults import environment_errors
 from lmforge.utils.io import atomic_dir, atomic_write_text
 from lmforge.utils.manifest import sha256_file
 
@@ -207,7 +208,8 @@ def write_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.opti
     with atomic_dir(folder) as tmp:
         model_checkpoint.save(model, tmp / MODEL_DIR, manifest=False)  # the checkpoint's manifest covers it
         if optimizer is not None:
-            save_file(tensors, str(tmp / OPTIMIZER_FILE), metadata={"format": "pt"})
+            with environment_errors(tmp / OPTIMIZER_FILE, "write"):
+                save_file(tensors, str(tmp / OPTIMIZER_FILE), metadata={"format": "pt"})
         (tmp / STATE_FILE).write_text(payload + "\n", encoding="utf-8")
         write_manifest(tmp, state.get("step"), weights_only=optimizer is None)
     return folder

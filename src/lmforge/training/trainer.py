@@ -117,7 +117,7 @@ from lmforge.training.state import (
     to_json,
 )
 from lmforge.utils.io import atomic_write_text, make_folder
-from lmforge.utils.lock import RunFolderLock
+from lmforge.utils.lock import RunFolderLock, refuse_if_held
 
 MODEL_DIR = "model"
 SIGNAL_ECHO_S = 1.0  # with several ranks, a repeated SIGINT this soon after the first is torchrun passing it on
@@ -129,9 +129,12 @@ class RunExistsError(LmforgeError, ValueError):
 
 def check_fresh_run(out: str | Path, resume: bool = False) -> None:
     """Raise RunExistsError if ``out`` holds checkpoints and ``resume`` is false (a fresh run would clobber
-    them); every command that starts a run in a folder asks this one question."""
+    them); every command that starts a run in a folder asks this one question. A run another process is
+    writing right now is refused as :class:`~lmforge.errors.RunLocked`, naming that process."""
     steps = CheckpointManager(Path(out) / "checkpoints").steps()
     if steps and not resume:
+        refuse_if_held(out)  # a run another process is writing right now: name its holder instead
+        steps = CheckpointManager(Path(out) / "checkpoints").steps() or steps  # it may have just finished
         raise RunExistsError(f"{out} already holds a run (checkpoints up to step {steps[-1]}): resume it with "
                              "--resume (resume=True) or choose another output folder")
 
@@ -142,7 +145,8 @@ class TrainingDiverged(LmforgeError):
 
 def run_started(out: str | Path) -> bool:
     """Whether ``out`` holds a run that took a step (a checkpoint or a logged step): a command that fails keeps
-    such a folder, and removes one it created that holds only its settings (``lmforge.utils.io.removed_on_failure``)."""
+    such a folder, and removes one it created that holds only its settings
+    (``lmforge.utils.lock.removed_on_failure``)."""
     metrics = Path(out) / METRICS_FILE
     logged = metrics.is_file() and metrics.stat().st_size > 0
     return logged or bool(CheckpointManager(Path(out) / "checkpoints").steps())
@@ -669,7 +673,12 @@ class Trainer:
         # even the lock file); the lock then makes this the only writer, and if another writer changed the
         # checkpoints between the check and the lock, the check is made again.
         seen = self._checkpoint_listing()
-        self._check_start()
+        try:
+            self._check_start()
+        except LmforgeError:
+            if self.dist.is_main:  # a folder another run is writing: name its holder, not the state it is in
+                refuse_if_held(self.out)
+            raise
         self._acquire_lock()
         if self._checkpoint_listing() != seen:
             self._check_start()
@@ -752,6 +761,10 @@ class Trainer:
                         self.save_checkpoint()
                         if logger is not None:
                             logger.plot()
+                if self._nonfinite and cfg.max_nonfinite_steps and stopped_by in ("max_steps", "steps"):
+                    # Fewer bad steps than the limit, but the run ends on them: neither a checkpoint nor the model
+                    # is saved from a diverged step (a short run at a huge LR would otherwise "finish").
+                    self._diverged(record, f"by its end, step {self.step}: its last {self._nonfinite} step(s)")
                 finished = self.step >= cfg.max_steps
                 keep = cfg.final_checkpoint if finished else "full"
                 if keep != "none" and (self._last_saved is None or self._last_saved[0] != self.step
@@ -795,13 +808,17 @@ class Trainer:
         self._nonfinite = self._nonfinite + 1 if bad else 0
         limit = self.config.max_nonfinite_steps
         if limit and self._nonfinite >= limit:
-            last = str(self._last_saved[1]) if self._last_saved else "none (no checkpoint was saved)"
-            lr = record.get("lr", self.config.lr)
-            raise TrainingDiverged(
-                f"training diverged at step {self.step}: {self._nonfinite} steps in a row with a non-finite loss or "
-                f"gradient norm (loss {loss}, lr {lr:.3g}); the last good "
-                f"checkpoint is {last} and nothing newer was saved. Lower the learning rate (or raise the warmup), "
-                "or set max_nonfinite_steps (0: never stop)")
+            self._diverged(record, f"at step {self.step}: {self._nonfinite} steps in a row")
+
+    def _diverged(self, record: dict[str, Any], when: str) -> None:
+        """Raise TrainingDiverged: ``when`` (step, bad steps in a row), the loss and LR, the last good checkpoint."""
+        last = str(self._last_saved[1]) if self._last_saved else "none (no checkpoint was saved)"
+        lr = record.get("lr", self.config.lr)
+        peak = f" of peak lr {self.config.lr:.3g}" if lr != self.config.lr else ""
+        raise TrainingDiverged(
+            f"training diverged {when} with a non-finite loss or gradient norm (loss {record.get('loss')}, lr "
+            f"{lr:.3g}{peak}); the last good checkpoint is {last} and nothing newer was saved, no model either. "
+            "Lower the learning rate (or raise the warmup), or set max_nonfinite_steps (0: never stop)")
 
     def _agreed_signal(self) -> int | None:
         """The signal that stops the run, if any rank caught one: all ranks stop after the same step."""

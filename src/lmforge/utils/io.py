@@ -43,6 +43,12 @@ def _umask() -> int:
     return mask
 
 
+def _tmp_prefix(path: Path) -> str:
+    # The writer's PID in the name tells a live writer's temporary from a dead one's
+    # (lmforge.utils.lock.remove_stale_temporaries removes only the latter).
+    return f".{path.name}.{os.getpid()}-"
+
+
 def _user_mode(path: Path, umask: int | None = None) -> None:
     """Give a file or folder made by mkstemp/mkdtemp (0600/0700) the mode plain open()/mkdir() give."""
     os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~(_umask() if umask is None else umask))
@@ -54,14 +60,39 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     A full disk or an unwritable folder raises :class:`~lmforge.errors.EnvironmentFault` naming
     ``path``, and the previous file (if any) is left as it was.
     """
-    path = Path(path)
+    _replace_with(Path(path), lambda tmp: Path(tmp).write_bytes(data))
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_with(path: str | Path, writer: Callable[[str], object]) -> Path:
+    """Let a library write ``path`` atomically: ``writer`` gets a temporary sibling's name to write (say,
+    ``lambda f: faiss.write_index(index, f)``), which is then flushed to disk and renamed over ``path``.
+
+    The library's own errors that carry an errno (safetensors' "os error 28", faiss' "No space left on
+    device") become the same :class:`~lmforge.errors.EnvironmentFault` naming ``path`` as Python's, and the
+    previous file (if any) is left as it was.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> f = pathlib.Path(tempfile.mkdtemp()) / "a.txt"
+        >>> atomic_write_with(f, lambda name: pathlib.Path(name).write_text("hi")).read_text()
+        'hi'
+    """
+    return _replace_with(Path(path), writer)
+
+
+def _replace_with(path: Path, writer: Callable[[str], object]) -> Path:
+    """The one atomic replace: ``writer`` fills a temporary sibling, which is fsynced and renamed over ``path``."""
     with environment_errors(path, "write"):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        _create_folder(path.parent)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_tmp_prefix(path), suffix=".tmp")
+        os.close(fd)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
+            writer(tmp)
+            with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
             _user_mode(Path(tmp))
             os.replace(tmp, path)
@@ -70,10 +101,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
                 os.unlink(tmp)
             raise
     _fsync_dir(path.parent)
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
+    return path
 
 
 def atomic_save_npy(path: str | Path, array) -> None:
@@ -104,27 +132,82 @@ def make_folder(path: str | Path) -> Path:
         cannot create the folder TAKEN: it is a file, not a folder; remove it or choose another path
     """
     path = Path(path)
-    with environment_errors(path, "create the folder"):
-        path.mkdir(parents=True, exist_ok=True)
+    create_folder(path)
     return path
 
 
-@contextlib.contextmanager
-def removed_on_failure(path: str | Path, keep: Callable[[Path], bool] = lambda path: False) -> Iterator[Path]:
-    """Remove the folder ``path`` when the block fails, if the block created it and ``keep(path)`` is false.
+_CREATED: list[Path] = []  # the folders this process made, in order: the only ones it may ever remove
 
-    A command that fails before its first step leaves no folder holding only its settings behind; a folder
-    that existed before is never removed, and ``keep`` spares one worth keeping (say, one with checkpoints
-    to resume from).
+
+def create_folder(path: str | Path) -> bool:
+    """Create the folder ``path`` (and its parents) if missing; True if this call made it.
+
+    Of several processes creating one folder at once, exactly one is told True (its ``mkdir`` won), so a
+    command can tell a folder it made from one it found, however close together the two started
+    (:func:`created_since`).
     """
+    with environment_errors(path, "create the folder"):
+        return _create_folder(Path(path))
+
+
+def _create_folder(path: Path) -> bool:
+    """:func:`create_folder` without the error translation (for a caller that names its own operation)."""
+    path = Path(path).absolute()
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    made = False
+    for folder in reversed(missing):  # each one made by exactly one process: that one records it
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            if not folder.is_dir():
+                raise
+            made = False
+            continue
+        _CREATED.append(folder)
+        made = True
+    if not missing and not path.is_dir():
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path))
+    return made
+
+
+def creation_mark() -> int:
+    """A mark for :func:`created_since`: how many folders this process has made so far."""
+    return len(_CREATED)
+
+
+def created_since(path: str | Path, mark: int) -> bool:
+    """Whether this process made the folder ``path`` (:func:`create_folder`) after ``mark``."""
+    return Path(path).absolute() in _CREATED[mark:]
+
+
+def foreign_entries(path: str | Path, own_kind: Callable[[Path], bool]) -> list[str]:
+    """What a folder about to be replaced holds that is not of the kind being written: ``[]`` when ``path``
+    is missing, empty (lmforge's own lock and leftover temporaries aside) or ``own_kind(path)``; else the
+    names of its entries, so that the refusal can show what would have been lost."""
     path = Path(path)
-    existed = path.exists()
-    try:
-        yield path
-    except BaseException:
-        if not existed and path.is_dir() and not keep(path):
-            shutil.rmtree(path, ignore_errors=True)
-        raise
+    if not path.is_dir():
+        return []
+    names = sorted(p.name for p in path.iterdir() if not (p.name.startswith(".lmforge.lock") or (
+        p.name.startswith(".") and p.name.endswith((".tmp", ".old")))))
+    return [] if not names or own_kind(path) else names
+
+
+def refuse_foreign_folder(path: str | Path, own_kind: Callable[[Path], bool], kind: str,
+                          flag: str | None = None) -> None:
+    """Refuse to replace the folder ``path`` unless it is missing, empty or ``own_kind(path)``: lmforge never
+    deletes a folder of something else (a user's files, a run folder) to write ``kind`` in its place.
+
+    Raises:
+        UserInputError: ``path`` holds something else; the message names what it holds.
+    """
+    names = foreign_entries(path, own_kind)
+    if names:
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        raise UserInputError(f"{flag + ' ' if flag else ''}{path}: not empty and not {kind} (it holds {shown}); "
+                             f"lmforge replaces only {kind} there, so choose a new folder or empty this one")
 
 
 def visible(name: str) -> str:
@@ -219,8 +302,8 @@ def atomic_dir(path: str | Path, overwrite: bool = True) -> Iterator[Path]:
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path}: already exists (pass overwrite=True to replace it)")
     with environment_errors(path, "create"):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+        _create_folder(path.parent)
+        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=_tmp_prefix(path), suffix=".tmp"))
     try:
         with environment_errors(path, "write"):
             yield tmp
@@ -235,8 +318,39 @@ def staging_dir(path: str | Path) -> Path:
     not fit in one ``with`` block; :func:`replace_dir` swaps it in, and removing it abandons the build."""
     path = Path(path)
     with environment_errors(path, "create"):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+        _create_folder(path.parent)
+        return Path(tempfile.mkdtemp(dir=path.parent, prefix=_tmp_prefix(path), suffix=".tmp"))
+
+
+@contextlib.contextmanager
+def staged_files(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary sibling folder to write the files of the folder ``path`` into; when the block succeeds
+    they move into ``path`` (made if missing), each replacing its namesake, and the other files of ``path`` stay.
+
+    For an output folder the user may keep other files in (``lmforge attention --out``): a full disk or a kill
+    while the files are drawn leaves ``path`` as it was, never a mix of old and new maps.
+    """
+    path = Path(path)
+    tmp = staging_dir(path)
+    try:
+        with environment_errors(path, "write"):
+            yield tmp
+            if not path.exists():
+                _finish_dir(tmp, path)
+                return
+            umask = _umask()
+            files = [child for child in sorted(tmp.rglob("*")) if child.is_file()]
+            for child in files:
+                with open(child, "rb") as f:
+                    os.fsync(f.fileno())
+            for child in files:  # renames only from here on: no new data to find room for
+                target = path / child.relative_to(tmp)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                _user_mode(child, umask)
+                os.replace(child, target)
+                _fsync_dir(target.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def replace_dir(tmp: str | Path, path: str | Path) -> None:

@@ -6,6 +6,11 @@ from softmax(logits / temperature) after top-k / top-p (the filters of
 :mod:`lmforge.generation.sampling`), from its own seeded generator, so a seeded request samples the same
 tokens whatever else shares the batch.
 
+A job with ``echo`` also gets its prompt scored: the prefill's logits at every prompt position give each
+prompt token's log-probability given the tokens before it (:meth:`Job.score_prompt`, an :class:`Echo`
+event before its first token). A job of at most one new token needs no KV-cache row: the scheduler
+scores it in a plain forward and picks its token from the last position (:meth:`Job.prefill_only`).
+
 Text is decoded whole at each token (multi-byte characters and tokenizer spacing stay right, as in
 :class:`lmforge.generation.TextStream`). A stop string ends the request; as in OpenAI's API the text
 stops *before* it, and a tail of text that might begin a stop string is held back until it cannot.
@@ -49,6 +54,8 @@ def visible_text(text: str, stops: Sequence[str]) -> tuple[str, bool]:
     return text.rstrip("\ufffd") if text.endswith("\ufffd") else text, False
 
 
+GREEDY_BELOW = 1e-4  # a smaller temperature decodes greedily (see Job.__post_init__)
+
 @dataclass
 class Token:
     """What one step produced for a job: the token, the new text it shows, and its log-probabilities."""
@@ -57,6 +64,17 @@ class Token:
     text: str
     logprob: float | None = None
     top: dict[int, float] | None = None  # the most likely ids -> log-probability, when asked
+
+
+@dataclass
+class Echo:
+    """A job's prompt as its prefill scored it. Per prompt token: its log-probability given the tokens before it
+    and the most likely ids at that position (id -> log-probability); the first token has neither (None).
+    ``logprobs`` and ``top`` are None when the request asked for no log-probabilities."""
+
+    ids: list[int]
+    logprobs: list[float | None] | None = None
+    top: list[dict[int, float] | None] | None = None
 
 
 @dataclass
@@ -72,8 +90,10 @@ class Job:
         eos_ids: ids that end the job (not shown as text).
         stops: stop strings.
         logprobs: None, or how many top alternatives to report per token (0: only the chosen one's).
+        echo: score the prompt too (an :class:`Echo`, with log-probabilities when ``logprobs`` is not None).
         decode: ids -> text.
-        emit: called from the scheduler thread with a :class:`Token`, then once with ``("done", reason)``
+        emit: called from the scheduler thread with an :class:`Echo` (``echo`` jobs, first), each :class:`Token`,
+            then once with ``("done", reason)``
             (``"stop"``, ``"length"``, ``"cancelled"``, ``"timeout"``) or ``("error", exception)``.
         timeout: seconds the job may run from submission.
     """
@@ -89,6 +109,7 @@ class Job:
     eos_ids: Sequence[int] = ()
     stops: Sequence[str] = ()
     logprobs: int | None = None
+    echo: bool = False
     timeout: float | None = None
     key: int = field(default_factory=lambda: next(_ids))
     tokens: list[int] = field(default_factory=list)
@@ -101,7 +122,9 @@ class Job:
     _cancel: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
-        sampling = self.temperature > 0
+        # Below GREEDY_BELOW, logits / temperature overflows float32 to inf (softmax then gives NaN); sampling's
+        # limit as the temperature goes to 0 is the argmax, so such a job decodes greedily.
+        sampling = self.temperature >= GREEDY_BELOW
         config = GenerationConfig(strategy="sample" if sampling else "greedy", temperature=self.temperature or 1.0,
                                   top_p=self.top_p if sampling else 1.0, top_k=self.top_k if sampling else None)
         self.sampling = sampling
@@ -119,6 +142,32 @@ class Job:
 
     def expired(self, now: float) -> bool:
         return self.deadline is not None and now > self.deadline
+
+    @property
+    def prefill_only(self) -> bool:
+        """Whether one forward over the prompt does the whole job (at most one new token: no cache row needed)."""
+        return self.max_new_tokens <= 1
+
+    @property
+    def wants_prompt_logits(self) -> bool:
+        """Whether the prefill must keep the logits of every prompt position, not only the last."""
+        return self.echo and self.logprobs is not None
+
+    def score_prompt(self, logits: torch.Tensor | None) -> Echo:
+        """The prompt's :class:`Echo` from the prefill's logits (T, V) (raw, before sampling settings, as
+        vLLM's prompt logprobs); ``logits`` may be None when no log-probabilities were asked."""
+        if not self.wants_prompt_logits:
+            return Echo(list(self.ids))
+        logp = logits.float().log_softmax(-1)[:-1]  # (T-1, V): position t predicts prompt token t+1
+        nxt = torch.tensor(self.ids[1:], dtype=torch.long, device=logp.device)[:, None]  # (T-1, 1)
+        chosen = logp.gather(1, nxt)[:, 0].tolist()  # (T-1,)
+        top: list[dict[int, float] | None] = [None]
+        if self.logprobs:
+            values, ids = logp.topk(min(self.logprobs, logp.shape[-1]), dim=-1)  # (T-1, k)
+            top += [dict(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+        else:
+            top += [{} for _ in chosen]
+        return Echo(list(self.ids), [None, *chosen], top)
 
     def choose(self, logits: torch.Tensor, argmax: int | None = None) -> tuple[Token, str | None]:
         """Pick the next token from logits (V,); return it and the finish reason, if it ends the job.
