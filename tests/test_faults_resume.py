@@ -44,7 +44,7 @@ def pretrained(data_root, tmp_path_factory):  # noqa: F811
 def test_pretrain_resume_with_another_batch_size_leaves_the_run_untouched(pretrained, capsys):
     data, out = pretrained
     refused(["pretrain", "--no-progress", "--out", str(out), "--resume", "--batch-size", "4"], out, capsys,
-            "cannot resume: saved batch_size=2")
+            "--batch-size: 2 in the run, 4 given")
     # config.yaml still holds the run's settings, so a plain --resume continues it.
     assert main(["pretrain", "--no-progress", "--out", str(out), "--resume", "--max-steps", "3"]) == 0
 

@@ -158,7 +158,7 @@ CELLS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "evaluate": (("task", "baseline"), ("model", "quantized", "run")),  # a plain model: only generative tasks
     "predict": (("task", "baseline"), ("model", "quantized", "run")),
     "generate": (("model", "quantized", "run"), ("task",)),  # the classifier's body has no LM head
-    "chat": ((), ("model", "quantized", "run")),  # no chat template: not instruction-tuned
+    "chat": (("model", "quantized", "run"), ()),  # no chat template: the plain default one, with a notice
     "fill-mask": (("model", "quantized", "run"), ()),
     "attention": (("model", "task", "quantized", "run"), ()),
     "probe layers": (("model", "task", "quantized", "bilm"), ()),

@@ -219,12 +219,14 @@ def test_app_answers_413_for_a_big_body_and_500_with_an_error_id_then_keeps_serv
         served["gpt"].close()
 
 
-def test_chat_without_a_template_is_refused(gpt, tmp_path, capsys):
+def test_chat_without_a_template_uses_the_default_with_a_notice(gpt, tmp_path, capsys, monkeypatch):
+    # was a refusal; a base decoder now chats through the plain default template (tests/test_serve_chat_default.py)
     plain = tmp_path / "plain"
     shutil.copytree(gpt, plain)
     (plain / "chat_template.json").unlink()
-    assert main(["chat", "--model", str(plain)]) == 2
-    assert "no chat template" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "stdin", io.StringIO("hello\n"))
+    assert main(["chat", "--model", str(plain), "--max-new-tokens", "2"]) == 0
+    assert "not instruction-tuned" in capsys.readouterr().err
 
 
 def test_chat_through_a_pipe_streams_answers_with_history_reset_and_system(gpt, capsys, monkeypatch):

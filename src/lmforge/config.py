@@ -520,9 +520,21 @@ class ModelConfig(ConfigBase):
         """A named preset (see :func:`list_presets`), with optional field overrides."""
         path = PRESET_DIR / f"{name}.yaml"
         if not path.is_file():
-            raise ConfigError(f"unknown preset {name!r}; available: {', '.join(list_presets())}")
+            close = closest_preset(name)
+            hint = f"did you mean {close!r}? " if close else ""
+            raise ConfigError(f"unknown preset {name!r}; {hint}available: {', '.join(list_presets())}")
         cfg = cls.load(path)
         return cfg.replace(**overrides) if overrides else cfg
+
+
+def closest_preset(name: str) -> str | None:
+    """The bundled preset nearest to a mistyped ``name``, its own family first (``gpt-tny``: ``gpt-tiny``, not
+    ``bart-tiny``); None when nothing is close."""
+    presets = list_presets()
+    family = [p for p in presets if p.split("-")[0] == name.lower().split("-")[0]]
+    close = (difflib.get_close_matches(name.lower(), family, n=1, cutoff=0.6)
+             or difflib.get_close_matches(name.lower(), presets, n=1, cutoff=0.6))
+    return close[0] if close else None
 
 
 def list_presets() -> list[str]:

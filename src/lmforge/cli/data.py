@@ -66,7 +66,8 @@ def register(subparsers) -> None:
     p.add_argument("inputs", nargs="+", metavar="INPUTS", help="files, globs or folders")
     p.add_argument("--tokenizer", required=True, help="tokenizer folder or file")
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--val-fraction", type=float, default=0.01, help="fraction of documents for validation")
+    p.add_argument("--val-fraction", type=float, default=0.01, help="fraction of documents for validation; at least one "
+                   "document when there are two different ones")
     p.add_argument("--seed", type=int, default=0, help="seed of the train/val assignment")
     p.add_argument("--text-field", default="text", help="JSONL field / CSV, TSV, Parquet column with the text")
     p.add_argument("--errors", choices=("strict", "replace"), default="strict",

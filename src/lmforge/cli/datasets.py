@@ -16,7 +16,8 @@ from lmforge.cli.tokenizer import HELP
 
 
 def _mb(n: int) -> str:
-    return f"{n / 1e6:.1f} MB"
+    # a few kilobytes would read "0.0 MB", which says nothing
+    return f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n / 1e3:.1f} kB"
 
 
 def _list(args) -> int:

@@ -24,13 +24,15 @@ from lmforge.cli.main import UserError, model_argument, plain_warnings
 from lmforge.checkpoint import read_model_folder
 from lmforge.evaluation import baselines, forgetting, length_extrapolation, named
 from lmforge.tasks.inference import evaluate, table_lines, tune_null_threshold
-from lmforge.tasks.spec import TASKS
+from lmforge.tasks.spec import TASKS, column_defaults
 from lmforge.utils.folder_kinds import MODELS
 
 OVERRIDE_FLAGS = {
-    "text_column": "column of the input text, if it differs from training",
+    "text_column": "column of the input text, if it differs from training (default: the task folder's, else "
+                   f"{column_defaults('text')})",
     "text_pair_column": "column of the second text of a pair",
-    "label_column": "column of the gold label",
+    "label_column": "column of the gold label (default: the task folder's, else "
+                    f"{column_defaults('label')})",
     "target_column": "column of the gold target text / answers",
     "task_prefix": "prefix put before each input (seq2seq/text2text)",
     "max_length": "input tokens (longer inputs are cut, with a warning)",

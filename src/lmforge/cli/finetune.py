@@ -46,7 +46,7 @@ from lmforge.tasks.settings import (
     parse_label_map,  # noqa: F401  (imported from here by older code)
 )
 from lmforge.tasks.gpt1_transforms import INPUT_TRANSFORMS
-from lmforge.tasks.spec import LOSS_AVERAGES, POOLINGS, TASKS, TaskSpec
+from lmforge.tasks.spec import LOSS_AVERAGES, POOLINGS, TASKS, TaskSpec, column_defaults
 from lmforge.training import config as tc
 from lmforge.training.config import TrainConfig
 from lmforge.training.trainer import run_started
@@ -55,9 +55,11 @@ from lmforge.utils.lock import refuse_if_held, removed_on_failure
 
 # (metavar, help) of the task-format flags: the TaskSpec fields lmforge.tasks.settings.TASK_KEYS names.
 TASK_FLAGS = {
-    "text_column": ("NAME", "column of the input text (tag: the words; qa: the question)"),
+    "text_column": ("NAME", "column of the input text (tag: the words; qa: the question; default: "
+                            f"{column_defaults('text')})"),
     "text_pair_column": ("NAME", "column of the second text of a pair (qa: the context)"),
-    "label_column": ("NAME", "column of the label (classify/regress/multilabel/tag; text2text with --label-map)"),
+    "label_column": ("NAME", "column of the label (classify/regress/multilabel/tag; text2text with --label-map; "
+                             f"default: {column_defaults('label')})"),
     "target_column": ("NAME", "column of the target text (seq2seq/text2text), answers (qa) or choices (multiple-choice: a list, or NAME0, NAME1, ... columns)"),
     "task_prefix": ("TEXT", "text put before every input (seq2seq/text2text), e.g. 'translate English to Spanish: '"),
     "pair_prefix": ("TEXT", "text2text: put before the second text of a pair, e.g. 'sentence2: '"),

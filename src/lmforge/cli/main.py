@@ -13,7 +13,9 @@ added here to each verb that does not define a ``--threads`` of its own.
 
 Errors: a :class:`lmforge.errors.LmforgeError` (bad input: a flag, a file, a field) is printed as one line,
 ``lmforge VERB: error: ...``, with exit code 2 (3 when the machine refused: a full disk, a locked run folder).
-Any other exception is a bug and keeps its traceback.
+Any other exception is a bug and keeps its traceback. A flag mistake is the same one line from the verb's own
+parser, with the closest of its flags (``unknown flag --max-stpes; did you mean --max-steps?``); flags are
+never matched by prefix (:class:`Parser`).
 
 Example::
 
@@ -25,9 +27,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import importlib
 import os
 import pkgutil
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -100,6 +104,75 @@ def require_path(path: str | Path, flag: str, folder: bool = False) -> Path:
     return path
 
 
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose mistakes are one line, ``lmforge VERB: error: ...``, exit 2.
+
+    No prefix matching (``--max-step`` is not ``--max-steps``): an abbreviation silently accepted today becomes
+    ambiguous the day a verb gains a flag. Sub-verbs' parsers are of this class too (argparse makes a
+    subparser of its parent's class), so each verb reports its own unknown flags, with the closest of its own
+    option strings as a suggestion, instead of the top-level usage."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._words = list(sys.argv[1:] if args is None else args)  # for error(): the words this parser saw
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:  # here, not at the top level: this parser knows the flags the user meant
+            self.error(self.unknown_message(extras))
+        return namespace, extras
+
+    def _own_flags(self) -> list[str]:
+        return [option for option in self._option_string_actions if option.startswith("--")]
+
+    def _unknown_flags(self) -> list[str]:
+        """The long flags among this parser's own words (up to its sub-verb) that it does not define."""
+        verbs = {name for action in self._actions if isinstance(action, argparse._SubParsersAction)
+                 for name in action.choices}
+        unknown = []
+        for word in getattr(self, "_words", []):
+            if word == "--" or word in verbs:
+                break
+            flag = word.split("=", 1)[0]
+            if flag.startswith("--") and flag not in self._option_string_actions:
+                unknown.append(flag)
+        return unknown
+
+    def unknown_message(self, extras: list[str]) -> str:
+        """The error for words this parser does not know: the first unknown flag and its closest flag."""
+        flags = [word for word in extras if word.startswith("-") and word != "-"]
+        if not flags:
+            return f"unexpected argument{'s' if len(extras) > 1 else ''}: {' '.join(extras)}"
+        flag = flags[0].split("=", 1)[0]
+        close = difflib.get_close_matches(flag, self._own_flags(), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}?" if close else f"see {self.prog} --help"
+        return f"unknown flag {flag}; {hint}"
+
+    def error(self, message: str):
+        """One line on stderr and exit 2: the usage is what ``--help`` is for. An unknown flag is reported
+        before what it caused (a typo'd required flag would otherwise read as a missing one)."""
+        unknown = self._unknown_flags()
+        if unknown:
+            message = self.unknown_message(unknown)
+        else:
+            message = _suggest_choice(message)
+        self.exit(EXIT_USER, f"{self.prog}: error: {message}\n")
+
+
+def _suggest_choice(message: str) -> str:
+    """argparse's ``invalid choice: 'x' (choose from ...)`` with the closest choice first, when there is one."""
+    found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+    if not found:
+        return message
+    choices = re.findall(r"'([^']*)'", found.group(2))
+    close = difflib.get_close_matches(found.group(1), choices, n=1, cutoff=0.6)
+    if not close:
+        return message
+    return f"{message[:found.start()]}invalid choice: {found.group(1)!r}; did you mean {close[0]!r}? " \
+           f"(choose from {found.group(2)})"
+
+
 THREADS_HELP = "torch intra-op threads for this command (torch.set_num_threads; default: torch's own, one per core)"
 
 
@@ -127,7 +200,7 @@ def set_threads(threads: int | None) -> None:
 def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     """The command line's parser. Given the ``verb`` about to run, only its module is imported when that module
     registers it (each verb module imports what it runs: all of them together take seconds to import)."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="lmforge",
         description="Transformer language models: build, pre-train, fine-tune, prompt, embed.",
         epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,

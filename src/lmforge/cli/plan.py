@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 from lmforge.cost.chinchilla import PUBLISHED, ScalingLaw
 from lmforge.cost.estimate import probe_throughput
-from lmforge.cost.shapes import nearest_preset, scaled_shape
+from lmforge.cost.shapes import FAMILIES, nearest_preset, preset_family, scaled_shape
 from lmforge.errors import InputFileNotFound, UserInputError
 from lmforge.training.price_tag import DEVICE_KINDS, PriceSettings
 
@@ -34,7 +35,14 @@ def register(subparsers) -> None:
     parser.add_argument("--flops-per-second", type=float, default=None,
                         help="achieved FLOP/s of --device (default: measured with a probe of --base)")
     parser.add_argument("--fit", default=None, metavar="FILE", help="scaling_fit.json from `lmforge scaling fit`")
-    parser.add_argument("--base", default="gpt-tiny", help="preset whose shape is scaled to the optimal size")
+    parser.add_argument("--base", default=None, help="preset whose shape is scaled to the optimal size "
+                                                     "(default: gpt-tiny)")
+    parser.add_argument("--family", default=None, choices=FAMILIES,
+                        help="family of the nearest preset (default: that of --base when given, else dense: "
+                             "every decoder but the mixtures of experts)")
+    parser.add_argument("--vocab-size", type=int, default=None,
+                        help="vocabulary size V; no prediction is above ln V, a uniform guess (default: that of "
+                             "--base)")
     parser.add_argument("--n", type=float, default=None, help="your model's non-embedding parameters, to compare")
     parser.add_argument("--d", type=float, default=None, help="your training tokens (default: what --n leaves of "
                                                              "the budget)")
@@ -53,8 +61,31 @@ def _law(path: str | None) -> ScalingLaw:
         raise UserInputError(f"--fit {path}: not a scaling fit of `lmforge scaling fit` ({exc})") from None
 
 
+def _bounded(law: ScalingLaw, n: float, d: float, vocab: int, what: str, outside: list[str]) -> float:
+    loss, raw = law.bounded_loss(n, d, vocab)
+    if raw is not None:
+        outside.append(f"{what} {raw:.4g}")
+    return loss
+
+
+def _capped(loss: float, capped: bool) -> str:
+    return f"capped at {loss:.4f} (outside the law's range)" if capped else f"{loss:.4f}"
+
+
 def run(args) -> int:
     law = _law(args.fit)
+    from lmforge.config import resolve_config
+
+    family = args.family
+    if args.base is None:
+        args.base = "gpt-tiny"
+        family = family or "dense"
+    base_cfg = resolve_config(args.base)
+    if family is None:
+        family = preset_family(args.base, base_cfg) if base_cfg.arch == "decoder" else "dense"
+    vocab = args.vocab_size if args.vocab_size is not None else base_cfg.vocab_size
+    if vocab < 2:
+        raise UserInputError(f"--vocab-size {vocab}: must be at least 2")
     if args.compute is not None:
         compute, how = args.compute, "given"
     else:
@@ -65,7 +96,6 @@ def run(args) -> int:
         if rate is None:
             import torch
 
-            from lmforge.config import resolve_config
             from lmforge.models.transformer import Transformer
 
             if device == "cuda" and not torch.cuda.is_available():
@@ -84,27 +114,42 @@ def run(args) -> int:
         if value is not None and not value > 0:
             raise UserInputError(f"{flag} {value}: must be > 0")
     n_opt, d_opt = law.optimum(compute)
-    preset, preset_n = nearest_preset(n_opt)
+    preset, preset_n = nearest_preset(n_opt, family)
     shape = scaled_shape(args.base, n_opt)
+    outside: list[str] = []
     out = {"compute": compute, "compute_from": how, "law": law.source, "n_opt": n_opt, "d_opt": d_opt,
-           "tokens_per_param": d_opt / n_opt, "loss_opt": law.loss(n_opt, d_opt),
-           "nearest_preset": {"name": preset, "n": preset_n},
+           "tokens_per_param": d_opt / n_opt, "vocab_size": vocab,
+           "loss_opt": _bounded(law, n_opt, d_opt, vocab, "the optimum", outside),
+           "loss_opt_capped": bool(outside),
+           "nearest_preset": {"name": preset, "n": preset_n, "family": family},
            "scaled_shape": {"base": args.base, **shape}}
     if args.n is not None:
         d = args.d if args.d is not None else compute / (6 * args.n)
-        out["yours"] = {"n": args.n, "d": d, "loss": law.loss(args.n, d), "compute": 6 * args.n * d}
+        before = len(outside)
+        out["yours"] = {"n": args.n, "d": d, "loss": _bounded(law, args.n, d, vocab, "yours", outside),
+                        "compute": 6 * args.n * d}
+        out["yours"]["loss_capped"] = len(outside) > before
+    # One line, whatever fell outside: a loss outside [0, ln V] is no model's, so the fit was extrapolated.
+    out["warnings"] = [] if not outside else [
+        f"warning: the law's loss for {' and '.join(outside)} nats is outside [0, ln V = {math.log(vocab):.4g}] "
+        f"(V = {vocab}, a uniform guess): N and D lie outside the range of its fit, so the prediction is capped "
+        f"and means nothing"]
+    for line in out["warnings"]:
+        print(line, file=sys.stderr)
     if args.json:
         print(json.dumps(out))
         return 0
     print(f"budget      {compute:.4g} FLOPs ({how})")
     print(f"law         {law.source}")
     print(f"optimum     N = {n_opt:.4g} parameters, D = {d_opt:.4g} tokens ({d_opt / n_opt:.1f} tokens/parameter), "
-          f"predicted loss {out['loss_opt']:.4f}")
-    print(f"nearest preset  {preset} (N = {preset_n:,})")
+          f"predicted loss {_capped(out['loss_opt'], out['loss_opt_capped'])}")
+    print(f"nearest preset  {preset} (N = {preset_n:,}; family {family})")
     print(f"scaled {args.base}  " + ", ".join(f"{k}={v}" for k, v in shape["overrides"].items())
           + f" (N = {shape['n']:,})")
     if "yours" in out:
         y = out["yours"]
-        print(f"yours       N = {y['n']:.4g}, D = {y['d']:.4g}: predicted loss {y['loss']:.4f} "
-              f"({y['loss'] - out['loss_opt']:+.4f} against the optimum; uses {y['compute']:.3g} FLOPs)")
+        gap = ("no gap to the optimum can be read" if y["loss_capped"] or out["loss_opt_capped"]
+               else f"{y['loss'] - out['loss_opt']:+.4f} against the optimum")
+        print(f"yours       N = {y['n']:.4g}, D = {y['d']:.4g}: predicted loss {_capped(y['loss'], y['loss_capped'])} "
+              f"({gap}; uses {y['compute']:.3g} FLOPs)")
     return 0

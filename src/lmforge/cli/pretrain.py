@@ -29,6 +29,7 @@ from lmforge.training import config as tc
 from lmforge.training import distributed
 from lmforge.training.config import TrainConfig, read_settings, setting_names
 from lmforge.training.pretrain import build_pretraining
+from lmforge.training.resume_settings import RESUMABLE_FLAGS, refuse_trajectory_changes
 from lmforge.training.trainer import run_started
 from lmforge.utils.flags import add_dataclass_flags, key_values
 from lmforge.utils.folder_kinds import require_kind
@@ -85,7 +86,10 @@ OPTIONS = [
                      "stops with one line (default: torch's, 30 min with gloo, 10 min with NCCL)"),
     ("num_workers", "DataLoader worker processes"),
     ("seed", "seed of initial weights, data order, masking and dropout"),
-    ("resume", "continue the run in --out from its newest intact checkpoint"),
+    ("resume", "continue the run in --out from its newest intact checkpoint, with the settings it saved. Only "
+               f"these may change on resume: {RESUMABLE_FLAGS}; each change is appended to OUT/history.jsonl. Any "
+               "other difference (lr, schedule, batch, model, data, objective, seed, PEFT, lengths, precision) is "
+               "refused, and nothing is written"),
     ("progress", "hide the progress bar (it is shown by default)"),
     ("tensorboard", "do not write TensorBoard events (they are written to OUT/tensorboard/ by default)"),
     ("region", "grid region for the run's CO2e (world, us, eu, fr, ...; default world); see `lmforge cost`"),
@@ -121,6 +125,9 @@ def _settings(args):
         raise UserInputError(f"--out {config.out}: holds no run to resume (no config.yaml); check the path, or "
                              "start a run there without --resume")
     config.require("model", "objective", "data", "out", source=args.config or "a --config file")
+    saved = Path(config.out) / "config.yaml"
+    if config.resume and saved.is_file():
+        refuse_trajectory_changes(config.out, TrainConfig.load(saved).to_dict(), config.to_dict(), "pretrain")
     # A model folder to continue from: a task folder has no pre-training head, a run folder means its model/ (a
     # quantised folder passes, to be refused with what to train instead).
     require_kind(config.model, ("model", "hf", "bilm", "quantized"), "pretrain", "--model")

@@ -55,6 +55,23 @@ class ScalingLaw:
     def loss(self, n: float, d: float) -> float:
         return self.E + self.A / n**self.alpha + self.B / d**self.beta
 
+    def bounded_loss(self, n: float, d: float, vocab_size: int) -> tuple[float, float | None]:
+        """L(N, D) clipped to [0, ln V], and the law's raw value when it fell outside (else ``None``).
+
+        No model's cross-entropy over V tokens is below 0 or worse than a uniform guess, ln V: a fit that says
+        otherwise has been extrapolated beyond the data it was fitted on (small N or D), so its number means
+        nothing there.
+
+        Example:
+            >>> PUBLISHED.bounded_loss(1.06e7, 3.7e5, 8192)[0] == math.log(8192)
+            True
+        """
+        raw = self.loss(n, d)
+        ceiling = math.log(vocab_size)
+        if 0.0 <= raw <= ceiling:
+            return raw, None
+        return min(max(raw, 0.0), ceiling), raw
+
     def parametric_optimum(self, compute: float) -> tuple[float, float]:
         """N and D minimising L(N, D) subject to 6·N·D = C (the closed form above)."""
         s = self.alpha + self.beta

@@ -88,9 +88,41 @@ def _val_threshold(fraction: float) -> int:
     return int(fraction * (1 << 64))
 
 
+def _hash(text: bytes, key: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8, key=key).digest(), "little")
+
+
 def _is_val(text: bytes, key: bytes, threshold: int) -> bool:
     # A keyed hash (not an RNG over positions): membership depends only on the text and the seed.
-    return int.from_bytes(hashlib.blake2b(text, digest_size=8, key=key).digest(), "little") < threshold
+    return _hash(text, key) < threshold
+
+
+# Corpora up to this size are read twice when needed, so that a small one keeps a validation document.
+SMALL_CORPUS_BYTES = 64_000_000
+
+
+def _threshold_keeping_one(paths, text_field: str, key: bytes, threshold: int) -> int:
+    """``threshold``, raised just enough to put one document in validation when none falls below it.
+
+    With ``--val-fraction 0.01`` a corpus of 138 documents expects 1.4 validation documents and gets none a
+    quarter of the time; pre-training then runs without evaluation. Raising the threshold to just above the
+    smallest hash moves the one text with that hash (and its duplicates) to validation and keeps the split a
+    function of the texts and the seed alone, so a resumed run makes the same one.
+
+    Bad input is left to the main pass, which reports it after writing the chunks before it: this pass reads
+    bad bytes as U+FFFD (so a rerun with ``--errors replace`` finds the same threshold) and gives up on
+    anything else.
+    """
+    hashes: set[int] = set()
+    try:
+        for text in iter_documents(paths, text_field=text_field, errors="replace"):
+            h = _hash(text.encode("utf-8", "surrogatepass"), key)
+            if h < threshold:
+                return threshold
+            hashes.add(h)
+    except DataError:
+        return threshold
+    return min(hashes) + 1 if len(hashes) >= 2 else threshold  # one distinct text: nothing to hold out
 
 
 def _write_array(path: Path, array: np.ndarray) -> str:
@@ -197,7 +229,8 @@ def prepare(
         inputs: files, globs or folders (formats of :mod:`lmforge.data.sources`).
         tokenizer: a :class:`~lmforge.tokenization.Tokenizer` or a path :meth:`Tokenizer.load` accepts.
         out_dir: output folder; created if needed.
-        val_fraction: expected fraction of documents in the validation split (0 for none).
+        val_fraction: expected fraction of documents in the validation split (0 for none); a corpus of at
+            most 64 MB with two different documents or more keeps at least one there.
         seed: key of the hash that assigns documents to train/val.
         text_field: JSONL field / CSV, TSV, Parquet column holding the text.
         errors: ``"strict"`` or ``"replace"`` for non-UTF-8 bytes.
@@ -327,6 +360,8 @@ def _run(out, manifest, tok, paths, np_dtype, val_fraction, seed, text_field, er
     shard_bytes, batch_bytes = int(shard_mb * 1e6), int(batch_mb * 1e6)
     key = seed.to_bytes(8, "little", signed=True)
     threshold = _val_threshold(val_fraction)
+    if threshold > 0 and sum(p.stat().st_size for p in paths) <= SMALL_CORPUS_BYTES:
+        threshold = _threshold_keeping_one(paths, text_field, key, threshold)
     counts: dict[str, int] = {}
     bar = tqdm(total=sum(p.stat().st_size for p in paths), unit="B", unit_scale=True, desc="prepare",
                disable=not progress, dynamic_ncols=True)
@@ -387,8 +422,9 @@ def _run(out, manifest, tok, paths, np_dtype, val_fraction, seed, text_field, er
     if manifest["splits"]["train"]["tokens"] == 0 and manifest["splits"]["val"]["tokens"] == 0:
         raise DataError("the inputs tokenised to no tokens at all")
     if val_fraction > 0 and manifest["splits"]["val"]["documents"] == 0:
-        warnings.warn(f"the validation split is empty ({total_docs} documents, --val-fraction {val_fraction})",
-                      stacklevel=3)
+        warnings.warn(f"the validation split is empty ({total_docs} documents, --val-fraction {val_fraction}): "
+                      "no held-out loss can be measured; give at least two different documents, a larger "
+                      "--val-fraction, or --val-fraction 0 to train without one", stacklevel=3)
     manifest["documents_read"] = total_docs
     manifest["complete"] = True
     atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=1) + "\n")

@@ -210,8 +210,12 @@ def file_sizes(name: str) -> tuple[int, int]:
     disk = raw = 0
     for file_name in info(name).files.values():
         file = FILES / file_name
-        disk += file.stat().st_size
-        with open(file, "rb") as f:  # gzip stores the uncompressed size (mod 2**32) in its last 4 bytes
-            f.seek(-4, 2)
+        size = file.stat().st_size
+        disk += size
+        with open(file, "rb") as f:
+            if f.read(2) != b"\x1f\x8b":  # not gzipped (e.g. cloze_facts.tsv): its size is its raw size
+                raw += size
+                continue
+            f.seek(-4, 2)  # gzip stores the uncompressed size (mod 2**32) in its last 4 bytes
             raw += int.from_bytes(f.read(4), "little")
     return disk, raw

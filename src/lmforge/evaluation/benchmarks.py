@@ -142,7 +142,12 @@ def get(name: str) -> Benchmark:
     """The task called ``name``; an unknown name lists the known ones with the closest match first."""
     if name in TASKS:
         return TASKS[name]
-    close = difflib.get_close_matches(name.lower(), list(TASKS), n=1, cutoff=0.3)
+    # Within its own kind first: a name without a suite ("clasify") is more likely a task type than a task,
+    # which a loose match over every name would pick ("glue/cola"); across kinds only when none is close.
+    types = [*TASK_TYPES, "instruct", "embedding"]
+    own, other = (list(TASKS), types) if "/" in name else (types, list(TASKS))
+    close = (difflib.get_close_matches(name.lower(), own, n=1, cutoff=0.6)
+             or difflib.get_close_matches(name.lower(), own + other, n=1, cutoff=0.3))
     hint = f"; did you mean {close[0]!r}?" if close else ""
     raise UserInputError(f"unknown task {name!r}{hint} Known tasks: {', '.join(TASKS)}"
                          " (or a task type: classify, regress, multilabel, tag, qa, multiple-choice, seq2seq, "

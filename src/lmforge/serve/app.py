@@ -10,7 +10,7 @@
     GET  /tokenizer_info            the tokenizer's special tokens and chat template (what lm-evaluation-harness's
                                     remote tokenizer reads)
     GET  /health, GET /metrics      liveness, and Prometheus metrics (:mod:`lmforge.serve.metrics`)
-    GET  /                          the playground page (:mod:`lmforge.serve.playground`)
+    GET  /                          the playground page (:mod:`lmforge.serve.playground`); /favicon.ico its icon
 
 Generation requests become :class:`~lmforge.serve.batching.job.Job` s (one per prompt and choice) that the
 model's scheduler runs in its continuous batch; tokens come back through an asyncio queue. Completions take
@@ -56,7 +56,13 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 DEFAULT_CHAT_MAX_TOKENS = 256  # chat: up to this, or what the context leaves
 API_PATHS = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/classify", "/v1/search")
 TOKENIZER_PATHS = ("/tokenize", "/detokenize", "/tokenizer_info")
-OPEN_PATHS = ("/", "/health", "/metrics", "/playground.js", "/playground.css", "/docs", "/openapi.json")
+OPEN_PATHS = ("/", "/health", "/metrics", "/playground.js", "/playground.css", "/favicon.ico", "/docs",
+              "/openapi.json")
+# An anvil-grey square with an "lm": browsers ask every page's origin for /favicon.ico, and a 404 there is a red
+# line in the console of a page that has no error.
+FAVICON_SVG = ('<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 32 32"><rect width="32" height="32" rx="6" '
+               'fill="#3b4252"/><text x="16" y="22" font-family="sans-serif" font-size="15" font-weight="bold" '
+               'fill="#eceff4" text-anchor="middle">lm</text></svg>')
 
 
 class ApiError(Exception):
@@ -215,11 +221,14 @@ def create_app(served: dict[str, ServedModel], limits: Limits, api_key: str | No
     def playground_css():
         return Response(_asset("playground.css"), media_type="text/css")
 
+    @app.get("/favicon.ico", include_in_schema=False)
+    def favicon():
+        return Response(FAVICON_SVG, media_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"})
+
     @app.get("/v1/models", response_model=S.ModelList)
     def models():
         now = int(time.time())
-        return {"object": "list", "data": [{"id": m.name, "created": now, "kind": m.kind,
-                                             "chat": m.chat_template is not None} for m in served.values()]}
+        return {"object": "list", "data": [_model_card(m, now) for m in served.values()]}
 
     # stream=true answers server-sent events instead of the JSON body
     streamed = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}}
@@ -345,6 +354,16 @@ def create_app(served: dict[str, ServedModel], limits: Limits, api_key: str | No
                 "chat_template": m.chat_jinja()}
 
     return app
+
+
+def _model_card(m: ServedModel, created: int) -> dict:
+    """``/v1/models``' entry of ``m``: ``chat`` is true for an instruction-tuned model (its own chat template);
+    ``chat_template`` says which template chat renders with, "model" or "default" (not instruction-tuned)."""
+    card = {"id": m.name, "created": created, "kind": m.kind, "chat": False, "chat_template": None}
+    if m.kind == "generate" and m.chat_template is not None:
+        card["chat"] = not m.chat_template_default
+        card["chat_template"] = "default" if m.chat_template_default else "model"
+    return card
 
 
 def _asset(name: str) -> str:

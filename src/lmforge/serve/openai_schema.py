@@ -204,7 +204,11 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "lmforge"
     kind: str = Field(description="extension: generate, embed, classify or search")
-    chat: bool = Field(False, description="extension: whether the model has a chat template")
+    chat: bool = Field(False, description="extension: whether the model has its own chat template "
+                       "(instruction-tuned)")
+    chat_template: Literal["model", "default"] | None = Field(
+        None, description="extension: the template chat renders with: 'model' (the folder's chat_template.json) "
+        "or 'default' (plain User:/Assistant: lines; the model was not instruction-tuned); none for other kinds")
 
 
 class ModelList(BaseModel):

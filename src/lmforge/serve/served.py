@@ -5,9 +5,10 @@
     an encoder (BERT-like, sentence encoder)  embed       POST /v1/embeddings, as ``lmforge embed`` gives
     an index folder (``lmforge index build``)  search      POST /v1/search, as ``lmforge index search`` gives
 
-A generating model gets its own :class:`~lmforge.serve.batching.scheduler.Scheduler`; chat needs the
+A generating model gets its own :class:`~lmforge.serve.batching.scheduler.Scheduler`; chat renders the
 folder's ``chat_template.json`` (written by instruction tuning), so prompts are rendered exactly as in
-training.
+training. A decoder without one (a base model, e.g. fresh from ``lmforge pretrain``) chats through
+:data:`DEFAULT_CHAT_TEMPLATE`, plain ``User:``/``Assistant:`` lines, and says so (``chat_template_default``).
 
 Example:
     >>> parse_model_args(["runs/gpt", "enc=runs/minilm"])
@@ -33,6 +34,13 @@ from lmforge.tasks import inference
 from lmforge.tasks.model import read_task_meta
 from lmforge.tokenization import Tokenizer
 from lmforge.utils.folder_kinds import MODELS, require_kind
+
+# Plain text a base model has seen in its pre-training data (dialogue, transcripts), so its continuation after
+# "Assistant:" is its best guess at an answer. No EOS closes a turn: to a base model it separates documents,
+# and the user's header (a stop string) ends an answer instead. The header ends without a space because BPE
+# vocabularies attach the space to the next word (" Paris").
+DEFAULT_CHAT_TEMPLATE = ChatTemplate(system="System: {content}\n", user="User: {content}\n",
+                                     assistant="Assistant:{content}\n")
 
 
 def parse_model_args(values: list[str]) -> list[tuple[str, str]]:
@@ -67,6 +75,7 @@ class ServedModel:
     task: Any = None
     index: VectorIndex | None = None
     eos_ids: list[int] = field(default_factory=list)
+    chat_template_default: bool = False  # no chat_template.json: not instruction-tuned, the plain default is used
 
     def chat_prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
         """Prompt ids of a conversation, ending with the assistant's header (the model's chat template)."""
@@ -117,12 +126,14 @@ def load_served(name: str, folder: str | Path, limits: Limits, device: str = "cp
     if mc.position in ("learned", "sinusoidal") and max_len > mc.max_seq_len:
         raise UserInputError(f"--max-len {max_len} exceeds model {name!r}'s max_seq_len={mc.max_seq_len} "
                              f"({mc.position} positions)")
-    template = ChatTemplate.load(folder) if (folder / CHAT_TEMPLATE_FILE).is_file() else None
+    own = (folder / CHAT_TEMPLATE_FILE).is_file()
+    template = ChatTemplate.load(folder) if own else DEFAULT_CHAT_TEMPLATE
     eos = mc.eos_token_id
+    eos_ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
     scheduler = Scheduler(model, limits.max_batch, limits.max_queue, max_len, observe=observe,
                           decode_weights=decoding_forms(model), compile=compile).start()
     return ServedModel(name, "generate", folder, tokenizer, model=model, max_len=max_len, scheduler=scheduler,
-                       chat_template=template, eos_ids=[] if eos is None else [eos] if isinstance(eos, int) else list(eos))
+                       chat_template=template, eos_ids=eos_ids, chat_template_default=not own)
 
 
 def load_index(name: str, folder: Path, device: str = "cpu") -> ServedModel:

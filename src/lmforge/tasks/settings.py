@@ -38,6 +38,8 @@ from lmforge.datasets import benchmarks
 from lmforge.errors import InputFileNotFound, UserInputError
 from lmforge.peft.config import MERGEABLE, PeftConfig
 from lmforge.tasks import columnar
+from lmforge.training.config import TrainConfig
+from lmforge.training.resume_settings import record_resume, refuse_trajectory_changes
 from lmforge.utils.flags import split_key_value
 from lmforge.utils.io import atomic_write_text, read_mapping_file
 
@@ -220,6 +222,8 @@ def read_saved_settings(out: str | Path) -> dict[str, Any]:
 def save_settings(settings: dict[str, Any]) -> Path:
     """Write ``OUT/finetune.yaml`` (atomically), so that ``--resume`` can continue with the same settings."""
     path = Path(settings["out"]) / SETTINGS_FILE
+    if settings["trainer"].get("resume") and path.is_file():  # what this resume changed joins the run's history
+        record_resume(settings["out"], read_saved_settings(settings["out"]), dict(settings))
     atomic_write_text(path, yaml.safe_dump(dict(settings), sort_keys=False))
     return path
 
@@ -272,4 +276,9 @@ def finetune_settings(given: dict[str, Any]) -> dict[str, Any]:
     if settings["eval_sets"] and task.get("mixture"):
         raise UserInputError("--eval-set: a mixture evaluates each of its tasks on its own eval file; give the "
                              "further sets as mixture tasks instead")
+    if saved:
+        # A trainer setting the run left at its default is saved without it: compare the values it ran with.
+        defaults = {k: v for k, v in TrainConfig().to_dict().items() if k in TRAINER_KEYS}
+        refuse_trajectory_changes(settings["out"], {**saved, "trainer": {**defaults, **saved.get("trainer", {})}},
+                                  {**settings, "trainer": {**defaults, **settings["trainer"]}}, "finetune")
     return settings

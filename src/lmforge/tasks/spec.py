@@ -55,6 +55,20 @@ DEFAULT_COLUMNS = {
     "text2text": {"text": "text", "target": "target"},
     "reward": {"prompt": "prompt", "chosen": "chosen", "rejected": "rejected"},
 }
+
+
+def column_defaults(role: str) -> str:
+    """The default column of ``role`` per task, for ``--help``: the most common name first, then the exceptions.
+
+    Example:
+        >>> column_defaults("label")
+        'label; multilabel: labels; tag: tags'
+    """
+    names = {task: cols[role] for task, cols in DEFAULT_COLUMNS.items() if role in cols}
+    common = max(set(names.values()), key=list(names.values()).count)
+    return "; ".join([common] + [f"{task}: {name}" for task, name in names.items() if name != common])
+
+
 MIXTURE_KEYS = ("name", "train", "eval", "text_column", "text_pair_column", "label_column", "target_column",
                 "task_prefix", "label_map")
 

@@ -11,6 +11,7 @@
     dist_checkpoint.py           FSDP's sharded checkpoints through DCP, resharding, consolidation to a model folder
     logging.py                   metrics.jsonl, TensorBoard, loss.png, progress bar
     pretrain.py                  the recipe behind `lmforge pretrain`: tokenizer + shards + objective + model
+    resume_settings.py           --resume is exact or refused: saved vs given settings, OUT/history.jsonl
 
 Example (``data/corpus``: a folder made by ``lmforge data prepare``; the example of
 :mod:`lmforge.training.pretrain` runs this on a corpus it makes)::

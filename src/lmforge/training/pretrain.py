@@ -86,6 +86,7 @@ from lmforge.objectives.multilingual_denoising import LANGUAGES_FILE, language_t
 from lmforge.tokenization import Tokenizer
 from lmforge.training import distributed
 from lmforge.training.config import TrainConfig
+from lmforge.training.resume_settings import record_resume
 from lmforge.training.trainer import Trainer, TrainResult
 from lmforge.utils.io import atomic_write_text
 
@@ -415,6 +416,8 @@ def build_pretraining(config: TrainConfig, *, loss=None, init: Callable[[Transfo
     out = Path(config.out)
 
     def write_run_files() -> None:  # by the Trainer, once the run folder is checked and locked
+        if config.resume and (out / "config.yaml").is_file():  # what this resume changed joins the run's history
+            record_resume(out, TrainConfig.load(out / "config.yaml").to_dict(), config.to_dict())
         config.save(out / "config.yaml")
         tokenizer.save(out / "tokenizer")
         for name, text in (run_files or {}).items():

@@ -136,7 +136,7 @@ def check_fresh_run(out: str | Path, resume: bool = False) -> None:
         refuse_if_held(out)  # a run another process is writing right now: name its holder instead
         steps = CheckpointManager(Path(out) / "checkpoints").steps() or steps  # it may have just finished
         raise RunExistsError(f"{out} already holds a run (checkpoints up to step {steps[-1]}): resume it with "
-                             "--resume (resume=True) or choose another output folder")
+                             "--resume or choose another output folder")
 
 
 class TrainingDiverged(LmforgeError):

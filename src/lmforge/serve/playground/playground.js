@@ -2,6 +2,7 @@
 "use strict";
 const $ = (id) => document.getElementById(id);
 let history = [];
+let models = {};  // id -> its /v1/models entry
 
 function headers() {
   const h = { "Content-Type": "application/json" };
@@ -15,14 +16,30 @@ async function loadModels() {
   const res = await fetch("/v1/models", { headers: headers() });
   if (!res.ok) { say("could not list models: " + res.status); return; }
   const body = await res.json();
+  models = {};
   for (const [select, kind] of [["model", "generate"], ["index", "search"]]) {
     $(select).innerHTML = "";
     for (const m of body.data.filter((m) => m.kind === kind)) {
+      models[m.id] = m;
       const o = document.createElement("option");
-      o.value = m.id; o.textContent = m.id + (m.chat ? " (chat)" : "");
+      o.value = m.id;
+      const note = m.chat ? " (chat)" : m.chat_template === "default" ? " (base model: default chat template)" : "";
+      o.textContent = m.id + note;
       $(select).appendChild(o);
     }
   }
+  // Search needs an index; without one its tab would be an empty dropdown
+  $("tab-search").classList.toggle("hidden", !body.data.some((m) => m.kind === "search"));
+  openSupportedTab();
+}
+
+// A base model continues text: open Complete for it, Chat for an instruction-tuned one, Search for an index alone
+function openSupportedTab() {
+  const m = models[$("model").value];
+  const tab = m ? (m.chat ? "chat" : "complete") : ($("index").value ? "search" : "chat");
+  show(tab);
+  $("chat-note").textContent = m && m.chat_template === "default"
+    ? m.id + " was not instruction-tuned: chat uses the plain default template (User:/Assistant: lines)" : "";
 }
 
 async function runSearch(ev) {
@@ -138,4 +155,5 @@ $("tab-complete").addEventListener("click", () => show("complete"));
 $("tab-search").addEventListener("click", () => show("search"));
 $("search-form").addEventListener("submit", runSearch);
 $("apikey").addEventListener("change", loadModels);
+$("model").addEventListener("change", openSupportedTab);
 loadModels();
