@@ -96,7 +96,7 @@ def test_two_processes_started_together_twenty_times_in_both_orders(tmp_path):
 
 
 def test_stale_temporaries_of_a_live_writer_are_spared(tmp_path):
-    """A ``.NAME.PID-XXXX.tmp`` goes only when its writer is dead (or is the caller)."""
+    """A ``.NAME.PID-<random>.tmp`` goes only when its writer is dead (or is the caller)."""
     dead = multiprocessing.get_context("fork").Process(target=lambda: None)
     dead.start()
     dead.join()

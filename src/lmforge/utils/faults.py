@@ -69,7 +69,7 @@ def destination(path: str | Path) -> Path:
     return Path(*(_TEMPORARY.sub(r"\1", part) for part in path.parts))
 
 
-# tempfile's names: 8 random characters, after the writer's pid where utils.io puts it (``.NAME.PID-XXXXXXXX.tmp``)
+# tempfile's names: 8 random characters, after the writer's pid where utils.io puts it (``.NAME.PID-<8 random characters>.tmp``)
 _TEMPORARY = re.compile(r"^\.(.+)\.(?:\d+-)?[A-Za-z0-9_]{8}\.tmp$")
 
 

@@ -50,7 +50,7 @@ OWNER_FILE = ".lmforge.lock.pid"
 GRACE_S = 1.0  # how long an acquisition waits for a holder that lets go at once (a probe, a finishing run)
 OWNER_WAIT_S = 3.0  # how long a refused process waits for a new holder to write its PID
 _HELD: set[Path] = set()  # the folders this process holds: a process never refuses itself
-# The atomic-write helpers name a temporary ``.NAME.PID-XXXX.tmp`` (older ones ``.NAME.XXXX.tmp``).
+# The atomic-write helpers name a temporary ``.NAME.PID-<random>.tmp`` (older ones ``.NAME.<random>.tmp``).
 _TMP_PID = re.compile(r"\.(\d+)-[^.]*\.tmp$")
 
 
@@ -214,7 +214,7 @@ def remove_stale_temporaries(folder: str | Path, name: str | None = None) -> lis
     """Clean up after a writer that died mid-write; call only while holding the folder's lock, or, with
     ``name``, for the one output ``folder/name`` a command without a lock is about to write.
 
-    The atomic-write helpers write ``.NAME.PID-XXXX.tmp`` siblings and rename them into place, and move a
+    The atomic-write helpers write ``.NAME.PID-<random>.tmp`` siblings and rename them into place, and move a
     replaced folder aside to ``.NAME.old`` until its successor is in place. A ``.tmp`` left behind is
     half-written and goes, unless the process named in it is still running (another command writing the same
     output right now). A ``.NAME.old`` whose ``NAME`` exists is a replaced copy and goes; one whose ``NAME`` is
