@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.lmforge-installed
 TORCH  := torch==2.13.0
 
-.PHONY: demo test install browser bench bench-docs bench-engines check-report clean
+.PHONY: demo test install browser bench bench-docs bench-engines check-report docs-tables clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,18 @@ bench: $(STAMP)
 bench-docs: $(STAMP)
 	$(VENV)/bin/lmforge bench --json > docs/bench.json.new && mv docs/bench.json.new docs/bench.json
 	$(PY) -m benchmarks.performance_doc docs/bench.json
+
+# The measured tables of docs/lab/experiments/ (lmforge.experiments.docs_tables): prepare each grid's data as its
+# header says, run it (resuming) into $(RUNS_DIR)/GRID/SIZE and copy its table with the command, date, commit and
+# machine; tables.json records each grid's fingerprint, which tests/test_docs_tables.py checks. Without GRIDS:
+# every table tables.json lists, at its own size (SIZE filters). Hours for all ten grids; minutes for positions.
+GRIDS ?=
+SIZE ?=
+RUNS_DIR ?= exp
+WORKERS ?= 2
+docs-tables: $(STAMP)
+	$(VENV)/bin/lmforge experiment docs $(GRIDS) $(if $(SIZE),--size $(SIZE)) --runs-dir $(RUNS_DIR) \
+		--workers $(WORKERS)
 
 # Opt-in: greedy decoding of lmforge's modes against HF generate, CTranslate2 and llama.cpp
 # (benchmarks/generate_engines.py). Installs the engines extra (llama-cpp-python may build from source: minutes)

@@ -36,6 +36,8 @@ RESULTS = {
         {"precision": "fp32", "dense_tok_s": 1000.0, "moe_tok_s": 800.0, "ratio": 0.8}]},
     "price_tag_overhead": {"benchmark": "price_tag_overhead", "steps": 60, "accounting_us_per_step": 200.0,
                            "median_step_s": 0.5, "accounting_share": 0.0004},
+    "cli_startup": {"benchmark": "cli_startup", "median_s": {"lmforge --help": 0.25, "lmforge finetune --help": 5.0,
+                                                             "import torch": 4.0}},
     "training_jobs": {"benchmark": "training_jobs", "jobs": [
         {"job": "finetune", "loop_speedup": 1.5, "loop_cpu_speedup": 1.4, "wall_speedup": 1.25, "rss_ratio": 0.9,
          "lmforge": {"loop_s": {"median": 10.0}, "loop_cpu_s": {"median": 5.0}, "wall_s": {"median": 20.0}, "rss_mb": {"median": 900.0}},
@@ -104,6 +106,9 @@ def test_rows_for_each_benchmark_format():
         ("finetune: peak RSS", "HF Trainer 1,000.0 MB", 0.9, "lower")]
     assert [(r.case, r.lmforge, r.reference, r.ratio, r.better) for r in rows["price_tag_overhead"]] == [
         ("per-step accounting, 60 steps of gpt-tiny", "200 us/step", "loop 500.0 ms/step", 0.0004, "lower")]
+    assert [(r.case, r.lmforge, r.reference, r.ratio, r.better) for r in rows["cli_startup"]] == [
+        ("lmforge --help", "0.25 s", "import torch 4.00 s", 0.0625, "lower"),
+        ("lmforge finetune --help", "5.00 s", "import torch 4.00 s", 1.25, "lower")]
     assert [(r.case, r.lmforge, r.reference, r.ratio) for r in rows["serve_load"]] == [
         ("gpt-tiny, 4 concurrent streams", "150.0 tok/s, p99 TTFT 0.30 s", "one at a time 50.0 tok/s", 3.0),
         ("gpt-tiny, 16 concurrent streams", "250.0 tok/s, p99 TTFT 1.25 s", "one at a time 50.0 tok/s", 5.0)]

@@ -78,7 +78,7 @@ def test_evaluate_by_name_equals_the_same_rows_as_a_file(runs, tmp_path, capsys)
     # and by hand from the predictions
     assert main(["predict", "--model", str(run), "--data", str(GLUE / "SST-2" / "dev.tsv"),
                  "--output", str(tmp_path / "p.jsonl")]) == 0
-    preds = [json.loads(line)["label"] for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    preds = [json.loads(line)["prediction"] for line in (tmp_path / "p.jsonl").read_text().splitlines()]
     gold = [r["label"] for r in csv.DictReader((GLUE / "SST-2" / "dev.tsv").open(), delimiter="\t")]
     assert by_name["accuracy"] == pytest.approx(skm.accuracy_score(gold, preds))
     # predict by name writes the file the same rows give
@@ -105,7 +105,7 @@ def test_cola_by_name_equals_a_parquet_of_its_headerless_rows(runs, tmp_path, ca
     assert _json(capsys) == by_name and set(by_name) == {"mcc"}
     assert main(["predict", "--model", str(runs / "cola"), "--task", "glue/cola", "--data-dir", str(GLUE),
                  "--output", str(tmp_path / "p.jsonl")]) == 0
-    preds = [json.loads(line)["label"] for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    preds = [json.loads(line)["prediction"] for line in (tmp_path / "p.jsonl").read_text().splitlines()]
     assert by_name["mcc"] == pytest.approx(skm.matthews_corrcoef([r[1] for r in rows], preds))
 
 
@@ -118,9 +118,10 @@ def test_a_test_split_writes_the_glue_submission_file(runs, tmp_path, capsys):
     lines = (out / "SST-2.tsv").read_text().splitlines()
     assert main(["predict", "--model", str(run), "--task", "glue/sst2", "--data-dir", str(GLUE), "--split", "test",
                  "--output", str(tmp_path / "t.jsonl")]) == 0
-    preds = [json.loads(line)["label"] for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    preds = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
     test_rows = list(csv.DictReader((GLUE / "SST-2" / "test.tsv").open(), delimiter="\t"))
-    assert lines == ["index\tprediction"] + [f"{r['index']}\t{p}" for r, p in zip(test_rows, preds)]
+    assert [p["index"] for p in preds] == [r["index"] for r in test_rows]  # the test split's ids come back
+    assert lines == ["index\tprediction"] + [f"{p['index']}\t{p['prediction']}" for p in preds]
     assert not (out / "scores.json").exists()  # a test split has no labels to score
 
 

@@ -28,6 +28,7 @@ SMOKE = {
     # lora and one job that trains from scratch (tokenizer, data and held-out masks made by its setup step)
     "training_jobs": ["--jobs", "lora,mlm", "--repeats", "1", "--steps", "2", "--eval-limit", "8"],
     "price_tag_overhead": ["--steps", "3"],
+    "cli_startup": ["--repeats", "1"],
     "serve_load": ["--requests", "2", "--new-tokens", "3", "--concurrency", "1", "2", "--threads", "1"],
     # lmforge's modes and HF at a 2-layer size (CTranslate2 and llama.cpp too where installed; else a skip row)
     "generate_engines": ["--tiny", "--batch-sizes", "1", "2", "--new-tokens", "4", "--repeats", "1", "--threads", "1"],

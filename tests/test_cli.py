@@ -49,8 +49,8 @@ def test_unknown_preset_is_one_line_exit_2():
 
 
 def test_every_command_loads_without_the_optional_extras():
-    """The CLI builds every subcommand's parser at start, so a command module that imports an optional extra at
-    module level (serve's FastAPI/pydantic, Ray, ...) would break every command for a user without it."""
+    """A command module that imports an optional extra at module level (serve's FastAPI/pydantic, Ray, ...) would
+    break that command, --help included, for a user without it (every verb's --help: tests/test_cli_lazy.py)."""
     blocked = ["pydantic", "fastapi", "uvicorn", "prometheus_client", "ray", "torchao", "codecarbon", "scipy",
                "sklearn", "seqeval", "sacrebleu", "rouge_score", "transformers", "peft", "sentence_transformers"]
     code = (f"import sys; sys.modules.update(dict.fromkeys({blocked!r}))\n"

@@ -85,3 +85,19 @@ def test_wrong_teacher_kinds_and_vocabularies_are_refused(teacher, tmp_path, cap
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"has {tok.vocab_size} ids but the student's {tok.vocab_size + 7}" in err[0]
     assert not (tmp_path / "b").exists()
+
+
+def test_dist_timeout_reaches_the_process_group(teacher, tmp_path, monkeypatch):
+    """--dist-timeout was accepted by distill and then dropped: it must reach the group's setup."""
+    from lmforge.training import distributed
+    seen, real = [], distributed.setup
+
+    def setup(strategy="auto", device="auto", timeout=None):
+        seen.append(timeout)
+        return real(strategy, device, timeout)
+    monkeypatch.setattr(distributed, "setup", setup)
+    tok, train, dev, folder = teacher
+    args = distill_args(folder, train, dev, tmp_path / "run", "--dist-timeout", "7")
+    args[args.index("--max-steps") + 1] = "1"
+    assert main(args) == 0
+    assert seen and set(seen) == {7.0}

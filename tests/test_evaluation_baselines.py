@@ -46,8 +46,8 @@ def test_tfidf_baseline_equals_the_sklearn_pipeline(tmp_path, capsys):
     assert main(["predict", "--model", str(out), "--data", "rt-sentiment:test",
                  "--output", str(tmp_path / "p.jsonl")]) == 0
     rows = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
-    assert [r["label"] for r in rows] == expected.tolist()
-    probs = np.array([[r["probabilities"]["0"], r["probabilities"]["1"]] for r in rows])
+    assert [r["prediction"] for r in rows] == expected.tolist()
+    probs = np.array([[r["prediction_probabilities"]["0"], r["prediction_probabilities"]["1"]] for r in rows])
     np.testing.assert_allclose(probs, direct.predict_proba(test_x), atol=1e-6)
     capsys.readouterr()
     assert main(["evaluate", "--model", str(out), "--data", "rt-sentiment:test"]) == 0
@@ -71,8 +71,8 @@ def test_ngram_svm_equals_the_sklearn_pipeline_after_its_folder(tmp_path):
     tx, _ = _texts_labels(str(test))
     direct = make_pipeline(CountVectorizer(ngram_range=(1, 2), binary=True), LinearSVC(random_state=0)).fit(x, y)
     rows = baselines.predict(run["model_dir"], str(test))
-    assert [r["label"] for r in rows] == direct.predict(tx).tolist()
-    margins = np.array([r["scores"]["1"] for r in rows])
+    assert [r["prediction"] for r in rows] == direct.predict(tx).tolist()
+    margins = np.array([r["prediction_scores"]["1"] for r in rows])
     np.testing.assert_allclose(margins, direct.decision_function(tx), atol=1e-6)  # written to 6 places
 
 
@@ -83,7 +83,9 @@ def test_labels_keep_the_spec_order_and_an_unseen_class_is_never_predicted(tmp_p
     run = baselines.train_baseline("tfidf-logreg", spec, str(train), str(train), out=tmp_path / "r")
     assert run["eval"]["accuracy"] == 1.0
     preds = baselines.predict(run["model_dir"], str(train))
-    assert [p["label"] for p in preds] == ["10", "9", "10", "9"] and all(p["probabilities"]["2"] == 0 for p in preds)
+    assert [p["prediction"] for p in preds] == ["10", "9", "10", "9"]
+    assert all(p["prediction_probabilities"]["2"] == 0 for p in preds)
+    assert [p["label"] for p in preds] == [label for _, label in rows]  # the gold column, as it was
 
 
 @pytest.mark.parametrize("name", ["bilstm", "cnn"])

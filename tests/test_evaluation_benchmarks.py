@@ -104,10 +104,9 @@ def test_every_benchmark_finetunes_and_scores_from_its_fixture(name, model_dir, 
         assert main(["evaluate", "--model", str(out / "best"), "--data", source]) == 0
         scores = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     else:
-        key = {"regress": "score"}.get(bench.task, "label")
         gold = [r[bench.columns["label"]] for r in table.rows]
         groups = [r.get("question_id") for r in table.rows]
-        scores = benchmarks.score(name, gold, [p[key] for p in preds], groups)
+        scores = benchmarks.score(name, gold, [p["prediction"] for p in preds], groups)
     for metric in bench.metrics:
         assert metric in scores, (metric, scores)
     # `lmforge tasks evaluate` reports the same metrics on every evaluation split (MNLI: both).

@@ -206,7 +206,7 @@ def test_cli_lora_run_evaluate_predict_and_merge(cli_run, tmp_path, capsys):
     assert main(["predict", "--model", str(out / "best"), "--data", str(dev),
                  "--output", str(tmp_path / "q.jsonl")]) == 0
     cli_rows = [json.loads(line) for line in (tmp_path / "q.jsonl").read_text().splitlines()]
-    assert [r["probabilities"] for r in cli_rows] == [r["probabilities"] for r in rows]
+    assert [r["prediction_probabilities"] for r in cli_rows] == [r["prediction_probabilities"] for r in rows]
 
     # OUT/merged is a plain task folder (full weights, no adapter) with the same predictions; the adapter
     # matters, so a merge that lost it would show.
@@ -221,8 +221,9 @@ def test_cli_lora_run_evaluate_predict_and_merge(cli_run, tmp_path, capsys):
     assert (out / "merged" / "model.safetensors").is_file() and not (out / "merged" / "adapter.safetensors").exists()
     merged = inference.predict(out / "merged", dev, tmp_path / "m.jsonl")
     for a, b in zip(rows, merged, strict=True):
-        assert a["label"] == b["label"]
-        assert all(abs(a["probabilities"][k] - b["probabilities"][k]) < 1e-5 for k in a["probabilities"])
+        assert a["prediction"] == b["prediction"]
+        assert all(abs(a["prediction_probabilities"][k] - b["prediction_probabilities"][k]) < 1e-5
+                   for k in a["prediction_probabilities"])
     assert main(["evaluate", "--model", str(out / "merged"), "--data", str(dev)]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["accuracy"] == scores["accuracy"]
 

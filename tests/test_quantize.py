@@ -382,3 +382,23 @@ def test_evaluate_cli_on_a_task_folder_in_bf16_int8(trained, tmp_path, capsys):
     for flags in ([], ["--dtype", "bf16", "--quantize", "int8"]):
         assert main(["evaluate", "--model", str(task), "--data", str(train), *flags]) == 0
     assert "accuracy" in capsys.readouterr().out
+
+
+def test_quantize_a_short_context_model_and_a_failed_report_leaves_no_folder(trained, tmp_path, monkeypatch):
+    """A 16-token context is shorter than the greedy check's prompt plus continuation: the check shrinks to fit.
+    When the report cannot be made at all, --out is not written."""
+    from lmforge import model_folder
+    _, tok = checkpoint.read_model_folder(trained)
+    torch.manual_seed(0)
+    short = lmforge.build_model("gpt-tiny", n_layers=1, d_model=64, n_heads=2, d_ff=128,
+                                vocab_size=tok.vocab_size, max_seq_len=16)
+    model_folder.save(short, tmp_path / "short", tokenizer=tok)
+    assert main(["quantize", "--model", str(tmp_path / "short"), "--to", "int8", "--out", str(tmp_path / "q")]) == 0
+    assert json.loads((tmp_path / "q" / QUANT_FILE).read_text())["mode"] == "int8"
+
+    def broken(*args, **kwargs):
+        raise UserInputError("the quality report failed")
+    monkeypatch.setattr("lmforge.tasks.quantize.measure", broken)
+    with pytest.raises(UserInputError):
+        quantize_folder(tmp_path / "short", "int8", tmp_path / "q2")
+    assert not (tmp_path / "q2").exists()

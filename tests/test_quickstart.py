@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import shlex
 import shutil
 import signal
+from html import unescape
 from pathlib import Path
 
 import pytest
 
-from lmforge.cli.main import main
+from lmforge.cli.main import build_parser, main
 from lmforge.quickstart import budget, html, report, run_quickstart
 from lmforge.quickstart.folder import RunFolder, SettingsMismatch
+from lmforge.quickstart.runner import finish
 from lmforge.quickstart.stages import STAGES, Stage
 
 
@@ -266,6 +270,33 @@ def test_report_table_and_html_from_records(tmp_path):
     assert json.loads(path.read_text())["x"] is None  # strict JSON: NaN becomes null
 
 
+def test_report_shows_how_to_chat_with_the_decoder(tmp_path, capsys):
+    folder = RunFolder(tmp_path)
+    folder.start({"minutes": 1.0, "device": "cpu"})
+    titles = {s.name: s.title for s in STAGES}
+    folder.finish("probing", {"skipped": "scikit-learn is not installed", "summary": "skipped", "seconds": 0.0})
+    assert "<h2>Chat with" not in html.render(report.build(folder, titles), figs={})  # no decoder: no section
+    folder.finish("pretrain-gpt", {"model": "gpt-tiny", "objective": "clm", "parameters": 10, "steps": 3,
+                                   "tokens": 30, "plan": {"seconds_per_step": 0.1}, "summary": "loss 9 -> 7.5",
+                                   "model_dir": "runs/pretrain-gpt/model", "seconds": 2.0})
+    page = html.write(report.build(folder, titles), tmp_path, figs={}).read_text(encoding="utf-8")
+    model, root = tmp_path.resolve() / "runs" / "pretrain-gpt" / "model", tmp_path.resolve()
+    assert "<h2>Chat with gpt-tiny</h2>" in page and "not instruction-tuned" in page and "default template" in page
+    commands = re.findall(r"<pre>(lmforge [^<]*)</pre>", page)
+    assert commands == [f"lmforge serve --model {model}", f"lmforge chat --model {model}",
+                        f"lmforge finetune --task instruct --model {model} --train demo-instructions --out "
+                        f"{root}-instruct",  # beside the run folder: inside, it would join its price tags
+                        f"lmforge chat --model {root}-instruct/model"]
+    assert '<a href="http://127.0.0.1:8000/">' in page
+    for command in commands:  # each is a command line the CLI takes
+        words = shlex.split(unescape(command))[1:]
+        args = build_parser(words[0]).parse_args(words)
+        assert str(args.model if isinstance(args.model, str) else args.model[0]).startswith(str(root))
+    (tmp_path / "runs" / "pretrain-gpt" / "model").mkdir(parents=True)
+    finish(folder, STAGES)  # the run's last lines name the chat command too
+    assert f"chat with the decoder:\n  lmforge chat --model {model}\n" in capsys.readouterr().out
+
+
 # ------------------------------------------------------------------------------------------- real runs
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory, device) -> Path:
@@ -315,6 +346,9 @@ def test_quickstart_one_minute_report(finished_run):
     assert data["timings"]["total_seconds"] > 0 and data["versions"]["torch"]
     page = (finished_run / "report.html").read_text()
     assert page.count("data:image/png;base64,") >= 6 and "</html>" in page
+    decoder = finished_run.resolve() / stages["pretrain-gpt"]["model_dir"]  # the folder the chat section names
+    assert f"lmforge chat --model {decoder}</pre>" in page and (decoder / "tokenizer.json").is_file()
+    assert not (decoder / "chat_template.json").exists()  # so the page is right: not instruction-tuned
 
 
 @pytest.mark.slow

@@ -336,8 +336,8 @@ def test_a_task_folder_is_served_for_classification_as_predict_gives(tmp_path):
     r = client.post("/v1/classify", json={"model": "sst", "input": texts})
     assert r.status_code == 200, r.text
     got = r.json()["data"]
-    assert [g["label"] for g in got] == [e["label"] for e in expected]
-    assert [g["probabilities"] for g in got] == [e["probabilities"] for e in expected]
+    assert [g["label"] for g in got] == [e["prediction"] for e in expected]
+    assert [g["probabilities"] for g in got] == [e["prediction_probabilities"] for e in expected]
 
 
 def test_prompts_of_one_length_prefill_together_as_they_would_alone():

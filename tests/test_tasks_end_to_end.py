@@ -95,9 +95,14 @@ def test_train_evaluate_predict_reload(task, family, toks, tmp_path):
     rows = inference.predict(tmp_path / "run" / "best", dev, tmp_path / "pred.jsonl")
     assert len(rows) == len(read_table(dev))
     written = [json.loads(line) for line in (tmp_path / "pred.jsonl").read_text().splitlines()]
-    assert written == json.loads(json.dumps(rows)) and PREDICTION_KEY[task] in written[0]
+    assert written == json.loads(json.dumps(rows)) and "prediction" in written[0]
+    source = read_table(dev)  # every input column is kept as it was read, the gold one too, then the prediction
+    assert [{k: r[k] for k in source.columns} for r in written] == json.loads(json.dumps(source.rows))
+    assert list(written[0])[:len(source.columns)] == source.columns
+    key = PREDICTION_KEY[task]  # the task's own name for its answer appears only as an input (gold) column
+    assert key in source.columns or key not in written[0]
     if task in ("classify", "multilabel", "text2text"):
-        probs = written[0]["probabilities"]
+        probs = written[0]["prediction_probabilities"]
         assert set(probs) == set(reloaded.spec.labels or reloaded.spec.label_map)
         if task != "multilabel":
             assert sum(probs.values()) == pytest.approx(1.0, abs=1e-4)
@@ -190,7 +195,8 @@ def test_cli_finetune_evaluate_predict(toks, tmp_path, capsys):
     predicted = tmp_path / "p.tsv"
     assert main(["predict", "--model", str(out / "model"), "--data", str(dev), "--output", str(predicted)]) == 0
     header, *rows = predicted.read_text().splitlines()
-    assert header.split("\t") == ["row", "text", "label", "prob_0", "prob_1"] and len(rows) == 8
+    assert header.split("\t") == ["text", "label", "prediction", "prediction_prob_0", "prediction_prob_1"]
+    assert len(rows) == 8
 
 
 def test_cli_bad_input_is_one_line_naming_file_and_row(toks, tmp_path, capsys):

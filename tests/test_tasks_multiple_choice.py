@@ -123,7 +123,7 @@ def test_every_family_trains_evaluates_and_reloads(family, toks, tmp_path):
     assert mine == theirs and 0.0 <= scores["accuracy"] <= 1.0
     assert sum(mine[0]["probabilities"]) == pytest.approx(1.0, abs=1e-4)
     rows = inference.predict(tmp_path / "run" / "best", dev, tmp_path / "pred.jsonl")
-    assert len(rows) == 6 and rows[0]["label"] in range(4)
+    assert len(rows) == 6 and rows[0]["prediction"] in range(4)
     if family == "bert":  # the fine-tuned folder converts to BertForMultipleChoice with the same scores
         assert main(["convert", "to-hf", str(tmp_path / "run" / "model"), str(tmp_path / "hf")]) == 0
         hf = tf.BertForMultipleChoice.from_pretrained(tmp_path / "hf").eval()

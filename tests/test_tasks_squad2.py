@@ -94,7 +94,7 @@ def test_unanswerable_rows_train_at_cls_and_switch_the_threshold_on(tok, tmp_pat
                                overrides={"null_threshold": scores["best_f1_thresh"]})
     assert tuned["f1"] == pytest.approx(scores["best_f1"])
     rows = inference.predict(tmp_path / "run" / "best", dev, tmp_path / "p.jsonl")
-    assert all("null_score_diff" in r and "span" in r for r in rows)
+    assert all("prediction_null_score_diff" in r and "prediction_span" in r for r in rows)
     # BERT's recipe: tune tau on dev and keep it in the folder; the folder then scores the search's best F1.
     assert main(["evaluate", "--model", str(tmp_path / "run" / "best"), "--data", str(dev),
                  "--tune-null-threshold"]) == 0

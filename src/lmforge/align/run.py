@@ -107,7 +107,7 @@ def run_align(config: TrainConfig, align: AlignConfig, *, log: Callable[[str], N
     config.require("out")
     out = Path(config.out)
     check_fresh_run(out, config.resume)
-    ctx = distributed.setup(config.strategy, config.device)
+    ctx = distributed.setup(config.strategy, config.device, config.dist_timeout)
     policy, tok = load_policy(align.policy)
     encoder = PromptEncoder.for_folder(policy, tok, model_folder(align.policy)[0])
     # The data and the reward are checked before any model is placed or any file written.

@@ -12,6 +12,8 @@ table of lmforge against its reference, each ratio measured side by side in the 
                       peak RSS, final metric (fine-tune, LoRA, embeddings,   sentence-transformers,
                       MLM and CLM pre-training, seq2seq fine-tuning)         Seq2SeqTrainer
     price_tag_overhead.py  the price tag's per-step accounting time       the training loop's time
+    cli_startup.py    a fresh process answering lmforge --help and          a fresh python -c "import torch"
+                      lmforge finetune --help
     serve_load.py     lmforge serve's generated tokens/s at concurrency 4, 16   the same load one request at a time
                       (fp32 and --quantize int8 side by side)                 (and int8 against fp32)
     generate_engines.py  greedy tokens/s of lmforge fp32 eager/compiled, bf16,  HF generate; CTranslate2 and
@@ -55,7 +57,8 @@ from lmforge.cli.main import UserError
 from lmforge.utils.machine import machine_info
 
 BENCHMARKS = ("train_step", "generate", "data_pipeline", "peft_memory", "verify_cost", "attention_scaling",
-              "moe_vs_dense", "training_jobs", "price_tag_overhead", "serve_load", "generate_engines")
+              "moe_vs_dense", "training_jobs", "price_tag_overhead", "cli_startup", "serve_load",
+              "generate_engines")
 # Benchmarks a plain ``lmforge bench`` runs only when their optional packages are installed (``--only`` runs them
 # anyway, with whatever of those is there): name -> (modules, how to install them).
 OPT_IN = {"generate_engines": (("ctranslate2", "llama_cpp", "gguf"),
@@ -215,6 +218,13 @@ def _price_tag_overhead(data: dict) -> list[Row]:
                 data["accounting_share"], "lower")]
 
 
+def _cli_startup(data: dict) -> list[Row]:
+    # Seconds from process start to a printed --help, against a fresh `import torch`: lower is better (target 0.3).
+    torch_s = data["median_s"]["import torch"]
+    return [Row("cli_startup", name, f"{data['median_s'][name]:.2f} s", f"import torch {torch_s:.2f} s",
+                data["median_s"][name] / torch_s, "lower") for name in ("lmforge --help", "lmforge finetune --help")]
+
+
 def _serve_load(data: dict) -> list[Row]:
     # Per mode, every concurrency above 1 against concurrency 1 (the same load served one request at a time);
     # then each later mode against the first (fp32) at the lowest and highest concurrency. Rows without a mode
@@ -294,6 +304,7 @@ ADAPTERS: dict[str, Callable[[dict], list[Row]]] = {
     "train_step": _train_step, "generate": _generate, "data_pipeline": _data_pipeline, "peft_memory": _peft_memory,
     "verify_cost": _verify_cost, "attention_scaling": _attention_scaling, "moe_vs_dense": _moe_vs_dense,
     "training_jobs": _training_jobs, "gpu": _gpu, "price_tag_overhead": _price_tag_overhead,
+    "cli_startup": _cli_startup,
     "serve_load": _serve_load, "generate_engines": _generate_engines,
 }
 

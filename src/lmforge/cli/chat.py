@@ -28,6 +28,7 @@ from lmforge.prompting.instruct import CHAT_TEMPLATE_FILE
 from lmforge.serve.batching.job import Job, Token
 from lmforge.serve.limits import Limits
 from lmforge.serve.served import load_served
+from lmforge.training.held_out import note_for
 
 
 def register(subparsers) -> None:
@@ -75,6 +76,9 @@ def _run(args) -> int:
         if served.chat_template_default:
             print(f"chat: {folder} was not instruction-tuned (no {CHAT_TEMPLATE_FILE}); using the plain default "
                   "template (User:/Assistant: lines)", file=sys.stderr, flush=True)
+        note = note_for(folder)
+        if note:
+            print(f"chat: {note}", file=sys.stderr, flush=True)
         return _loop(args, served)
     finally:
         served.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import sys
 
+from lmforge.checkpoint import model_source
 from lmforge.cli._load_args import add_load_flags
 from lmforge.cli.main import model_argument
 from lmforge.interop.hf import convert_from_hf, convert_to_hf
@@ -41,7 +42,8 @@ def register(subparsers) -> None:
         "(config.json + model.safetensors + tokenizer). Task heads such as a sequence classifier are kept "
         "beside the body as head.safetensors + head.json.",
     )
-    src.add_argument("src", metavar="SRC", help="Hugging Face model folder")
+    src.add_argument("src", metavar="SRC", help="Hugging Face model folder, or the name of an installed one "
+                                                "(all-MiniLM-L6-v2)")
     src.add_argument("dst", metavar="DST", help="lmforge model folder to write")
     src.add_argument("--architecture", metavar="CLASS",
                      help="HF class to read SRC as, e.g. BertModel (default: the first of config.json's architectures)")
@@ -88,7 +90,8 @@ def _dtype(name: str | None):
 
 
 def run_from_hf(args) -> int:
-    conv = convert_from_hf(args.src, args.dst, architecture=args.architecture, dtype=_dtype(args.dtype),
+    # An installed model's name (all-MiniLM-L6-v2) stands for the Hugging Face folder its package holds.
+    conv = convert_from_hf(model_source(args.src), args.dst, architecture=args.architecture, dtype=_dtype(args.dtype),
                            overwrite=args.overwrite)
     for note in conv.notes:
         print(f"note: {note}", file=sys.stderr)

@@ -133,7 +133,7 @@ def run(args) -> int:
 
 
 def _pretraining(config: TrainConfig, distill: DistillConfig) -> int:
-    with distributed.session(config.strategy, config.device) as ctx:
+    with distributed.session(config.strategy, config.device, config.dist_timeout) as ctx:
         built, layers = build_distillation(config, distill)
         student, trainer = built.model, built.trainer
         teacher = trainer.loss.teacher

@@ -218,7 +218,8 @@ def register(subparsers) -> None:
                       help="instruct: pack short examples (block-diagonal mask)")
     what.add_argument("--train", default=None, metavar="FILE",
                       help="training data (.tsv .csv .jsonl .conll .parquet, a dataset folder DIR:SPLIT, or "
-                           "NAME:SPLIT)")
+                           "NAME:SPLIT; --task instruct: JSONL, or demo-instructions, the shipped set, whose dev "
+                           "split is then the default --eval)")
     what.add_argument("--eval", default=None, metavar="FILE", help="evaluation data, for --metric and OUT/best")
     what.add_argument("--eval-set", dest="eval_sets", action="append", default=None, metavar="NAME=FILE",
                       help="a further evaluation set (e.g. out-of-domain data), repeatable: scored at every "

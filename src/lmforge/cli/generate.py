@@ -22,6 +22,7 @@ from lmforge.cli._load_args import add_load_flags, add_precision_flags
 from lmforge.cli.main import UserError, model_argument, plain_warnings
 from lmforge.generation import GenerationConfig, generate_text, stream
 from lmforge.tokenization import Tokenizer
+from lmforge.training.held_out import note_for
 from lmforge.utils.io import read_text_file
 
 
@@ -118,6 +119,9 @@ def _run(args) -> int:
 
     model = lmforge.load(folder, device=args.device)
     tokenizer = Tokenizer.load(folder)
+    note = note_for(folder)  # a model still at the word-frequency level repeats one token: say so first
+    if note:
+        print(f"lmforge generate: {note}", file=sys.stderr, flush=True)
     if args.stream and len(prompts) == 1 and config.num_return_sequences == 1:
         for piece in stream(model, tokenizer, prompts[0], config):
             print(piece, end="", flush=True)

@@ -1,7 +1,9 @@
 """The ``lmforge`` command line.
 
-Every module in this package that defines ``register(subparsers)`` adds one verb, so a new command is a
-new file: nothing here needs editing. Each verb sets ``func`` on its parser; that function receives the
+Every module in this package that defines ``register(subparsers)`` adds one verb, and has a row in the verb
+table (:mod:`lmforge.cli._verbs`: its module and one-line help). ``lmforge``, ``lmforge --help`` and a mistyped
+verb are answered from that table without importing any verb module; ``lmforge VERB ...`` imports only
+``VERB``'s module and builds only its parser. Each verb sets ``func`` on its parser; that function receives the
 parsed arguments and returns an exit code.
 
 Each verb declares its flags one ``add_argument`` call at a time, so parser declarations look alike from verb
@@ -38,7 +40,7 @@ from pathlib import Path
 from typing import Iterable
 
 import lmforge
-from lmforge.cli._load_args import load_checks_of
+from lmforge.cli._verbs import VERBS
 from lmforge.errors import (
     EXIT_ENVIRONMENT,
     EXIT_INTERRUPTED,
@@ -149,10 +151,17 @@ class Parser(argparse.ArgumentParser):
         hint = f"did you mean {close[0]}?" if close else f"see {self.prog} --help"
         return f"unknown flag {flag}; {hint}"
 
+    def _refused_verb(self, message: str) -> bool:
+        """Whether ``message`` refuses the word in a verb's place: the flags after a mistyped verb are the meant
+        verb's, not this parser's, so the verb is the mistake to name (``lmforge fintune --model x``)."""
+        names = [argparse._get_action_name(action) for action in self._actions
+                 if isinstance(action, argparse._SubParsersAction)]
+        return any(message.startswith(f"argument {name}: invalid choice:") for name in names)
+
     def error(self, message: str):
         """One line on stderr and exit 2: the usage is what ``--help`` is for. An unknown flag is reported
         before what it caused (a typo'd required flag would otherwise read as a missing one)."""
-        unknown = self._unknown_flags()
+        unknown = [] if self._refused_verb(message) else self._unknown_flags()
         if unknown:
             message = self.unknown_message(unknown)
         else:
@@ -197,38 +206,64 @@ def set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads)
 
 
-def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
-    """The command line's parser. Given the ``verb`` about to run, only its module is imported when that module
-    registers it (each verb module imports what it runs: all of them together take seconds to import)."""
+def _top_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
     parser = Parser(
         prog="lmforge",
         description="Transformer language models: build, pre-train, fine-tune, prompt, embed.",
         epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"lmforge {lmforge.__version__}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    package = importlib.import_module("lmforge.cli")
-    names = [info.name for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name)
-             if info.name != "main" and not info.name.startswith("_")]
-    own = verb.replace("-", "_") if verb else None
-    for name in [own] if own in names else names:
+    return parser, parser.add_subparsers(dest="command", metavar="COMMAND")
+
+
+def verb_table_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every verb listed from :data:`VERBS` and none of their modules imported: it
+    answers ``lmforge``, ``--help`` and ``--version``, and refuses a mistyped verb with the closest one."""
+    parser, subparsers = _top_parser()
+    for name, verb in VERBS.items():
+        subparsers.add_parser(name, help=verb.help)
+    return parser
+
+
+def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser. Given the ``verb`` about to run, only its module is imported and only its
+    parser built (each verb module imports what it runs: all of them together take many seconds to import); a
+    word that is no verb gets :func:`verb_table_parser`, which refuses it. Without ``verb``, every verb module
+    in this package is imported and registered (the whole tree, for tests and docs)."""
+    if verb is not None and verb not in VERBS:
+        return verb_table_parser()
+    parser, subparsers = _top_parser()
+    if verb is not None:
+        names = [VERBS[verb].module]
+    else:
+        package = importlib.import_module("lmforge.cli")
+        names = [info.name for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name)
+                 if info.name != "main" and not info.name.startswith("_")]
+    for name in names:
         module = importlib.import_module(f"lmforge.cli.{name}")
         if hasattr(module, "register"):
             module.register(subparsers)
-    if own in names and verb not in subparsers.choices:  # the module of that name registers other verbs
-        return build_parser()
     for sub in set(subparsers.choices.values()):
         _add_threads(sub)
     return parser
 
 
+def _verb_word(words: list[str]) -> str | None:
+    """The verb in a command line: its first word, unless that is a flag (``lmforge --help finetune`` is the
+    top-level help, with every verb)."""
+    return words[0] if words and not words[0].startswith("-") else None
+
+
 def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
-    parser = build_parser(words[0] if words and not words[0].startswith("-") else None)
+    verb = _verb_word(words)
+    parser = verb_table_parser() if verb is None else build_parser(verb)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 0 if args.command is None else 2
+    from lmforge.cli._load_args import load_checks_of  # here: it imports torch, which --help never needs
+
     try:
         set_threads(getattr(args, "threads", None))
         with load_checks_of(args):

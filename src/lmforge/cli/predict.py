@@ -3,8 +3,10 @@
     $ lmforge predict --model runs/rt/best --data reviews.tsv --output predictions.jsonl
     wrote 1007 predictions to predictions.jsonl
 
-``.jsonl`` output keeps nested values (a probability per class); ``.tsv``/``.csv`` output has the input
-columns, the prediction and one ``prob_<label>`` column per class. Labels are not needed in the input.
+Every output row is the input row (its ``id``, text, gold ``label`` ... in file order) followed by the
+model's ``prediction`` and ``prediction_<name>`` columns (``prediction_probabilities``; in ``.tsv``/``.csv``
+one ``prediction_prob_<label>`` column per class). ``.jsonl`` output keeps nested values. Labels are not
+needed in the input; an input column named ``prediction`` or ``prediction_...`` is refused.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "predict", help="write a fine-tuned model's predictions (with probabilities) for a data file",
         description="Predict every row of a data file with a task folder written by `lmforge finetune`; labels "
-                    "are not needed. Writes JSONL, TSV or CSV by the --output file name.")
+                    "are not needed. Writes each input row, all its columns, followed by its `prediction` (and "
+                    "`prediction_...` columns), as JSONL, TSV or CSV by the --output file name.")
     add_common(parser, output=True)
     parser.set_defaults(func=run)

@@ -89,6 +89,24 @@ class ScalingLaw:
         n = n0 * (compute / c0) ** self.a
         return n, compute / (6 * n)
 
+    def compute_for_tokens(self, tokens: float) -> float | None:
+        """The budget C whose compute-optimal D is ``tokens`` (None where D does not grow with C: a fit with
+        a >= 1); what to plan for when the data, not the compute, is the limit.
+
+        Example:
+            >>> c = PUBLISHED.compute_for_tokens(2.88e5)
+            >>> round(PUBLISHED.optimum(c)[1] / 2.88e5, 6)
+            1.0
+        """
+        lo, hi = 0.0, 60.0  # log10 C: D_opt(C) is increasing in C whenever a < 1, so bisect on it
+        d_lo, d_hi = self.optimum(10**lo)[1], self.optimum(10**hi)[1]
+        if not (d_lo <= tokens <= d_hi):
+            return None
+        for _ in range(100):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if self.optimum(10**mid)[1] < tokens else (lo, mid)
+        return 10 ** ((lo + hi) / 2)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from typing import Any
 
@@ -27,8 +28,10 @@ from lmforge.models.transformer import Transformer
 from lmforge.training.price_tag import PriceSettings, batch_flops
 
 
-def probe_throughput(model: Transformer, device: str, batch_size: int, seq_len: int, steps: int = 3) -> float:
-    """Achieved training FLOP/s of ``model`` on ``device``: ``steps`` timed steps after one warm-up step."""
+def probe_throughput(model: Transformer, device: str, batch_size: int, seq_len: int, steps: int = 3,
+                     warmup: bool = True) -> float:
+    """Achieved training FLOP/s of ``model`` on ``device``: ``steps`` timed steps after one warm-up step (none
+    with ``warmup=False``: the model has run on ``device`` already)."""
     model = model.to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(0, model.config.vocab_size, (batch_size, seq_len), device=device)
@@ -37,7 +40,7 @@ def probe_throughput(model: Transformer, device: str, batch_size: int, seq_len: 
         batch["decoder_input_ids"] = ids
     flops = batch_flops(model, batch, ids.numel())
     elapsed = 0.0
-    for step in range(steps + 1):
+    for step in range(0 if warmup else 1, steps + 1):
         start = time.perf_counter()
         model(**batch).loss.backward()
         optimizer.step()
@@ -47,6 +50,20 @@ def probe_throughput(model: Transformer, device: str, batch_size: int, seq_len: 
         if step:  # the first step warms up allocators and kernels
             elapsed += time.perf_counter() - start
     return flops * steps / elapsed
+
+
+def throughput_spread(model: Transformer, device: str, batch_size: int, seq_len: int, probes: int = 5,
+                      steps: int = 1) -> dict[str, Any]:
+    """The median FLOP/s of ``probes`` short probes (:func:`probe_throughput`), with their min and max.
+
+    One probe on a shared host measures whatever else ran during it: two runs minutes apart differed 2.5x. The
+    median of several short ones ignores the probes another process slowed down, and the spread shows how much
+    to trust it. Only the first probe runs a warm-up step (allocators, kernels): the others reuse it.
+    """
+    if probes < 1:
+        raise UserInputError(f"--probes {probes}: must be >= 1")
+    rates = [probe_throughput(model, device, batch_size, seq_len, steps, warmup=i == 0) for i in range(probes)]
+    return {"median": statistics.median(rates), "min": min(rates), "max": max(rates), "rates": rates}
 
 
 def estimate(model: str, tokens: float, settings: PriceSettings, seq_len: int | None = None, batch_size: int = 8,

@@ -7,6 +7,11 @@ A run folder holds ``price_tag.json`` (written by the Trainer at the end of ever
 search". CO2e and dollars are recomputed from the summed energy and device-seconds, with the run's own
 settings or those given (``--region``, ``--grid-intensity``, ``--price-per-hour``).
 
+What is billed. A CPU run is billed its device-seconds, the process's CPU seconds over the threads it computes on
+(``cpu_s`` / ``cpu_threads``, at most the wall time; see :mod:`lmforge.training.price_tag`), so a run on a busy
+host is not charged for the time other processes had the cores; a GPU run its wall seconds. A price tag written
+before ``cpu_s`` existed has only wall seconds: it is read, billed by them, and the ``billing`` line says so.
+
 Reference points, from the lecture (LING 574, "Note on the costs of LMs"), Strubell, Ganesh & McCallum (2019),
 "Energy and Policy Considerations for Deep Learning in NLP", Table 1, CO2e in lbs:
 
@@ -64,12 +69,42 @@ def read_tag(folder: Path) -> dict[str, Any]:
         raise UserInputError(f"{folder / PRICE_TAG_FILE}: not JSON ({exc})") from None
 
 
+def billing(tags: list[dict[str, Any]]) -> str:
+    """One line: what the device-seconds of ``tags`` are (CPU seconds, GPU wall time, or old wall-time tags).
+
+    Example:
+        >>> billing([{"settings": {"device": "cpu"}, "wall_s": 4.0, "device_s": 1.0, "cpu_s": 1.0, "cpu_threads": 1}])
+        'billed: CPU seconds / threads (1), not wall time; the run had its cores 25% of the wall time'
+        >>> billing([{"settings": {"device": "cpu"}, "wall_s": 4.0, "device_s": 4.0}])
+        'billed: wall time (1 price tag from before CPU seconds were recorded)'
+    """
+    parts = []
+    cpu = [t for t in tags if t.get("settings", {}).get("device", "cpu") == "cpu" and "cpu_s" in t]
+    old = [t for t in tags if "cpu_s" not in t]
+    gpu = [t for t in tags if t.get("settings", {}).get("device", "cpu") != "cpu" and "cpu_s" in t]
+    if cpu:
+        threads = sorted({str(t.get("cpu_threads") or 1) for t in cpu})
+        wall, device = sum(t.get("wall_s") or 0 for t in cpu), sum(t.get("device_s") or 0 for t in cpu)
+        # ranks multiply device-seconds, not wall seconds: the share is per rank only for one-rank runs
+        share = f"; the run had its cores {device / wall:.0%} of the wall time" if wall and device <= wall else ""
+        parts.append(f"CPU seconds / threads ({', '.join(threads)}), not wall time{share}")
+    if gpu:
+        parts.append("GPU wall time")
+    if old:
+        parts.append(f"wall time ({len(old)} price tag{'s' if len(old) > 1 else ''} from before CPU seconds were "
+                     "recorded)")
+    return "billed: " + "; ".join(parts)
+
+
 def price_tag(path: str | Path, region: str | None = None, grid_intensity: float | None = None,
               price_per_hour: float | None = None, power_watts: float | None = None) -> dict[str, Any]:
     """The tag of a run, or the sum over an experiment's runs (``runs``: how many, ``per_run``: each one's)."""
     folders = run_folders(path)
     tags = [read_tag(f) for f in folders]
     total: dict[str, Any] = {k: sum(t.get(k) or 0 for t in tags) for k in SUMMED}
+    # an old tag has no CPU seconds: its wall seconds, which it was billed by, stand in for them
+    total["cpu_s"] = sum(t["cpu_s"] if "cpu_s" in t else t.get("device_s") or 0 for t in tags)
+    total["billing"] = billing(tags)
     co2 = cost = kwh = 0.0
     given = {k: v for k, v in (("region", region), ("grid_intensity", grid_intensity),
                                 ("power_watts", power_watts), ("price_per_hour", price_per_hour)) if v is not None}
@@ -149,8 +184,10 @@ def format_tag(tag: dict[str, Any]) -> str:
     lines = [f"price tag of {what}",
              f"  FLOPs           {tag['total_flops']:.4g}",
              f"  tokens          {tag['total_tokens']:,}",
-             f"  wall time       {tag['wall_s'] / 3600:.4g} h",
-             f"  device time     {tag['device_s'] / 3600:.4g} device-h",
+             f"  CPU time        {tag.get('cpu_s', tag['device_s']):,.1f} CPU-s, beside {tag['wall_s']:,.1f} s of "
+             "wall time",
+             f"  device time     {tag['device_s'] / 3600:.4g} device-h (the billed time)",
+             f"  {tag.get('billing') or 'billed: device time'}",
              f"  energy          {tag['energy_kwh']:.4g} kWh ({tag['energy_method']})",
              f"  CO2e            {tag['co2e_kg']:.4g} kg ({tag['co2e_lbs']:.4g} lbs)",
              f"  cost            ${tag['cost_usd']:.4g}"]

@@ -2,7 +2,8 @@
 
 Layout of the output folder::
 
-    manifest.json        counts, dtype, checksums, settings; ``"complete": true`` once finished
+    manifest.json        counts, dtype, checksums, settings, the training tokens' unigram entropy
+                         (:mod:`lmforge.data.unigram`); ``"complete": true`` once finished
     tokenizer/           copy of the tokenizer used (so the folder is self-describing)
     train/00000.bin      tokens of the chunk's documents, concatenated: raw ``uint16``/``uint32``, shape (N,)
     train/00000.idx      document offsets into the .bin: raw ``uint64``, shape (D + 1,), first 0, last N
@@ -53,6 +54,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from lmforge.data.sources import DataError, iter_documents, resolve_inputs
+from lmforge.data.unigram import unigram_entropy
 from lmforge.errors import InputFileNotFound
 from lmforge.tokenization import Tokenizer
 from lmforge.utils.io import atomic_write_bytes, atomic_write_text, replace_dir, staging_dir
@@ -426,6 +428,8 @@ def _run(out, manifest, tok, paths, np_dtype, val_fraction, seed, text_field, er
                       "no held-out loss can be measured; give at least two different documents, a larger "
                       "--val-fraction, or --val-fraction 0 to train without one", stacklevel=3)
     manifest["documents_read"] = total_docs
+    # One pass over the finished train shards (seconds per GB): what a context-free model's loss would be.
+    manifest["unigram_entropy"] = unigram_entropy(out, manifest)
     manifest["complete"] = True
     atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=1) + "\n")
 

@@ -7,7 +7,11 @@
     bible-paraphrase  16000 / 3124 / 3458      ref1, ref2, text1, text2, label           public domain
     bible-triplets    8000 / - / -             anchor, positive, negative, ref, neg_ref  public domain
     bible-next-verse  4000 / 1453 / 1631       ref, context, choice0..choice3, label     public domain
+    demo-instructions 1700 / 215 / -           kind, instruction, input, output          public domain
     wnut16            1836 / 229 / 230         tokens, tags (CoNLL)                      not shipped: pass data_dir
+
+``demo-instructions`` is an instruction-tuning set written from the public-domain texts above and generated
+arithmetic (:mod:`lmforge.datasets.instructions`): ``lmforge finetune --task instruct --train demo-instructions``.
 
 Generated rather than shipped: arithmetic word problems with worked rationales (:mod:`lmforge.datasets.arithmetic`,
 the chain-of-thought task of ``lmforge prompt generate --task arithmetic``).
@@ -97,6 +101,11 @@ REGISTRY: dict[str, DatasetInfo] = {d.name: d for d in (
                 "template, subject, object", "tsv", {"test": "cloze_facts.tsv"}, {"test": 66},
                 "the project's own (facts taken from public-domain texts)",
                 columns=("relation", "template", "subject", "object", "source")),
+    DatasetInfo("demo-instructions", "instruction/response pairs from the public-domain Bible and Austen texts "
+                "and generated arithmetic (Alpaca-style, for --task instruct)", "tsv",
+                _splits("demo_instructions", "tsv.gz", ("train", "dev")), {"train": 1700, "dev": 215},
+                "public domain (KJV, RV 1909, WEB, Austen) and the project's own (arithmetic)",
+                columns=("kind", "instruction", "input", "output")),
     DatasetInfo("wnut16", "WNUT-16 Twitter named entities, BIO tags, 10 types", "conll",
                 _splits("wnut16", "conll"), {"train": 1836, "dev": 229, "test": 230},
                 "tweets, no explicit licence (X/Twitter terms); not redistributed", shipped=False,

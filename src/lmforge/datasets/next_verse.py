@@ -70,7 +70,7 @@ def build(verses: Sequence[dict[str, Any]], seed: int = SEED, limit: int | None 
     return rows
 
 
-def tsv_gz(rows: Sequence[dict[str, Any]]) -> bytes:
+def tsv_gz(rows: Sequence[dict[str, Any]], columns: Sequence[str] = COLUMNS) -> bytes:
     """Rows as a TSV (header first) in the shipped files' convention (only a field that begins with ``"`` is
     CSV-quoted), compressed reproducibly (gzip level 9, no name, mtime 0)."""
 
@@ -78,7 +78,7 @@ def tsv_gz(rows: Sequence[dict[str, Any]]) -> bytes:
         text = str(value)
         return '"' + text.replace('"', '""') + '"' if text.startswith('"') else text
 
-    lines = ["\t".join(COLUMNS)] + ["\t".join(field(row[c]) for c in COLUMNS) for row in rows]
+    lines = ["\t".join(columns)] + ["\t".join(field(row[c]) for c in columns) for row in rows]
     out = io.BytesIO()
     with gzip.GzipFile(filename="", mode="wb", fileobj=out, compresslevel=9, mtime=0) as f:
         f.write(("\n".join(lines) + "\n").encode("utf-8"))

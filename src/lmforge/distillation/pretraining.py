@@ -159,7 +159,7 @@ def build_distillation(config: TrainConfig, distill: DistillConfig) -> tuple[Pre
     check_pairing(teacher.config, student_config, distill.alpha_cos)
     config = config.updated({"model": student, "objective": objective}, source="distillation")
 
-    ctx = distributed.setup(config.strategy, config.device)
+    ctx = distributed.setup(config.strategy, config.device, config.dist_timeout)
     loss = PretrainingDistillation(teacher.to(ctx.device), distill.loss_weights(), distill.temperature)
     layers: list[list[int] | None] = [None]
 
@@ -175,6 +175,6 @@ def build_distillation(config: TrainConfig, distill: DistillConfig) -> tuple[Pre
 def distill_pretraining(config: TrainConfig, distill: DistillConfig) -> TrainResult:
     """Build the run (:func:`build_distillation`) and train it; under torchrun inside a
     :func:`~lmforge.training.distributed.session`."""
-    with distributed.session(config.strategy, config.device):
+    with distributed.session(config.strategy, config.device, config.dist_timeout):
         return build_distillation(config, distill)[0].trainer.fit()
 

@@ -143,7 +143,7 @@ def distill_task(config: TrainConfig, distill: DistillConfig, *, log: Callable[[
             f"+ {1 - distill.alpha:g} gold")
     # The teacher reads the student's batches: inputs no longer than either model's context.
     spec = spec.replace(max_length=min(spec.max_length, teacher.body.config.max_seq_len))
-    ctx = distributed.setup(config.strategy, config.device)
+    ctx = distributed.setup(config.strategy, config.device, config.dist_timeout)
     loss = TaskDistillation(teacher.to(ctx.device), distill.alpha, distill.temperature)
     settings = {"distill": distill.absolute(folder).to_dict(),
                 "trainer": config.updated({"out": str(out.resolve())}).to_dict()}

@@ -27,7 +27,7 @@ Example:
     >>> run = train_baseline("tfidf-logreg", TaskSpec(task="classify"), table, table, out=tempfile.mkdtemp())
     >>> run["eval"]["accuracy"]
     1.0
-    >>> [r["label"] for r in predict(run["model_dir"], Table("new", [{"text": "so good"}], ["text"]))]
+    >>> [r["prediction"] for r in predict(run["model_dir"], Table("new", [{"text": "so good"}], ["text"]))]
     ['1']
 """
 
@@ -52,7 +52,7 @@ from lmforge.tasks import metrics
 from lmforge.tasks.base import pad_batch, text_of
 from lmforge.tasks.classification import label_text, sorted_labels
 from lmforge.tasks.data import ExampleBatches, Table, TaskDataError, read_table
-from lmforge.tasks.inference import write_predictions
+from lmforge.tasks.inference import check_prediction_columns, prediction_row, write_predictions
 from lmforge.tasks.model import FORMAT, TASK_FILE, read_task_meta
 from lmforge.tasks.spec import TaskSpec
 from lmforge.training.config import TrainConfig
@@ -350,17 +350,18 @@ def evaluate(path: str | Path, data, limit: int | None = None) -> dict[str, floa
 
 
 def predict(path: str | Path, data, output: str | Path | None = None) -> list[dict[str, Any]]:
-    """One prediction per row (``row``, the input columns, ``label``, and ``probabilities`` or SVM ``scores``),
-    written to ``output`` (.jsonl, .tsv, .csv) when given."""
+    """One prediction per row (the input columns, ``prediction``, and ``prediction_probabilities`` or SVM
+    ``prediction_scores``), as :func:`lmforge.tasks.inference.predict` writes them, to ``output`` (.jsonl, .tsv,
+    .csv) when given."""
     baseline, table = load_baseline(path), _table(data)
+    check_prediction_columns(table)
     scores = baseline.scores(texts_of(table, baseline.spec))
-    labels, cols = baseline.spec.labels, baseline.spec.columns()
+    labels = baseline.spec.labels
     key = "probabilities" if baseline.probabilistic else "scores"
-    rows = []
-    for i, values in enumerate(scores):
-        inputs = {cols[r]: table.rows[i].get(cols[r]) for r in ("text", "text_pair") if cols.get(r)}
-        rows.append({"row": i + 1, **inputs, "label": labels[int(values.argmax())],
-                     key: {label: round(float(v), 6) for label, v in zip(labels, values)}})
+    rows = [prediction_row(table.rows[i], table.columns,
+                           {"label": labels[int(values.argmax())],
+                            key: {label: round(float(v), 6) for label, v in zip(labels, values)}})
+            for i, values in enumerate(scores)]
     if output is not None:
         write_predictions(rows, output)
     return rows

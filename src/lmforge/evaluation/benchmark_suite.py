@@ -79,11 +79,9 @@ def write_submission(model, name: str, split: str, file: Path, data_dir, table=N
                      device: str = "cpu") -> int:
     """Predict ``name``'s ``split`` (or the rows of ``table``) with the task folder ``model`` and write ``file``
     as the leaderboard reads it: ``index<TAB>prediction`` per row. Returns the number of rows."""
-    bench = benchmarks.get(name)
     table = table if table is not None else benchmarks.table(name, split, data_dir)
-    key = "score" if bench.task == "regress" else "label"
     rows = predict(model, table, batch_size=batch_size, device=device)
-    lines = [f"{_index(table.rows[k], k)}\t{p[key]}" for k, p in enumerate(rows)]
+    lines = [f"{_index(table.rows[k], k)}\t{p['prediction']}" for k, p in enumerate(rows)]
     atomic_write_text(file, "index\tprediction\n" + "".join(line + "\n" for line in lines))
     return len(lines)
 

@@ -239,13 +239,12 @@ def score_table(model_dir, name: str, data, batch_size: int = 32, device: str = 
     if bench.task in ("qa", "seq2seq", "tag"):  # the task's own scoring is the leaderboard's
         scores = inference.evaluate(model_dir, data, overrides=overrides, batch_size=batch_size, device=device)
         return {m: scores[m] for m in bench.metrics if m in scores}
-    key = "score" if bench.task == "regress" else "label"
     column = overrides.get("label_column") or bench.columns["label"]
     data.require(column)  # the gold labels (a test split's rows have none)
     preds = (baselines.predict(model_dir, data) if baselines.is_baseline(model_dir) else
              inference.predict(model_dir, data, overrides=overrides, batch_size=batch_size, device=device))
     gold = [row.get(column) for row in data.rows]
-    return score(name, gold, [p[key] for p in preds], [row.get("question_id") for row in data.rows])
+    return score(name, gold, [p["prediction"] for p in preds], [row.get("question_id") for row in data.rows])
 
 
 def score(name: str, gold: Sequence, pred: Sequence, groups: Sequence | None = None) -> dict[str, float]:

@@ -25,23 +25,32 @@ Example:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
-from sklearn.feature_extraction.text import CountVectorizer, TfidfVectorizer
-from sklearn.linear_model import LogisticRegression
-from sklearn.pipeline import Pipeline
-from sklearn.svm import LinearSVC
 
+if TYPE_CHECKING:
+    from sklearn.pipeline import Pipeline
+
+# scikit-learn (the finetune extra) is imported where a pipeline is built: it pulls in scipy and pandas, seconds
+# that every command importing the baselines (``lmforge finetune --help`` too) would pay, and a user without the
+# extra could not start those commands at all. The names are static for the same reason (``--baseline`` choices).
 LINEAR = ("tfidf-logreg", "ngram-svm")
 
 
 def _vectorizer(name: str, vocabulary=None):
+    from sklearn.feature_extraction.text import CountVectorizer, TfidfVectorizer
+
     if name == "tfidf-logreg":
         return TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, vocabulary=vocabulary)
     return CountVectorizer(ngram_range=(1, 2), binary=True, vocabulary=vocabulary)
 
 
 def _classifier(name: str, C: float, seed: int):
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.svm import LinearSVC
+
     if name == "tfidf-logreg":
         return LogisticRegression(C=C, max_iter=1000)
     return LinearSVC(C=C, random_state=seed)
@@ -51,6 +60,8 @@ def pipeline(name: str, C: float = 1.0, seed: int = 0) -> Pipeline:
     """The unfitted scikit-learn pipeline of baseline ``name`` (``tfidf-logreg`` or ``ngram-svm``)."""
     if name not in LINEAR:
         raise ValueError(f"unknown linear baseline {name!r} (known: {', '.join(LINEAR)})")
+    from sklearn.pipeline import Pipeline
+
     return Pipeline([("features", _vectorizer(name)), ("classifier", _classifier(name, C, seed))])
 
 

@@ -7,6 +7,8 @@
     backends.py  where cells run: N local processes, or Ray tasks with per-cell resources
     runner.py    the experiment folder: lock, grid copy (--extend), skip finished cells, results.jsonl
     report.py    table.md / table.csv (mean ± std over seeds, best cell marked), one plot per metric, report.html
+    claims.py    a grid's claims: the lecture's sentences, which cells should beat which, judged in the report
+    power.py     seed noise: the smallest detectable difference of two cells, verdicts, seeds needed
 
 Example::
 

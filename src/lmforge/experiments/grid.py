@@ -27,6 +27,9 @@ to collect; the cells are the cross product of the axes::
     resources: {num_cpus: 1, num_gpus: 0}   # per cell, for --backend ray
     sizes:                             # named reductions: `--size small` replaces these fields
       small: {budget: {steps: 200}, seeds: [0]}
+    claims:                            # optional: what the lecture says the table shows (lmforge.experiments.claims)
+      - {id: rope-beats-learned, claim: "...", source: "Su et al. 2021", metric: eval_loss, better: rope,
+         than: learned}
 
 A variant is a mapping of the base command's settings (``overrides`` and ``objective_options`` merge key by key
 with the base's), plus ``name`` (the cell's label; default: its values), ``finetune`` (settings of the second
@@ -79,6 +82,7 @@ import torch
 
 from lmforge.checkpoint import model_source, packaged_model
 from lmforge.config import ConfigBase, ConfigError, ModelConfig, resolve_config
+from lmforge.experiments.claims import Claim, parse_claims
 from lmforge.errors import InputFileNotFound, LmforgeError, UserInputError
 from lmforge.models import Transformer
 from lmforge.models.electra import ElectraPretrainer
@@ -191,10 +195,11 @@ class GridFile(ConfigBase):
     resources: dict[str, Any] = field(default_factory=dict)
     sizes: dict[str, Any] = field(default_factory=dict)
     description: str = ""
+    claims: list = field(default_factory=list)  # checked against the cells in load_grid; they change no cell
 
     def __post_init__(self) -> None:
         self.check_kinds()
-        for key in ("axes", "seeds", "metrics"):
+        for key in ("axes", "seeds", "metrics", "claims"):
             if not isinstance(getattr(self, key), list):
                 raise ConfigError(f"{key}={getattr(self, key)!r} must be a list")
 
@@ -244,6 +249,7 @@ class Grid:
     resources: Resources
     raw: dict[str, Any]
     models: dict[str, str] = field(default_factory=dict)  # a packaged model's name -> its folder, or why it is absent
+    claims: list[Claim] = field(default_factory=list)  # the lecture's claims the report judges
 
     @property
     def axes(self) -> list[str]:
@@ -261,6 +267,8 @@ class Grid:
                  f"{self.seeds}, {budget}, metrics {', '.join(self.metrics)}"]
         lines += [f"  {cell.id}: {cell.summary()}" for cell in self.cells]
         lines += [f"  model {name}: {where}" for name, where in self.models.items()]
+        lines += [f"  claim {c.id}: {c.direction()} ({len(c.pairs)} pair{'s' if len(c.pairs) > 1 else ''})"
+                  for c in self.claims]
         return "\n".join(lines)
 
     def check_models(self) -> None:
@@ -340,7 +348,11 @@ def load_grid(path: str | Path, size: str | None = None, raw: dict[str, Any] | N
         cell.labels = _labels(where, [v.get("labels") for _, v in combo])
         cells.append(cell)
     models = _packaged_models(cells)
-    return Grid(path, spec.command, size, cells, seeds, metrics, budget, resources, data, models)
+    try:
+        claims = parse_claims(path, spec.claims, {cell.id: cell.axes for cell in cells}, metrics)
+    except ConfigError as exc:
+        raise GridError(_sourced(path, exc)) from exc
+    return Grid(path, spec.command, size, cells, seeds, metrics, budget, resources, data, models, claims)
 
 
 def _packaged_models(cells: list[Cell]) -> dict[str, str]:

@@ -1,5 +1,10 @@
 """An experiment folder's results as a table with error bars: table.md, table.csv, one PNG per metric, report.html.
 
+Above the table, the grid's ``claims:`` (:mod:`lmforge.experiments.claims`), each judged against the seeds'
+noise (:mod:`lmforge.experiments.power`): the measured difference, the smallest difference these seeds can detect,
+the paper's effect and the verdict. Under the table, a power line per metric: the median seed standard deviation
+and the smallest difference two cells must show to be told apart at it.
+
 Below the table, each cell's price tag (Schwartz et al., 2019, "Green AI"): FLOPs, device-hours, energy, CO2e and
 cost summed over its runs' ``price_tag.json`` files, and the experiment's total.
 
@@ -25,12 +30,19 @@ import csv
 import html
 import io
 import json
+import math
+import re
 import statistics
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from lmforge.config import ConfigError
 from lmforge.cost.report import run_tags, tag_line
-from lmforge.experiments.grid import check_finite, lower_is_better
+import lmforge.experiments.power as power  # the module itself: the package imports the runner
+from lmforge.experiments.claims import LEGEND, Judged, cell_axes, claim_lines, judge, parse_claims, unit
+from lmforge.experiments.grid import GridError, check_finite, lower_is_better
 from lmforge.utils.figures import figure, png
 from lmforge.utils.io import atomic_write_bytes, atomic_write_text
 
@@ -131,27 +143,149 @@ def price_markdown(tags: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def bar_plot(table: list[dict[str, Any]], metric: str) -> bytes | None:
-    """PNG bytes: the metric's mean per cell with its standard deviation as the error bar, the best cell
-    coloured; None when no cell has a value."""
+def seed_values(rows: list[dict[str, Any]], metric: str) -> dict[str, list[float]]:
+    """Each cell's finite values of ``metric`` over its finished seeds (what :func:`summarize` averages)."""
+    values: dict[str, list[float]] = {}
+    for r in rows:
+        value = r["metrics"].get(metric) if r["status"] == "ok" else None
+        if check_finite(value):
+            values.setdefault(r["cell"], []).append(value)
+    return values
+
+
+def run_costs(rows: list[dict[str, Any]], tags: dict[str, dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """Each cell's mean (seconds, CPU-seconds) per finished run: the rows' ``seconds`` x ``threads``, else its
+    price tag's device-seconds over its runs."""
+    costs: dict[str, tuple[float, float]] = {}
+    for cell in dict.fromkeys(r["cell"] for r in rows):
+        timed = [r for r in rows if r["cell"] == cell and r["status"] == "ok" and check_finite(r.get("seconds"))]
+        if timed:
+            seconds = statistics.fmean(r["seconds"] for r in timed)
+            costs[cell] = (seconds, statistics.fmean(r["seconds"] * (r.get("threads") or 1) for r in timed))
+        elif check_finite((tags.get(cell) or {}).get("device_s")):
+            runs = sum(1 for r in rows if r["cell"] == cell and r["status"] == "ok")
+            if runs:
+                costs[cell] = (tags[cell]["device_s"] / runs,) * 2
+    return costs
+
+
+def read_claims(out: str | Path, meta: dict[str, Any]) -> list:
+    """The claims of ``OUT/grid.yaml`` checked against the folder's cells and metrics (none for a folder whose
+    grid has none, e.g. one run before claims existed)."""
+    grid = Path(out) / "grid.yaml"
+    if not grid.is_file():
+        return []
+    raw = yaml.safe_load(grid.read_text(encoding="utf-8"))
+    try:
+        return parse_claims(grid, raw.get("claims") if isinstance(raw, dict) else None,
+                            {cell: cell_axes(cell) for cell in meta["cells"]}, meta["metrics"])
+    except ConfigError as exc:
+        raise GridError(str(exc)) from exc
+
+
+def judge_claims(claims: list, rows: list[dict[str, Any]], tags: dict[str, dict[str, Any]]) -> list[Judged]:
+    """Each claim judged from the rows' per-seed values (and its budget from the runs' seconds or price tags)."""
+    costs = run_costs(rows, tags)
+    return [judge(c, seed_values(rows, c.metric), lower_is_better(c.metric), costs) for c in claims]
+
+
+def claims_markdown(judged: list[Judged]) -> str:
+    """The Claims section of table.md: one line per claim (a group claim: one more per pair), then the legend."""
+    if not judged:
+        return ""
+    lines = ["## Claims", ""] + [line for j in judged for line in claim_lines(j)] + ["", LEGEND, ""]
+    return "\n".join(lines) + "\n"
+
+
+def power_lines(table: list[dict[str, Any]], metrics: list[str]) -> list[str]:
+    """Per metric: the median seed standard deviation over the cells and the smallest difference two cells at
+    that standard deviation and seed count can show detectably, 2·σ·sqrt(2/n).
+
+    Example:
+        >>> table = [{"m": (1.0, 0.02, 3)}, {"m": (1.1, 0.04, 3)}, {"m": (1.2, 0.0, 1)}]
+        >>> power_lines(table, ["m"])
+        ['m: median seed σ 0.03 over 2 cells of 3 seeds; two cells must differ by ≥ 0.049 to be told apart']
+    """
+    lines = []
+    for metric in metrics:
+        spread = [e[metric] for e in table if e[metric] is not None and e[metric][2] > 1]
+        if not spread:
+            if any(e[metric] is not None for e in table):
+                lines.append(f"{metric}: one seed per cell, no variance estimate: run more seeds to tell cells apart")
+            continue
+        sigma = power.median_std([s for _, s, _ in spread])
+        n = statistics.median_low([k for _, _, k in spread])
+        lines.append(f"{metric}: median seed σ {sigma:.3g} over {len(spread)} cells of {n} seeds; two cells must "
+                     f"differ by ≥ {power.detectable(sigma, n, sigma, n):.3g}{unit(metric)} to be told apart")
+    return lines
+
+
+def power_markdown(table: list[dict[str, Any]], metrics: list[str]) -> str:
+    """The power line under the table (for every grid, with or without claims)."""
+    lines = power_lines(table, metrics)
+    return "\n".join(["", "Power (2 standard errors of a difference of two cells' means):", "",
+                      *(f"- {line}" for line in lines)]) + "\n" if lines else ""
+
+
+def metric_figure(table: list[dict[str, Any]], metric: str):
+    """The metric's mean per cell as a point with its seed standard deviation as the error bar, the best cell
+    coloured, on a y-axis zoomed to the data (the means ± std with a margin), so that gaps of a few hundredths
+    between cells show; None when no cell has a value.
+
+    Example:
+        >>> table = [{"cell": c, "best": [], "m": (v, 0.01, 3)} for c, v in (("a", 6.2), ("b", 6.4))]
+        >>> low, high = metric_figure(table, "m").axes[0].get_ylim()
+        >>> bool(6.1 < low < 6.19 and 6.41 < high < 6.5)
+        True
+    """
     scored = [e for e in table if e[metric] is not None]
     if not scored:
         return None
     fig = figure(max(4.0, 0.9 * len(scored) + 1.5), 3.6, dpi=110)
     ax = fig.add_subplot(1, 1, 1)
-    x = range(len(scored))
-    ax.bar(x, [e[metric][0] for e in scored], yerr=[e[metric][1] for e in scored], capsize=4,
-           color=[COLORS[1] if metric in e["best"] else COLORS[0] for e in scored])
-    ax.set_xticks(list(x), [e["cell"] for e in scored], rotation=30, ha="right", fontsize=8)
+    for i, e in enumerate(scored):
+        mean, std, _ = e[metric]
+        ax.errorbar([i], [mean], yerr=[std], fmt="o", capsize=4, markersize=6,
+                    color=COLORS[1] if metric in e["best"] else COLORS[0])
+    low = min(e[metric][0] - e[metric][1] for e in scored)
+    high = max(e[metric][0] + e[metric][1] for e in scored)
+    pad = (high - low) * 0.15 or max(abs(high), 1.0) * 0.01  # equal cells: still a visible band around them
+    if math.isfinite(low) and math.isfinite(high):
+        ax.set_ylim(low - pad, high + pad)
+    ax.set_xlim(-0.5, len(scored) - 0.5)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_xticks(list(range(len(scored))), [e["cell"] for e in scored], rotation=30, ha="right", fontsize=8)
     ax.set_ylabel(metric)
     ax.set_title(f"{metric} ({'lower' if lower_is_better(metric) else 'higher'} is better; mean ± std over seeds)",
                  fontsize=9)
-    return png(fig, tight=True)
+    return fig
+
+
+def bar_plot(table: list[dict[str, Any]], metric: str) -> bytes | None:
+    """PNG bytes of :func:`metric_figure` (means with std error bars on a zoomed axis); None when no cell has a
+    value."""
+    fig = metric_figure(table, metric)
+    return None if fig is None else png(fig, tight=True)
+
+
+def _html_claims(judged: list[Judged]) -> str:
+    if not judged:
+        return ""
+    items = []
+    for j in judged:
+        head, *pairs = claim_lines(j)
+        sub = "".join(f"<li>{html.escape(p.strip().removeprefix('- '))}</li>" for p in pairs)
+        text = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", html.escape(head.removeprefix("- ")))
+        items.append(f"<li>{text}"
+                     + (f"<ul>{sub}</ul>" if sub else "") + "</li>")
+    return f"<h2>Claims</h2><ul>{''.join(items)}</ul><p>{html.escape(LEGEND)}</p>"
 
 
 def html_report(title: str, table: list[dict[str, Any]], axes: list[str], metrics: list[str],
-                plots: dict[str, bytes], grid_text: str, tags: dict[str, dict[str, Any]] | None = None) -> str:
-    """One self-contained page: the table, the plots (inline PNG), failed runs and the grid file."""
+                plots: dict[str, bytes], grid_text: str, tags: dict[str, dict[str, Any]] | None = None,
+                judged: list[Judged] | None = None) -> str:
+    """One self-contained page: the claims, the table with its power line, the plots (inline PNG), failed runs
+    and the grid file."""
     head = ["cell", *axes, "seeds ok", *metrics]
     rows = []
     for e in table:
@@ -166,26 +300,34 @@ def html_report(title: str, table: list[dict[str, Any]], axes: list[str], metric
                      for e in table for seed, error in e["failed"])
     prices = "".join(f"<li>{html.escape(cell)}: {html.escape(tag_line(tag))}</li>"
                      for cell, tag in (tags or {}).items())
+    powers = "".join(f"<li>{html.escape(line)}</li>" for line in power_lines(table, metrics))
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>"
             "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
             "padding:4px 8px;text-align:right}td:first-child{text-align:left}.best{font-weight:bold;"
             "background:#fde9d9}</style></head><body>"
-            f"<h1>{html.escape(title)}</h1><p>Mean ± sample standard deviation over seeds; highlighted: the best "
-            "cell per metric.</p><table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"
-            + "".join(rows) + "</table>" + (f"<h2>Failed runs</h2><ul>{failed}</ul>" if failed else "")
+            f"<h1>{html.escape(title)}</h1>" + _html_claims(judged or []) + "<h2>Table</h2><p>Mean ± sample "
+            "standard deviation over seeds; highlighted: the best cell per metric.</p><table><tr>"
+            + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>" + "".join(rows) + "</table>"
+            + (f"<p>Power (2 standard errors of a difference of two cells' means):</p><ul>{powers}</ul>"
+               if powers else "")
+            + (f"<h2>Failed runs</h2><ul>{failed}</ul>" if failed else "")
             + (f"<h2>Price tags</h2><p>Each cell summed over its runs.</p><ul>{prices}</ul>" if prices else "") + images
             + f"<h2>Grid</h2><pre>{html.escape(grid_text)}</pre></body></html>\n")
 
 
 def write_report(out: str | Path) -> list[dict[str, Any]]:
-    """Write ``OUT/table.md``, ``table.csv``, ``plots/METRIC.png`` and ``report.html`` from ``OUT/results.jsonl``
-    and ``OUT/experiment.json``; returns the summarized table."""
+    """Write ``OUT/table.md``, ``table.csv``, ``plots/METRIC.png`` and ``report.html`` from ``OUT/results.jsonl``,
+    ``OUT/experiment.json`` and the claims of ``OUT/grid.yaml``; returns the summarized table."""
     out = Path(out)
     meta = json.loads((out / EXPERIMENT_FILE).read_text(encoding="utf-8"))
     axes, metrics = meta["axes"], meta["metrics"]
-    table = summarize(read_results(out), meta["cells"], metrics)
+    claims = read_claims(out, meta)  # first: a broken claims: section is refused before anything is rewritten
+    results = read_results(out)
+    table = summarize(results, meta["cells"], metrics)
     tags = price_tags(out, meta["cells"])
-    atomic_write_text(out / TABLE_FILE, markdown(table, axes, metrics) + price_markdown(tags))
+    judged = judge_claims(claims, results, tags)
+    atomic_write_text(out / TABLE_FILE, claims_markdown(judged) + markdown(table, axes, metrics)
+                      + power_markdown(table, metrics) + price_markdown(tags))
     atomic_write_text(out / "table.csv", csv_text(table, axes, metrics))
     plots = {}
     for metric in metrics:
@@ -196,5 +338,5 @@ def write_report(out: str | Path) -> list[dict[str, Any]]:
     grid = out / "grid.yaml"
     text = grid.read_text(encoding="utf-8") if grid.is_file() else ""
     atomic_write_text(out / "report.html", html_report(meta.get("title") or out.name, table, axes, metrics, plots,
-                                                      text, tags))
+                                                      text, tags, judged))
     return table

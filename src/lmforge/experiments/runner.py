@@ -67,8 +67,8 @@ def check_grid_copy(grid: Grid, out: Path, extend: bool) -> None:
         return
     meta = read_json(out / EXPERIMENT_FILE) or {}
     old_raw = yaml.safe_load(read_text_file(copy))
-    if old_raw == grid.raw and meta.get("size") == grid.size:
-        return
+    if _cells_part(old_raw) == _cells_part(grid.raw) and meta.get("size") == grid.size:
+        return  # claims change no cell: a grid that only adds or edits them resumes, and its copy takes them
     if not extend:
         raise UserInputError(f"{grid.path}: differs from the grid {out} was run with ({copy}"
                              f"{', size ' + str(meta.get('size')) if meta.get('size') != grid.size else ''}); pass "
@@ -89,6 +89,11 @@ def check_grid_copy(grid: Grid, out: Path, extend: bool) -> None:
     if old.metrics != grid.metrics:
         raise UserInputError(f"{grid.path}: metrics: --extend cannot change the metrics ({old.metrics} -> "
                              f"{grid.metrics}); choose another --out")
+
+
+def _cells_part(raw: Any) -> Any:
+    """A grid's raw mapping without the fields that change no cell (``claims``, ``description``)."""
+    return {k: v for k, v in raw.items() if k not in ("claims", "description")} if isinstance(raw, dict) else raw
 
 
 def check_runner_options(workers: int, threads: int | None, backend: str) -> None:

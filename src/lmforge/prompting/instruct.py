@@ -7,10 +7,13 @@ pairs. Data is JSONL, one example a line, either form:
     {"instruction": "Translate to French.", "input": "cheese", "output": "fromage"}     (Alpaca style)
     {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}     (chat)
 
-An Alpaca row becomes ``[user: instruction + "\\n\\n" + input, assistant: output]``. A :class:`ChatTemplate`
-renders messages; it is stored with the model as ``chat_template.json`` so that inference renders prompts exactly
-as training did. Each piece is tokenised on its own and the ids are concatenated, so the boundary between prompt
-and response is exact (and :meth:`ChatTemplate.encode` gives inference the same ids):
+or a shipped instruction set by name: ``demo-instructions`` (its train split; ``demo-instructions:dev`` names
+the other), Alpaca rows written from the public-domain texts that ship with lmforge
+(:mod:`lmforge.datasets.instructions`). An Alpaca row becomes ``[user: instruction + "\\n\\n" + input,
+assistant: output]``. A :class:`ChatTemplate` renders messages; it is stored with the model as
+``chat_template.json`` so that inference renders prompts exactly as training did. Each piece is tokenised on its
+own and the ids are concatenated, so the boundary between prompt and response is exact (and
+:meth:`ChatTemplate.encode` gives inference the same ids):
 
     <|user|>\\nTranslate to French.\\n\\ncheese\\n<|assistant|>\\nfromage<|endoftext|>
     '------------- no loss -----------------------------'  '--- loss ----------'
@@ -33,6 +36,7 @@ Example:
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -41,8 +45,9 @@ from typing import Any, Sequence
 import torch
 
 import lmforge
+from lmforge import datasets
 from lmforge.config import ConfigBase
-from lmforge.errors import UserInputError
+from lmforge.errors import InputFileNotFound, UserInputError
 from lmforge.tasks.data import ExampleBatches
 from lmforge.tokenization import Tokenizer
 from lmforge.training import Trainer
@@ -205,14 +210,44 @@ def read_instruct_jsonl(path: str | Path) -> list[list[dict[str, str]]]:
     return conversations
 
 
+def instruction_sets() -> list[str]:
+    """The shipped data sets that are instruction sets (Alpaca columns), e.g. ``demo-instructions``."""
+    return [name for name in datasets.names()
+            if datasets.info(name).shipped and {"instruction", "output"} <= set(datasets.info(name).columns)]
+
+
+def read_instructions(source: str | Path) -> list[list[dict[str, str]]]:
+    """Conversations from a JSONL file, or from a shipped instruction set: ``NAME`` (its train split) or
+    ``NAME:SPLIT``. A source that is neither is one line naming it, with the closest shipped name."""
+    if Path(source).is_file():  # a folder of the same name as a shipped set is no data file: the name wins
+        return read_instruct_jsonl(source)
+    name, _, split = str(source).partition(":")
+    shipped = instruction_sets()
+    if name in shipped:
+        return [alpaca_to_messages(row) for row in datasets.load(name, split or "train")]
+    close = difflib.get_close_matches(name, shipped, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}?" if close else f"shipped instruction sets: {', '.join(shipped)}"
+    raise InputFileNotFound(f"{source}: no such file, nor a shipped instruction set; {hint}")
+
+
+def default_eval(train: str | Path) -> str | None:
+    """``NAME:dev`` when ``train`` names a shipped instruction set that has a dev split, else None: a set by
+    name is evaluated on its own dev split, as a task by name is (``lmforge finetune --task rt-sentiment``)."""
+    name = str(train)
+    if Path(name).is_file() or name not in instruction_sets():
+        return None
+    return f"{name}:dev" if "dev" in datasets.info(name).files else None
+
+
 def build_instruct_dataset(conversations: Sequence[Sequence[dict[str, str]]] | str | Path, tokenizer,
                            template: ChatTemplate | None = None, max_length: int = 512) -> list[dict[str, list]]:
-    """Encode conversations (or a JSONL path): ``[{"input_ids": [...], "response_mask": [...]}, ...]``.
+    """Encode conversations (or a JSONL path or shipped set name, :func:`read_instructions`):
+    ``[{"input_ids": [...], "response_mask": [...]}, ...]``.
 
     Examples longer than ``max_length`` are cut at the end; one left without a response token is dropped.
     """
     if isinstance(conversations, (str, Path)):
-        conversations = read_instruct_jsonl(conversations)
+        conversations = read_instructions(conversations)
     template = template or ChatTemplate()
     examples = []
     for messages in conversations:
@@ -330,9 +365,14 @@ def finetune_instruct_from_settings(settings: dict[str, Any], *, pack: bool = Fa
     """Run :func:`finetune_instruct` from ``lmforge finetune``'s settings dict (``--task instruct``).
 
     Reads ``model`` (folder or preset), ``tokenizer`` (default: the model folder), ``random_init``, ``train``,
-    ``eval``, ``out``, ``task.max_length`` and ``trainer`` (TrainConfig fields). A chat template stored in the
-    model folder is kept; otherwise the default one is used. Returns the Trainer's ``TrainResult``.
+    ``eval``, ``out``, ``task.max_length`` and ``trainer`` (TrainConfig fields). ``train`` may name a shipped
+    instruction set (``demo-instructions``), whose dev split is then the default ``eval``. A chat template stored
+    in the model folder is kept; otherwise the default one is used. Returns the Trainer's ``TrainResult``.
     """
+    # The data first: a mistyped --train is reported before a model is loaded.
+    eval_source = settings.get("eval") or default_eval(settings["train"])
+    train = read_instructions(settings["train"])
+    evals = read_instructions(eval_source) if eval_source else None
     source = settings["model"]
     tok_dir = settings.get("tokenizer") or source
     if not (Path(tok_dir) / "tokenizer.json").is_file():
@@ -342,7 +382,7 @@ def finetune_instruct_from_settings(settings: dict[str, Any], *, pack: bool = Fa
         model.reset_parameters()
     config = TrainConfig.from_dict({**settings.get("trainer", {}), "model": str(source), "out": str(settings["out"])},
                                    source="instruct settings")
-    return finetune_instruct(model, Tokenizer.load(tok_dir), settings["train"], config, out=settings["out"],
+    return finetune_instruct(model, Tokenizer.load(tok_dir), train, config, out=settings["out"],
                              template=ChatTemplate.load(source) if Path(source).is_dir() else None,
                              max_length=(settings.get("task") or {}).get("max_length"), pack=pack,
-                             eval_data=settings.get("eval"))
+                             eval_data=evals)

@@ -13,6 +13,7 @@ from typing import Any
 
 import lmforge.quickstart.plots as plots
 from lmforge.cost.report import tag_line
+from lmforge.quickstart.serving import chat_commands
 from lmforge.utils.io import atomic_write_text
 
 REPORT_HTML = "report.html"
@@ -194,6 +195,26 @@ def _generation(record: dict | None) -> str:
             f"{_num(record.get('tokens_per_second'), '{:.0f}')} tokens/s.</p>" + quotes)
 
 
+def _chat(record: dict | None, root: Path | None) -> str:
+    """How to chat with the pre-trained decoder now, and how to instruction-tune it first."""
+    if not record or record.get("skipped") or not record.get("model_dir"):
+        return ""
+    c = chat_commands(record["model_dir"], root)
+    where = "" if root is not None else " (QS: the run folder, which holds this page)"
+    return (f"<h2>Chat with {escape(record['model'])}</h2><p>The pre-trained decoder can be served and chatted with "
+            f"now{where}. It was not instruction-tuned (its folder has no chat_template.json), so it chats through "
+            "the plain default template (<code>User:</code>/<code>Assistant:</code> lines) and continues the "
+            "conversation as text rather than following instructions. Serve it (needs the serve extra: "
+            "<code>pip install 'lmforge[serve]'</code>):</p>"
+            f"<pre>{escape(c['serve'])}</pre><p>and open the playground at "
+            f"<a href=\"{escape(c['playground'])}\">{escape(c['playground'])}</a> (another port: "
+            f"<code>--port</code>), or chat in the terminal:</p><pre>{escape(c['chat'])}</pre>"
+            "<p>To instruction-tune it on <code>demo-instructions</code>, the instruction set that ships with "
+            "lmforge (translation, next verse, modern wording of Bible verses, Austen, worked arithmetic):</p>"
+            f"<pre>{escape(c['finetune'])}</pre><p>The tuned folder holds chat_template.json, and chat uses "
+            f"it:</p><pre>{escape(c['chat_tuned'])}</pre>")
+
+
 def _translation(record: dict | None, figs: dict[str, bytes | None]) -> str:
     if not record or record.get("skipped"):
         return "<h2>Translation</h2>" + _skipped(record)
@@ -250,8 +271,9 @@ def _price_tags(report: dict[str, Any]) -> str:
             + _table(["run", "FLOPs", "tokens", "device-h", "kWh", "g CO2e", "$"], rows))
 
 
-def render(report: dict[str, Any], figs: dict[str, bytes | None] | None = None) -> str:
-    """The whole page (``figs``: from :func:`figures`, drawn here when not given)."""
+def render(report: dict[str, Any], figs: dict[str, bytes | None] | None = None, root: Path | None = None) -> str:
+    """The whole page (``figs``: from :func:`figures`, drawn here when not given; ``root``: the run folder, which
+    the page's commands name, else they name paths relative to it)."""
     figs = figures(report) if figs is None else figs
     stages = report["stages"]
     t, m, s = report["timings"], report["machine"], report["settings"]
@@ -265,6 +287,7 @@ def render(report: dict[str, Any], figs: dict[str, bytes | None] | None = None) 
             f"generated {escape(report['generated_at'])}</p>")
     body = (head + "<h2>Summary</h2>" + summary + _pretraining(stages, figs) + _finetuning(stages, figs)
             + _peft(stages, figs) + _prompting(stages.get("prompting"), figs) + _generation(stages.get("generation"))
+            + _chat(stages.get("pretrain-gpt"), root)
             + _translation(stages.get("translation"), figs) + _retrieval(stages.get("retrieval"))
             + _probing(stages.get("probing"), figs) + _timings(report, figs) + _price_tags(report)
             + "<p class='meta'>Every number on this page was measured by this run; report.json beside this file "
@@ -275,5 +298,5 @@ def render(report: dict[str, Any], figs: dict[str, bytes | None] | None = None) 
 
 def write(report: dict[str, Any], folder: Path, figs: dict[str, bytes | None] | None = None) -> Path:
     path = Path(folder) / REPORT_HTML
-    atomic_write_text(path, render(report, figs))
+    atomic_write_text(path, render(report, figs, Path(folder).resolve()))
     return path

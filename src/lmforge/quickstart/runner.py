@@ -27,7 +27,7 @@ from lmforge.quickstart.budget import WEIGHTS, Budget
 from lmforge.quickstart.context import Context
 from lmforge.quickstart.folder import RunFolder
 from lmforge.quickstart.runs import drop_checkpoints
-from lmforge.quickstart.serving import serve_command
+from lmforge.quickstart.serving import chat_commands, serve_command
 from lmforge.quickstart.stages import STAGES, Stage
 from lmforge.errors import UserInputError
 from lmforge.utils.lock import RunFolderLock
@@ -184,5 +184,9 @@ def finish(folder: RunFolder, stages: Sequence[Stage]) -> dict[str, Any]:
     command = serve_command(folder.root)
     if command:
         print(f"serve the trained models (OpenAI-compatible API, playground at http://127.0.0.1:8000/):\n  {command}")
+    decoder = result["stages"].get("pretrain-gpt") or {}
+    if decoder.get("model_dir") and (folder.root / decoder["model_dir"]).is_dir():
+        # not instruction-tuned: it chats through the default template (report.html says how to tune it)
+        print(f"chat with the decoder:\n  {chat_commands(decoder['model_dir'], folder.root.resolve())['chat']}")
     sys.stdout.flush()
     return result

@@ -82,13 +82,13 @@ def translation(ctx: Context, seconds: float) -> dict[str, Any]:
                       out=out, log=ctx.log)
     check_stopped(result.train)
     outputs = translate(ctx, out / "model", test, deadline=start + seconds)
-    hypotheses = [o["output"] or "" for o in outputs]
+    hypotheses = [o["prediction"] or "" for o in outputs]
     references = [r["es"] for r in test.rows[:len(outputs)]]
     # BLEU and chrF only (the report shows no ROUGE): the quickstart needs sacrebleu, not rouge-score too.
     scores = {"bleu": task_metrics.bleu(hypotheses, references), "chrf": task_metrics.chrf(hypotheses, references)}
     curve = read_curve(out)
     drop_checkpoints(out)
-    examples = [{"en": r["en"], "reference": r["es"], "output": o.get("output")}
+    examples = [{"en": r["en"], "reference": r["es"], "output": o.get("prediction")}
                 for r, o in zip(test.rows[:SHOWN], outputs)]
     for e in examples:
         ctx.log(f"{e['en'][:70]!r} -> {str(e['output'])[:70]!r}")

@@ -5,11 +5,15 @@ classifier, its ``head.json``); column names (and a text2text model's prefix) ma
 overridden for a file laid out differently from the training data. A plain LM folder can be evaluated on a
 generative task (``seq2seq``/``text2text``) zero-shot by naming the task.
 
-Predictions files, one entry per input row, in the row's order:
+Predictions files, one entry per input row, in the row's order: every input column as it came (an ``id``,
+the gold ``label`` if there is one), then the model's answer as ``prediction`` (the class, score, labels,
+tags, answer span or output text) and what else the task reports as ``prediction_<name>``:
 
-    .jsonl  {"row": 1, "text": ..., "label": "1", "probabilities": {"0": 0.03, "1": 0.97}}
-    .tsv    the input columns, then the prediction: label | score | labels | tags | answer | output, its
-    .csv    probability, and one ``prob_<label>`` column per class
+    .jsonl  {"id": "a7", "text": ..., "label": "1", "prediction": "1", "prediction_probabilities": {"0": 0.03, ...}}
+    .tsv    the input columns, ``prediction``, ``prediction_probability`` (span/output tasks) and one
+    .csv    ``prediction_prob_<label>`` column per class
+
+An input column named ``prediction`` or ``prediction_...`` is refused, so that no input value is overwritten.
 
 Example (a sketch: ``runs/rt/best`` is a task folder made by ``lmforge finetune``)::
 
@@ -122,31 +126,76 @@ def predict(model_dir: str | Path, data, output: str | Path | None = None, *, ta
             overrides: dict[str, Any] | None = None, subtask: str | None = None, batch_size: int = 32,
             device: str = "cpu") -> list[dict[str, Any]]:
     """Predictions (with probabilities) for every row of ``data``; written to ``output`` when given."""
-    model, t, spec = load(model_dir, task, overrides, device)
+    model, t, _ = load(model_dir, task, overrides, device)
     table = data if isinstance(data, Table) else read_table(data)
+    check_prediction_columns(table)  # before the model runs: a clash found after an hour of decoding is cruel
     examples = _examples(t, table, False, subtask)
     predictions, _ = t.evaluate(model, examples, batch_size, labelled=False, device=device)
-    columns = [c for c in (spec.sub_specs()[subtask or next(iter(spec.sub_specs()))] if spec.mixture else spec)
-               .columns().items() if c[0] in ("text", "text_pair")]
-    rows = []
-    for ex, pred in zip(examples, predictions):
-        source = table.rows[ex["row"]]
-        rows.append({"row": ex["row"] + 1, **{name: source.get(name) for _, name in columns}, **pred})
+    rows = [prediction_row(table.rows[ex["row"]], table.columns, pred) for ex, pred in zip(examples, predictions)]
     if output is not None:
         write_predictions(rows, output)
     return rows
 
 
+# What each task calls its answer; the first present is the row's ``prediction`` (a text2text classifier
+# reports both the class, ``label``, and the word it generated, ``output``: the class is the answer).
+ANSWER_KEYS = ("label", "score", "labels", "tags", "answer", "output")
+PREDICTION = "prediction"
+
+
+def check_prediction_columns(table: Table) -> None:
+    """Refuse input columns that predictions would overwrite (``prediction``, ``prediction_...``).
+
+    >>> check_prediction_columns(Table("in.tsv", [{"id": 1, "prediction": "x"}], ["id", "prediction"]))
+    Traceback (most recent call last):
+    lmforge.errors.UserInputError: in.tsv: the input already has a column 'prediction', where predictions are written; rename it
+    """
+    for column in table.columns:
+        if column == PREDICTION or column.startswith(PREDICTION + "_"):
+            raise UserInputError(f"{table.name}: the input already has a column {column!r}, where predictions are "
+                                 "written; rename it")
+
+
+def prediction_row(source: dict[str, Any], columns: list[str], pred: dict[str, Any]) -> dict[str, Any]:
+    """The input row's columns (in file order) then the task's prediction as ``prediction``/``prediction_<key>``.
+
+    >>> prediction_row({"id": "a7", "text": "fine", "label": "1"}, ["id", "text", "label"],
+    ...                {"label": "0", "probabilities": {"0": 0.6, "1": 0.4}})
+    {'id': 'a7', 'text': 'fine', 'label': '1', 'prediction': '0', 'prediction_probabilities': {'0': 0.6, '1': 0.4}}
+    """
+    answer = next((k for k in ANSWER_KEYS if k in pred), None)
+    out = {name: source.get(name) for name in columns}
+    out.update({PREDICTION if key == answer else f"{PREDICTION}_{key}": value for key, value in pred.items()})
+    return out
+
+
+_PER_CLASS = {"prediction_probabilities": "prediction_prob", "prediction_scores": "prediction_score"}
+
+
+def _cell(value: Any) -> Any:
+    """A list of words or numbers (tokens, tags, confidences) as space-joined text, when that reads back
+    unambiguously; any other nested value as JSON."""
+    if isinstance(value, list) and all(v is None or isinstance(v, (int, float)) or
+                                       isinstance(v, str) and v and not any(c.isspace() for c in v) for v in value):
+        return " ".join("" if v is None else str(v) for v in value)
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, ensure_ascii=False)
+    return value
+
+
 def _flat(row: dict[str, Any]) -> dict[str, Any]:
-    """One level of columns: probability dicts become ``prob_<label>`` columns, lists space-joined text."""
+    """One level of columns: a class's probability (or SVM score) becomes a ``prediction_prob_<label>``
+    (``prediction_score_<label>``) column; other nested values become text (:func:`_cell`).
+
+    >>> _flat({"id": 3, "prediction": "b", "prediction_probabilities": {"a": 0.1, "b": 0.9}, "tags": ["O", "B-X"]})
+    {'id': 3, 'prediction': 'b', 'prediction_prob_a': 0.1, 'prediction_prob_b': 0.9, 'tags': 'O B-X'}
+    """
     out = {}
     for key, value in row.items():
-        if isinstance(value, dict):
-            out.update({f"prob_{k}": v for k, v in value.items()})
-        elif isinstance(value, list):
-            out[key] = " ".join("" if v is None else str(v) for v in value)
+        if key in _PER_CLASS and isinstance(value, dict):
+            out.update({f"{_PER_CLASS[key]}_{k}": v for k, v in value.items()})
         else:
-            out[key] = value
+            out[key] = _cell(value)
     return out
 
 

@@ -101,8 +101,12 @@ def greedy_agreement(reference, model, tokenizer: Tokenizer, prompts: Sequence[s
                      new_tokens: int = 16) -> float:
     """Fraction of greedy new tokens in the common prefix of ``model``'s and ``reference``'s continuations."""
     agree = total = 0
+    # A short-context model still gets a check: the prompt keeps its last tokens and the continuation shrinks, so
+    # prompt and continuation fit the context (a 32-token model with a 20-token prompt failed here).
+    context = reference.config.max_seq_len
+    new_tokens = max(1, min(new_tokens, context // 2))
     for prompt in prompts:
-        ids = encode_prompt(reference, tokenizer, prompt)
+        ids = encode_prompt(reference, tokenizer, prompt)[-(context - new_tokens):]
         a, b = (generate(m, ids, max_new_tokens=new_tokens, ignore_eos=True).tolist()[0] for m in (reference, model))
         prefix = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         agree, total = agree + prefix, total + max(len(a), len(b))
@@ -138,5 +142,7 @@ def quantize_folder(model_dir: str | Path, to: str, out: str | Path, group_size:
         raise UserInputError(f"--model {model_dir}: already quantised; quantise the full-precision folder")
     quantized, _ = checkpoint.read_model_folder(model_dir, with_tokenizer=False)
     record = quantize_model(quantized, to, group_size)
+    # Measured before saving: a report that cannot be made leaves no --out folder behind.
+    report = measure(reference.eval(), quantized.eval(), tokenizer, to, record["kept"])
     save_quantized(quantized, out, tokenizer=tokenizer)
-    return measure(reference.eval(), quantized.eval(), tokenizer, to, record["kept"])
+    return report

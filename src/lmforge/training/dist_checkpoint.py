@@ -46,18 +46,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
 from safetensors import safe_open
 from torch import nn
-from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-    set_state_dict,
-)
+
+# torch.distributed.checkpoint is imported by the functions that use it: it pulls in DTensor and sympy (seconds),
+# and every command that imports the trainer (``lmforge finetune --help`` too) would pay that at start.
 
 from lmforge import checkpoint as model_checkpoint
 from lmforge.config import ModelConfig
@@ -137,6 +130,10 @@ def _groups_to_load(template: list[dict[str, Any]], saved: list[dict[str, Any]],
 
 # ---------------------------------------------------------------------------------- save
 def _write_shards(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
     model_state, optimizer_state = get_state_dict(model, optimizer)
     writer = HuggingFaceStorageWriter(str(folder), save_distributed=True)
     # A rank's full disk comes back as DCP's CheckpointException (a BaseException) holding the OSError.
@@ -175,6 +172,15 @@ def save_sharded(manager: CheckpointManager, step: int, model: nn.Module, optimi
 def load_sharded(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None,
                  saved_groups: list[dict[str, Any]] | None, ctx: DistContext) -> None:
     """Fill ``model`` (FSDP-sharded or plain) and ``optimizer`` from a sharded checkpoint of any world size."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_state_dict,
+        set_model_state_dict,
+        set_state_dict,
+    )
+
     reader = HuggingFaceStorageReader(str(folder / SHARDS_DIR))
     if optimizer is None:
         model_state = get_model_state_dict(model)
@@ -211,6 +217,8 @@ def load_full_into_sharded(folder: Path, model: nn.Module, optimizer: torch.opti
                            meta: dict[str, Any], ctx: DistContext) -> None:
     """Fill an FSDP ``model`` (and ``optimizer``) from a plain checkpoint: rank 0 reads the files, FSDP
     scatters each rank's slices (so only rank 0 ever holds the whole state)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     full_model: dict[str, torch.Tensor] = {}
     full_optimizer: dict[str, Any] = {}
@@ -368,6 +376,9 @@ def checkpoint_model(folder: Path) -> nn.Module:
     model = empty_model(saved_config(folder / MODEL_DIR))
     names = list(model.state_dict())
     if is_sharded(folder):
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import HuggingFaceStorageReader
+
         reader = HuggingFaceStorageReader(str(folder / SHARDS_DIR))
         # DCP keys are "model." + the saved module's state-dict key (the optimizer's are "optimizer.")
         stored = {k.removeprefix("model.") for k in reader.read_metadata().state_dict_metadata if k.startswith("model.")}
@@ -386,6 +397,8 @@ def checkpoint_model(folder: Path) -> nn.Module:
 
 def unsharded_copy(model: nn.Module, ctx: DistContext) -> nn.Module | None:
     """The whole FSDP ``model`` as a plain CPU Transformer on rank 0 (None elsewhere). Collective."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if not ctx.is_main:
         return None

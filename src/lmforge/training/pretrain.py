@@ -381,7 +381,7 @@ def build_pretraining(config: TrainConfig, *, loss=None, init: Callable[[Transfo
     """
     config.require("model", "objective", "data", "out")
     refuse_training(config.model, "pre-training")
-    ctx = distributed.setup(config.strategy, config.device)  # before the datasets: they read rank and world size
+    ctx = distributed.setup(config.strategy, config.device, config.dist_timeout)  # before the datasets: they read rank and world size
     plan = plan_pretraining(config, ctx.rank)
     config, tokenizer, model_config, objective = plan.config, plan.tokenizer, plan.model_config, plan.objective
     eval_objective, train_data, eval_data, languages = plan.eval_objective, plan.train_data, plan.eval_data, \

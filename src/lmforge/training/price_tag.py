@@ -23,6 +23,17 @@ the step itself. codecarbon (offline mode) was evaluated and not used: it requir
 pydantic, authlib, requests, rich, typer, ...), runs a background scheduler thread and writes its own CSV, and
 what it measures comes from the same two counters (RAPL, NVML) or a TDP table, which this file reads directly.
 
+Device time. On a GPU, a device-second is a second of wall time with the GPU held. On a CPU it is what the
+process actually ran, not the wall clock: the process's CPU seconds (user + system, :func:`time.process_time`,
+threads included, subprocesses such as data-loader workers not) over the span the wall time covers, divided by the
+cores it uses (torch's intra-op threads, at most the cores it may run on), and at most the wall time. A CPU
+device-hour is thus the run's cores fully busy for an hour: on an idle machine it is the wall time, as before,
+and on a shared one it is the share of the cores the run got (a core time-sliced with another busy process gives
+it about half). So one device stays the CPU package whose draw ``power_watts`` estimates (65 W, a desktop TDP),
+and the price per device-hour stays that of the run's cores. The price tag also keeps the CPU seconds themselves
+(``cpu_s``) and the thread count (``cpu_threads``): with 2 threads fully busy, 1 wall hour is 2 CPU-hours and
+1 device-hour. A price tag written before this field existed has ``device_s`` = wall seconds; it still reads.
+
 Many ranks: each rank adds its own seconds and joules; the sums travel in the step's existing all-reduce of
 the token count (no extra collective), so ``device_s`` is the sum over ranks.
 
@@ -38,12 +49,18 @@ Example:
     (6000000000000, 1000, 0.001, 0.0005, 0.0036)
     >>> r["energy_method"]
     'estimated: device-seconds x 100 W'
+
+On a CPU, a step's device-seconds are its CPU seconds per thread, at most its wall seconds:
+
+    >>> cpu_device_seconds(wall=2.0, cpu=1.0, threads=1), cpu_device_seconds(2.0, 3.0, 2), cpu_device_seconds(2, 9, 2)
+    (1.0, 1.5, 2)
 """
 
 from __future__ import annotations
 
 import glob
 import math
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -112,6 +129,18 @@ class PriceSettings:
         kwh = (energy_j if energy_j is not None else device_s * self.power_watts) / 3.6e6
         return {"energy_kwh": kwh, "co2e_kg": kwh * self.grid_intensity / 1000.0,
                 "cost_usd": device_s / 3600.0 * self.price_per_hour}
+
+
+def cpu_threads() -> int:
+    """The cores a CPU run computes on: torch's intra-op threads, at most the cores this process may run on."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(torch.get_num_threads(), cores))
+
+
+def cpu_device_seconds(wall: float, cpu: float, threads: int) -> float:
+    """A CPU span's device-seconds: its process CPU seconds over the ``threads`` it computes on, at most ``wall``
+    (threads beyond torch's, a logger's or the allocator's, cannot make the device busier than fully busy)."""
+    return min(wall, cpu / max(1, threads))
 
 
 # ---------------------------------------------------------------------------------------------- FLOPs
@@ -287,12 +316,15 @@ class PriceTag:
         self.tokens = 0
         self.wall_s = 0.0
         self.device_s = 0.0
+        self.cpu_s = 0.0  # process CPU seconds, summed over ranks (what a CPU run is billed by)
+        self.cpu_threads = cpu_threads() if self.settings.device == "cpu" else None
         self.energy_j = 0.0  # measured joules (only with a meter)
         self.flops_method = "analytic"
         self.flop_check: dict[str, Any] | None = None
         self._per_token: float | None = None  # counted FLOPs per token, for models without a formula
         self._shapes: dict[Any, int] = {}  # batch_flops' cache for the one model this tag counts
         self._clock = time.monotonic()
+        self._cpu_clock = time.process_time()
         self._read_at = -math.inf
         self._joules_read = 0.0
         self._joules_added = 0.0
@@ -301,6 +333,9 @@ class PriceTag:
     def start(self) -> None:
         """(Re)start the clock and the energy reference: time before this call is not charged."""
         self._clock = time.monotonic()
+        self._cpu_clock = time.process_time()
+        if self.settings.device == "cpu":  # set_num_threads may have run since the tag was made
+            self.cpu_threads = cpu_threads()
         self._joules_added = self._joules_read = self.meter.joules() if self.meter is not None else 0.0
         self._read_at = time.monotonic()
 
@@ -321,23 +356,30 @@ class PriceTag:
                            "ratio": analytic / counted if analytic and counted else None}
 
     def rank_values(self) -> list[float]:
-        """This rank's seconds since the last call and joules (0 when no reading is due)."""
-        now = time.monotonic()
+        """This rank's wall seconds since the last call, joules (0 when no reading is due), device-seconds (on a
+        CPU: :func:`cpu_device_seconds`; else the wall seconds) and process CPU seconds."""
+        now, cpu_now = time.monotonic(), time.process_time()
         seconds, self._clock = now - self._clock, now
+        cpu, self._cpu_clock = cpu_now - self._cpu_clock, cpu_now
+        device_s = cpu_device_seconds(seconds, cpu, self.cpu_threads or 1) if self.settings.device == "cpu" \
+            else seconds
         joules = 0.0
         if self.meter is not None and now - self._read_at >= METER_INTERVAL_S:
             self._joules_read, self._read_at = self.meter.joules(), now
         if self.meter is not None:
             joules, self._joules_added = self._joules_read - self._joules_added, self._joules_read
-        return [seconds, joules]
+        return [seconds, joules, device_s, cpu]
 
-    def add(self, tokens: int, flops: float, seconds: float, joules: float = 0.0, device_s: float | None = None):
+    def add(self, tokens: int, flops: float, seconds: float, joules: float = 0.0, device_s: float | None = None,
+            cpu_s: float | None = None):
         """Add one step: tokens and FLOPs of every rank, this rank's wall seconds, every rank's device-seconds
-        (default: ``seconds``) and joules."""
+        (default: ``seconds``), joules and CPU seconds (default: the device-seconds)."""
         self.tokens += int(tokens)
         self.flops += int(flops)
         self.wall_s += seconds
-        self.device_s += seconds if device_s is None else device_s
+        device_s = seconds if device_s is None else device_s
+        self.device_s += device_s
+        self.cpu_s += device_s if cpu_s is None else cpu_s
         self.energy_j += joules
 
     # ------------------------------------------------------------------ reporting
@@ -349,26 +391,36 @@ class PriceTag:
         """The cumulative values for one metrics line."""
         derived = self.settings.derived(self.device_s, self.energy_j if self.measured else None)
         return {"total_flops": self.flops, "total_tokens": self.tokens, "wall_s": round(self.wall_s, 6),
-                "device_s": round(self.device_s, 6), "energy_kwh": _sig(derived["energy_kwh"]),
+                "device_s": round(self.device_s, 6), "cpu_s": round(self.cpu_s, 6),
+                "energy_kwh": _sig(derived["energy_kwh"]),
                 "energy_method": self.meter.method if self.measured else
                 f"estimated: device-seconds x {self.settings.power_watts:g} W",
                 "co2e_kg": _sig(derived["co2e_kg"]), "cost_usd": _sig(derived["cost_usd"])}
 
     def summary(self) -> dict[str, Any]:
         """The totals of the run so far, with the settings and methods behind them (``price_tag.json``)."""
-        return {**self.record(), "flops_method": self.flops_method, "flop_check": self.flop_check,
-                "settings": asdict(self.settings)}
+        return {**self.record(), "cpu_threads": self.cpu_threads, "device_time": self.device_time(),
+                "flops_method": self.flops_method, "flop_check": self.flop_check, "settings": asdict(self.settings)}
+
+    def device_time(self) -> str:
+        """How ``device_s`` was obtained (``price_tag.json``'s ``device_time``)."""
+        if self.settings.device == "cpu":
+            return (f"cpu: process CPU seconds / {self.cpu_threads} thread(s), at most the wall time; summed over "
+                    "ranks")
+        return f"{self.settings.device}: wall seconds with the device held; summed over ranks"
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
         return {"flops": self.flops, "tokens": self.tokens, "wall_s": self.wall_s, "device_s": self.device_s,
-                "energy_j": self.energy_j, "flops_method": self.flops_method, "flop_check": self.flop_check,
-                "per_token": self._per_token}
+                "cpu_s": self.cpu_s, "energy_j": self.energy_j, "flops_method": self.flops_method,
+                "flop_check": self.flop_check, "per_token": self._per_token}
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         if not state:
             return
         self.flops, self.tokens = int(state["flops"]), int(state["tokens"])
         self.wall_s, self.device_s, self.energy_j = state["wall_s"], state["device_s"], state["energy_j"]
+        # A checkpoint from before CPU seconds were kept: its steps stay billed as they were, by their wall time.
+        self.cpu_s = state.get("cpu_s", self.device_s)
         self.flops_method, self.flop_check = state["flops_method"], state["flop_check"]
         self._per_token = state.get("per_token")

@@ -259,7 +259,8 @@ class Trainer:
             raise ValueError("the Trainer needs a run folder: pass out=... or set config.out")
         self.config = config.validate()
         self.out = Path(out if out is not None else config.out)
-        self.dist = dist if dist is not None else distributed.setup(config.strategy, config.device)
+        self.dist = dist if dist is not None else distributed.setup(config.strategy, config.device,
+                                                                    config.dist_timeout)
         self.device = self.dist.device
         if self.device.type == "cpu":
             keep_freed_memory()  # a step's large tensors reuse mapped pages (lmforge.training.allocator)
@@ -430,12 +431,11 @@ class Trainer:
             what = "gradient norm" if loss_finite else "loss"
             warnings.warn(f"step {self.step + 1}: non-finite {what}; update skipped", stacklevel=2)
         self.optimizer.zero_grad(set_to_none=True)
-        seconds, joules = self.price_tag.rank_values()
-        wall = seconds
+        wall, joules, device_s, cpu_s = self.price_tag.rank_values()
         if self.dist.world_size > 1:  # one all-reduce for the step's counts, as before: now with the price tag's
-            tokens, flops, seconds, joules = self.dist.all_reduce([tokens, flops, seconds, joules])
+            tokens, flops, device_s, joules, cpu_s = self.dist.all_reduce([tokens, flops, device_s, joules, cpu_s])
             tokens = int(tokens)
-        self.price_tag.add(tokens, flops, wall, joules, device_s=seconds)
+        self.price_tag.add(tokens, flops, wall, joules, device_s=device_s, cpu_s=cpu_s)
         self.step += 1
         self.tokens_seen += tokens
         model_metrics = getattr(self.model, "training_metrics", None)
