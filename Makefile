@@ -44,10 +44,10 @@ test: $(STAMP) browser
 bench: $(STAMP)
 	$(VENV)/bin/lmforge bench
 
-# The same run as one JSON record (docs/bench.json), rendered into docs/performance.md and the README's table.
+# The same run as one JSON record (docs/lab/bench.json), rendered into docs/lab/performance.md and the README's table.
 bench-docs: $(STAMP)
-	$(VENV)/bin/lmforge bench --json > docs/bench.json.new && mv docs/bench.json.new docs/bench.json
-	$(PY) -m benchmarks.performance_doc docs/bench.json
+	$(VENV)/bin/lmforge bench --json > docs/lab/bench.json.new && mv docs/lab/bench.json.new docs/lab/bench.json
+	$(PY) -m benchmarks.performance_doc docs/lab/bench.json
 
 # The measured tables of docs/lab/experiments/ (lmforge.experiments.docs_tables): prepare each grid's data as its
 # header says, run it (resuming) into $(RUNS_DIR)/GRID/SIZE and copy its table with the command, date, commit and

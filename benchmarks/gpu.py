@@ -18,7 +18,8 @@ MFU is reported against the GPU's dense bf16 peak from its datasheet (989 TFLOP/
 and against the bf16 matmul rate this script measures on the card (8192^3, median of 20). Each training figure
 is the median over ``--repeats`` interleaved steps after warm-up (the compiled ones warm up through their
 compile). ``lmforge bench --device cuda`` runs this script and prints its table; the JSON records of its runs,
-with their commands and dates, go to docs/bench-gpu.json, from which docs/performance.md's GPU section is rendered.
+with their commands and dates, go to docs/lab/bench-gpu.json, from which docs/lab/performance.md's GPU section is
+rendered.
 
 Usage:
     python benchmarks/gpu.py --nanogpt /tmp/nanoGPT

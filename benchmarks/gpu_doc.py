@@ -1,5 +1,6 @@
-"""The GPU section of docs/performance.md, rendered from docs/bench-gpu.json (the records of benchmarks/gpu.py runs
-on a lent GPU, with their commands and dates). ``python -m benchmarks.performance_doc`` calls :func:`gpu_section`.
+"""The GPU section of docs/lab/performance.md, rendered from docs/lab/bench-gpu.json (the records of
+benchmarks/gpu.py runs on a lent GPU, with their commands and dates). ``python -m benchmarks.performance_doc``
+calls :func:`gpu_section`.
 
     >>> rec = {"device": "GPU X", "software": "torch 2", "datasheet_tflops": 100.0, "measured_tflops": 80.0,
     ...        "runs": {"memory": {"command": "python benchmarks/gpu.py --sections memory", "date": "D", "result": {

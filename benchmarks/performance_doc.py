@@ -1,23 +1,27 @@
-"""Render one ``lmforge bench --json`` record into docs/performance.md and the README's performance table.
+"""Render one ``lmforge bench --json`` record into docs/lab/performance.md and the README's performance table.
 
 Both come from the same record, so no figure appears in two places with two values. The README's table is
-the text between ``<!-- bench:start -->`` and ``<!-- bench:end -->``; everything else in the README is left
-alone. The record itself stays beside the page (docs/bench.json), so a reader can check every figure.
+the text between ``<!-- bench:start -->`` and ``<!-- bench:end -->``: the few rows of :data:`README_ROWS`, all
+from the record's own run (one machine, one caption); everything else in the README is left alone. The record
+itself stays beside the page (docs/lab/bench.json), so a reader can check every figure.
+
+A figure that cannot be right stops the rendering, naming its row: an MFU above 100%, or a matmul peak (the MFU
+denominator) more than 15% away from the one recorded for the run's machine. Re-measure that table.
 
 Usage::
 
-    lmforge bench --json > docs/bench.json
-    python -m benchmarks.performance_doc docs/bench.json --note "what else ran on the machine"
+    lmforge bench --json > docs/lab/bench.json
+    python -m benchmarks.performance_doc docs/lab/bench.json --note "what else ran on the machine"
 
 (``make bench-docs`` does both.)
 
 A later run of some of the benchmarks can be added to the record without re-measuring the others::
 
     lmforge bench --json --only attention_scaling > new.json
-    python -m benchmarks.performance_doc docs/bench.json --add new.json --note "what else ran"
+    python -m benchmarks.performance_doc docs/lab/bench.json --add new.json --note "what else ran"
 
 Each added benchmark replaces its entry and keeps its own run (command, date, duration, machine, ``--note``) in
-the entry's ``run``; the page and the README's provenance line name that run beside the record's own.
+the entry's ``run``; the page names that run beside the record's own (the README shows only the record's own).
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if __package__ in (None, ""):  # run as a file: the checkout root is the import root
     sys.path.insert(0, str(ROOT))
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
-RENDER = "python -m benchmarks.performance_doc docs/bench.json"
+RENDER = "python -m benchmarks.performance_doc docs/lab/bench.json"
+PAGE = "docs/lab/performance.md"  # from the checkout root
 
 
 # ------------------------------------------------------------------------------------------- small formatting
@@ -69,24 +74,49 @@ def _pct(value: float) -> str:
 
 
 # ------------------------------------------------------------------------------------------- the summary
-# Benchmarks with a row per mode: the README keeps only these rows of theirs (the rest are in performance.md).
-README_ONLY = {"generate_engines": lambda case: " vs " in case or case.startswith("fresh process"),
-               "training_jobs": lambda case: case.endswith((": training loop", ": wall, process start to saved model"))}
+# The README's rows, (benchmark, case): a few of the record's own run, none marked unsteady, so the README's table
+# has one machine and one caption; the later runs (other machines, other days) are on the lab page only.
+README_ROWS = [("generate", "greedy, batch 1"), ("generate", "greedy, batch 8"),
+               ("data_pipeline", "prepare vs raw encode_batch"), ("peft_memory", "LoRA training memory (bert-base)"),
+               ("verify_cost", "load gpt2 (124M), manifest checked")]
 
 
-def summary(record: dict, readme: bool = False) -> str:
-    """The summary table: every row of every benchmark, lmforge against its reference (``readme``: the short form
-    the README shows, without the per-mode rows :data:`README_ONLY` leaves out).
+def _cells(r: dict) -> list:
+    return [r["benchmark"], r["case"], r["lmforge"], r["reference"], ratio(r["ratio"], r["better"])]
+
+
+def readme_rows(record: dict) -> list[list]:
+    """The rows of :data:`README_ROWS`, each from the record's own run (not a later one, on another machine).
+
+    >>> row = {"benchmark": "generate", "case": "greedy, batch 1", "lmforge": "2", "reference": "1", "ratio": 2.0,
+    ...        "better": "higher"}
+    >>> try:
+    ...     readme_rows({"benchmarks": {"generate": {"rows": [row], "run": {"command": "later"}}}})
+    ... except SystemExit as e:
+    ...     print(e)
+    README row generate / greedy, batch 1: measured by a later run, not the record's own: re-measure that table
+    """
+    out = []
+    for name, case in README_ROWS:
+        entry = record["benchmarks"].get(name, {})
+        rows = [r for r in entry.get("rows", []) if r["case"] == case]
+        if not rows or "run" in entry or "unsteady" in case:
+            why = "not in the record" if not rows else "measured by a later run, not the record's own"
+            raise SystemExit(f"README row {name} / {case}: {why}: re-measure that table")
+        out.append(_cells(rows[0]))
+    return out
+
+
+def summary(record: dict) -> str:
+    """The summary table: every row of every benchmark, lmforge against its reference.
 
     >>> rec = {"benchmarks": {"generate_engines": {"rows": [
     ...     {"benchmark": "generate_engines", "case": c, "lmforge": "1", "reference": "1", "ratio": 1.0,
     ...      "better": "higher"} for c in ("batch 1: int8", "batch 1: int8 vs CT2 int8")]}}}
-    >>> summary(rec).count("generate_engines"), summary(rec, readme=True).count("generate_engines")
-    (2, 1)
+    >>> summary(rec).count("generate_engines")
+    2
     """
-    rows = [[r["benchmark"], r["case"], r["lmforge"], r["reference"], ratio(r["ratio"], r["better"])]
-            for name, entry in record["benchmarks"].items() for r in entry.get("rows", [])
-            if not readme or README_ONLY.get(name, lambda case: True)(r["case"])]
+    rows = [_cells(r) for entry in record["benchmarks"].values() for r in entry.get("rows", [])]
     failed = [f"{name}: FAILED ({entry['error']})" for name, entry in record["benchmarks"].items()
               if entry.get("error")]
     failed += [f"{name}: not run ({entry['skipped']})" for name, entry in record["benchmarks"].items()
@@ -95,14 +125,13 @@ def summary(record: dict, readme: bool = False) -> str:
 
 
 def provenance(record: dict) -> str:
-    """One sentence: which run, when, on what (and the benchmarks measured in runs of their own)."""
+    """One sentence: which run, when, on what machine, and where every other row is."""
     m = record["machine"]
     mode = "`--quick` sizes, " if record.get("quick") else ""
-    later = "".join(f"; {', '.join(names)}: `{run['command']}` on {run['date'][:10]}"
-                    for run, names in added_runs(record))
     return (f"Measured by `{record['command']}` on {record['date'][:10]} ({mode}{record['seconds'] / 60:.0f} min) on "
-            f"{m['cpu']}, {m.get('cores', m.get('cpu_count'))} cores, {m.get('torch_threads', '?')} torch threads"
-            f"{later}; details in [docs/performance.md](docs/performance.md).")
+            f"{m['cpu']}, {m.get('cores', m.get('cpu_count'))} cores, {m.get('torch_threads', '?')} torch threads. "
+            f"Every benchmark (training steps, attention scaling, serving, other engines, the GPU runs), with its "
+            f"method, machine and date: [{PAGE}]({PAGE}).")
 
 
 # ------------------------------------------------------------------------------------------- added runs
@@ -173,9 +202,62 @@ def train_step_detail(data: dict) -> str:
         header.append("nanoGPT tok/s")
     steady = "held" if data.get("steady", True) else "moved by more than 15%: treat this run's ratios as unreliable"
     precision = data.get("precision", "bf16")
-    return (table(header, rows) + f"\n\nThe script's own {precision} matmul peak (the MFU denominator): "
-            f"{_n(data['peak_gflops'])} GFLOP/s before its steps, {_n(data.get('peak_gflops_end', 0))} after ({steady}); "
-            f"allocator: glibc {data.get('malloc', 'default')}.")
+    denominator = (f"; MFU is over the higher of the two, {_n(data['mfu_peak_gflops'])} GFLOP/s"
+                   if "mfu_peak_gflops" in data else "")
+    return (table(header, rows) + f"\n\nThe script's own {precision} matmul peak: "
+            f"{_n(data['peak_gflops'])} GFLOP/s before its steps, {_n(data.get('peak_gflops_end', 0))} after ({steady})"
+            f"{denominator}; allocator: glibc {data.get('malloc', 'default')}." +
+            (f" {data['mfu_peak_note']}" if data.get("mfu_peak_note") else ""))
+
+
+# ------------------------------------------------------------------------------------------- impossible figures
+MOVED = 0.15  # a peak further than this from the machine's recorded one was measured on a different machine or day
+
+
+def check(record: dict, gpu: dict | None = None) -> None:
+    """Stop, naming the row, on a figure that cannot be right: an MFU above 100%, or a matmul peak (the MFU
+    denominator) more than 15% away from the one recorded for its run's machine.
+
+    >>> rec = {"machine": {"bf16_matmul_gflops_start": 400.0}, "benchmarks": {"train_step": {"result": {
+    ...     "peak_gflops": 390.0, "results": [{"family": "gpt", "mode": "eager", "lmforge_mfu": 0.5, "hf_mfu": 0.4}]}}}}
+    >>> check(rec)
+    >>> rec["benchmarks"]["train_step"]["result"]["results"][0]["lmforge_mfu"] = 1.47
+    >>> check(rec)
+    Traceback (most recent call last):
+    SystemExit: train_step row gpt eager: lmforge MFU 147.0% is above 100%: re-measure that table
+    >>> rec["benchmarks"]["train_step"]["result"].update(peak_gflops=227.0, results=[])
+    >>> check(rec)
+    Traceback (most recent call last):
+    SystemExit: train_step: matmul peak 227 GFLOP/s is 43% away from the run's recorded 400: re-measure that table
+    """
+    for name, entry in record["benchmarks"].items():
+        data = entry.get("result") if not entry.get("error") else None
+        if not data:
+            continue
+        machine = entry.get("run", {}).get("machine", record.get("machine", {}))
+        recorded = machine.get("bf16_matmul_gflops_start")
+        peak = data.get("mfu_peak_gflops", data.get("peak_gflops"))
+        if peak and recorded and data.get("precision", "bf16") == "bf16" and abs(peak / recorded - 1) > MOVED:
+            raise SystemExit(f"{name}: matmul peak {peak:.0f} GFLOP/s is {abs(peak / recorded - 1):.0%} away from "
+                             f"the run's recorded {recorded:.0f}: re-measure that table")
+        for r in data.get("results", []) if isinstance(data.get("results"), list) else []:
+            for key in sorted(k for k in r if k.endswith("_mfu")):
+                if r[key] > 1:
+                    raise SystemExit(f"{name} row {r.get('family', '?')} {r.get('mode', '?')}: "
+                                     f"{key.removesuffix('_mfu')} MFU {r[key]:.1%} is above 100%: "
+                                     "re-measure that table")
+    for section, run in (gpu or {}).get("runs", {}).items():
+        result = run.get("result", {})
+        measured, recorded = result.get("measured_tflops"), gpu.get("measured_tflops")
+        if measured and recorded and abs(measured / recorded - 1) > MOVED:
+            moved = abs(measured / recorded - 1)
+            raise SystemExit(f"GPU {section}: measured peak {measured:.0f} TFLOP/s is {moved:.0%} away from the "
+                             f"recorded {recorded:.0f}: re-measure that table")
+        for r in result.get("rows", []):
+            for key in ("mfu_datasheet", "mfu_measured"):
+                if (r.get(key) or 0) > 1:
+                    raise SystemExit(f"GPU {section} row {r.get('table')} / {r.get('impl')}: {key} {r[key]:.1%} is "
+                                     "above 100%: re-measure that table")
 
 
 def generate_detail(data: dict) -> str:
@@ -575,19 +657,21 @@ def machine_section(record: dict, note: str | None) -> str:
 
 
 def page(record: dict, note: str | None = None, gpu: dict | None = None) -> str:
-    """docs/performance.md for one ``lmforge bench --json`` record (and the GPU records, when given)."""
+    """docs/lab/performance.md for one ``lmforge bench --json`` record (and the GPU records, when given)."""
+    check(record, gpu)
     parts = [
         "# Performance",
-        "<!-- Generated by benchmarks/performance_doc.py from docs/bench.json: edit those, not this page. -->",
+        "<!-- Generated by benchmarks/performance_doc.py from docs/lab/bench.json: edit those, not this page. -->",
         f"Every figure on this page comes from one run of `{record['command']}` on {record['date']} "
         f"({record['seconds'] / 60:.1f} minutes{', `--quick` sizes' if record.get('quick') else ''}); the machine "
         f"is described [at the end](#machine)" +
         "".join(f", except {', '.join(names)}, measured by a later run (`{run['command']}` on {run['date']}, "
                 f"described in {'its section' if len(names) == 1 else 'their sections'})"
                 for run, names in added_runs(record)) +
-        ". The README's table is the summary below, generated from the same record ([bench.json](bench.json)).",
+        ". The README's table is a few rows of the summary below, generated from the same record "
+        "([bench.json](bench.json)).",
         "## Reproduce",
-        f"```bash\n{record['command']} > docs/bench.json   # or: make bench-docs\n{RENDER}\n```",
+        f"```bash\n{record['command']} > docs/lab/bench.json   # or: make bench-docs\n{RENDER}\n```",
         "## Summary",
         "lmforge against its reference, measured side by side in the same run. For speed a ratio above 1 is "
         "lmforge faster; for memory a ratio below 1 is lmforge smaller.",
@@ -622,7 +706,9 @@ def page(record: dict, note: str | None = None, gpu: dict | None = None) -> str:
 
 def readme_block(record: dict) -> str:
     """The README's performance table and its one line of provenance."""
-    return f"{START}\n{summary(record, readme=True)}\n\n{provenance(record)}\n{END}"
+    check(record)
+    header = ["benchmark", "case", "lmforge", "reference", "ratio"]
+    return f"{START}\n{table(header, readme_rows(record))}\n\n{provenance(record)}\n{END}"
 
 
 def replace_block(text: str, block: str) -> str:
@@ -648,15 +734,15 @@ def read_record(path: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("record", type=Path, help="the output of `lmforge bench --json` (e.g. docs/bench.json)")
+    parser.add_argument("record", type=Path, help="the output of `lmforge bench --json` (e.g. docs/lab/bench.json)")
     parser.add_argument("--note", default=None, help="a sentence on the machine's state (what else was running); "
                                                       "with --add, of the added run")
     parser.add_argument("--add", type=Path, default=None, metavar="RECORD",
                         help="a later `lmforge bench --json` record of some benchmarks: its entries replace the "
                              "record's own, each keeping its run's date, command and machine")
-    parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "performance.md")
+    parser.add_argument("--doc", type=Path, default=ROOT / PAGE)
     parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
-    parser.add_argument("--gpu", type=Path, default=ROOT / "docs" / "bench-gpu.json",
+    parser.add_argument("--gpu", type=Path, default=ROOT / "docs" / "lab" / "bench-gpu.json",
                         help="the GPU records (benchmarks/gpu.py runs) for the page's GPU section, if the file exists")
     args = parser.parse_args(argv)
     record = read_record(args.record)

@@ -37,7 +37,7 @@ Then::
     wrote /tmp/probing_layers/probing_layers.png
     {"static": [...], "elmo-cnn-tiny": [...], ...}
 
-Measured numbers: docs/quality.md, "ELMo's features against static vectors, and a feature per layer".
+Measured numbers: docs/lab/quality.md, "ELMo's features against static vectors, and a feature per layer".
 """
 
 from __future__ import annotations

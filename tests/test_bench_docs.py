@@ -1,5 +1,5 @@
-"""docs/performance.md and the README's performance table are generated from one ``lmforge bench --json`` record
-(docs/bench.json) by benchmarks/performance_doc.py: they say the same as the record, and nothing else."""
+"""docs/lab/performance.md and the README's performance table are generated from one ``lmforge bench --json``
+record (docs/lab/bench.json) by benchmarks/performance_doc.py: they say the same as the record, and nothing else."""
 
 from __future__ import annotations
 
@@ -8,17 +8,20 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the benchmarks package lives in the checkout root, beside src/
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import common, performance_doc  # noqa: E402
-RECORD = json.loads((ROOT / "docs" / "bench.json").read_text(encoding="utf-8"))
-GPU = json.loads((ROOT / "docs" / "bench-gpu.json").read_text(encoding="utf-8"))
+LAB = ROOT / "docs" / "lab"
+RECORD = json.loads((LAB / "bench.json").read_text(encoding="utf-8"))
+GPU = json.loads((LAB / "bench-gpu.json").read_text(encoding="utf-8"))
 
 
 def test_the_committed_page_and_readme_table_are_what_the_committed_record_renders_to():
-    assert (ROOT / "docs" / "performance.md").read_text(encoding="utf-8") == performance_doc.page(
+    assert (LAB / "performance.md").read_text(encoding="utf-8") == performance_doc.page(
         RECORD, RECORD.get("note"), GPU)
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert performance_doc.readme_block(RECORD) in readme
@@ -40,16 +43,49 @@ def test_the_record_names_its_run_and_machine():
         assert run["date"] and run["seconds"] > 0 and run["machine"].get("cpu"), names
 
 
-def test_every_summary_row_appears_in_the_readme_once():
-    """Every row is on the performance page once; the README shows each once too, except the per-mode rows
-    that performance_doc.README_ONLY leaves to the page."""
+def test_every_summary_row_is_on_the_page_once_and_the_readme_shows_the_stable_rows_of_one_machine():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    page = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
+    page = (LAB / "performance.md").read_text(encoding="utf-8")
+    shown = set(performance_doc.README_ROWS)
+    assert len(shown) == 5
     for name, entry in RECORD["benchmarks"].items():
         for row in entry["rows"]:
             line = f"| {row['benchmark']} | {row['case']} | {row['lmforge']} | {row['reference']} |"
-            shown = performance_doc.README_ONLY.get(name, lambda case: True)(row["case"])
-            assert readme.count(line) == int(shown) and page.count(line) == 1, line
+            assert readme.count(line) == int((name, row["case"]) in shown) and page.count(line) == 1, line
+            if (name, row["case"]) in shown:  # the record's own run: the machine the README's caption names
+                assert "run" not in entry and "unsteady" not in row["case"], name
+    block = readme[readme.index(performance_doc.START):readme.index(performance_doc.END)]
+    assert block.count("Measured by") == 1 and RECORD["machine"]["cpu"] in block and "Xeon" not in block
+    assert "(docs/lab/performance.md)" in block
+
+
+def _train_step(record: dict, **changes) -> dict:
+    data = {**record["benchmarks"]["train_step"]["result"], **changes}
+    return {**record, "benchmarks": {**record["benchmarks"], "train_step": {
+        **record["benchmarks"]["train_step"], "result": data}}}
+
+
+def test_no_published_mfu_is_above_100_percent_and_every_peak_is_the_recorded_one():
+    performance_doc.check(RECORD, GPU)  # the committed records pass
+    assert all(r[k] <= 1 for r in RECORD["benchmarks"]["train_step"]["result"]["results"]
+               for k in ("lmforge_mfu", "hf_mfu"))
+    # the figures as first published: over the peak measured before the steps, on a disturbed machine
+    data = RECORD["benchmarks"]["train_step"]["result"]
+    first = [{**r, "lmforge_mfu": r["lmforge_mfu"] * data["mfu_peak_gflops"] / data["peak_gflops"]}
+             for r in data["results"]]
+    with pytest.raises(SystemExit, match=r"^train_step row gpt compile: lmforge MFU 147\.0% is above 100%: "
+                                         r"re-measure that table$"):
+        performance_doc.check(_train_step(RECORD, results=first))
+    with pytest.raises(SystemExit, match=r"^train_step: matmul peak 227 GFLOP/s is 46% away from the run's "
+                                         r"recorded 416: re-measure that table$"):
+        performance_doc.check(_train_step(RECORD, mfu_peak_gflops=data["peak_gflops"]))
+    with pytest.raises(SystemExit, match="re-measure that table"):
+        performance_doc.page(_train_step(RECORD, results=first))
+    row = {**GPU["runs"]["train"]["result"]["rows"][0], "mfu_measured": 1.2}
+    bad = {**GPU, "runs": {"train": {**GPU["runs"]["train"], "result": {
+        **GPU["runs"]["train"]["result"], "rows": [row]}}}}
+    with pytest.raises(SystemExit, match=r"^GPU train row train gpt2-124M / lmforge eager: mfu_measured 120\.0%"):
+        performance_doc.check(RECORD, bad)
 
 
 def test_rendering_replaces_only_the_marked_block(tmp_path):
@@ -85,7 +121,7 @@ def test_a_later_run_of_some_benchmarks_is_added_with_its_own_date_and_command(t
     page = doc.read_text(encoding="utf-8")
     assert f"except {name}, measured by a later run (`lmforge bench --json --only {name}` on 2030-01-02" in page
     assert "Measured by a later run" in page and "Later CPU" in page and "Busy machine." in page
-    assert f"; {name}: `lmforge bench --json --only {name}` on 2030-01-02;" in readme.read_text(encoding="utf-8")
+    assert "2030-01-02" not in readme.read_text(encoding="utf-8")  # the README's rows are the record's own run
 
 
 def test_docstring_examples_of_the_shared_modules():

@@ -201,3 +201,17 @@ def test_the_linear_baselines_static_names_are_the_pipelines_sklearn_builds():
              for name in linear_baselines.LINEAR}
     assert kinds == {"tfidf-logreg": (TfidfVectorizer, LogisticRegression), "ngram-svm": (CountVectorizer, LinearSVC)}
     assert set(linear_baselines.LINEAR) <= set(baselines.BASELINES)
+
+
+def test_the_task_baselines_static_names_are_the_models_their_libraries_build():
+    import sklearn_crfsuite
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import Ridge
+
+    from lmforge.evaluation import baselines, crf_tagger, mc_similarity, ridge_baseline, task_baselines
+
+    assert baselines.TASK_BASELINES == tuple(task_baselines.FITS)
+    assert set(baselines.fits()) == set(baselines.BASELINES)
+    assert [type(step) for _, step in ridge_baseline.pipeline().steps] == [TfidfVectorizer, Ridge]
+    assert isinstance(crf_tagger.crf(), sklearn_crfsuite.CRF)
+    assert isinstance(mc_similarity.vectorizer(), TfidfVectorizer)

@@ -146,7 +146,8 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     for argv, message in [
         (["--baseline", "cnn", "--model", "bert-tiny", "--task", "classify", "--train", str(train)],
          "--baseline trains its own small model: drop --model"),
-        (["--baseline", "cnn", "--task", "regress", "--train", str(train)], "train classify tasks"),
+        (["--baseline", "cnn", "--task", "regress", "--train", str(train)],
+         "does not train --task regress; for regress choose: tfidf-ridge"),
         (["--baseline", "cnn", "--task", "classify", "--train", str(train), "--baseline-option", "size=3"],
          "--baseline-option 'size=3': expected KEY=VALUE with KEY one of C, embed_dim"),
         (["--baseline", "cnn", "--task", "classify", "--train", str(train), "--baseline-option", "vectors=glove"],

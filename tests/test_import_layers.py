@@ -12,7 +12,8 @@ from import_graph import cycles, import_graph, layer_violations
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
-# The layers of ARCHITECTURE.md, lowest first; a module may import its own layer and the ones below.
+# The layers, lowest first; a module may import its own layer and the ones below. The one statement of the order:
+# the README's "Where things are" lists them top-down, and tests/test_docs_layers.py checks it against this.
 LAYERS = {
     # ground floor
     "": 0,  # the package __init__: its public names resolve lazily, so it imports nothing itself

@@ -35,6 +35,8 @@ def options(name: str, seed: int) -> dict:
         return dict(pad_token_id=PAD, seed=seed)
     if name == "span-corruption":
         return dict(sentinel_ids=SENTINELS, eos_token_id=EOS, pad_token_id=PAD, seed=seed)
+    if name == "ul2":
+        return dict(sentinel_ids=SENTINELS, eos_token_id=EOS, pad_token_id=PAD, vocab_size=1000, seed=seed)
     if name == "mass":
         return dict(mask_token_id=MASK, pad_token_id=PAD, seed=seed)
     if name == "enc-dec-lm":

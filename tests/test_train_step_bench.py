@@ -79,3 +79,12 @@ def test_time_steps_interleaves_the_steps_and_reports_each(bench):
 def test_a_run_is_steady_only_when_the_matmul_peak_held(bench):
     assert bench.steady(400.0, 380.0) and bench.steady(400.0, 440.0)
     assert not bench.steady(400.0, 300.0) and not bench.steady(300.0, 400.0)
+
+
+def test_mfu_is_over_the_higher_of_the_two_peak_readings(bench):
+    rows = [{"lmforge_mfu": 1.47, "hf_mfu": 0.5}]
+    assert bench.mfu_over_the_higher_peak(rows, 227.0, 416.0) == 416.0
+    assert rows[0]["lmforge_mfu"] == pytest.approx(1.47 * 227 / 416)
+    assert rows[0]["hf_mfu"] == pytest.approx(0.5 * 227 / 416)
+    rows = [{"lmforge_mfu": 0.6, "hf_mfu": 0.5}]
+    assert bench.mfu_over_the_higher_peak(rows, 400.0, 380.0) == 400.0 and rows == [{"lmforge_mfu": 0.6, "hf_mfu": 0.5}]

@@ -53,7 +53,7 @@ def test_generate_notes_a_model_near_the_unigram_loss(run, capsys):
     unigram = json.loads((run / "shards" / "manifest.json").read_text())["unigram_entropy"]
     assert loss is not None and loss > unigram - MARGIN  # two steps: the model knows next to nothing yet
     assert main(["generate", "--model", str(run / "run" / "model"), "--prompt", "the film", "--max-new-tokens", "2",
-                 "--no-stream"]) == 0
+                 "--no-stream", "--no-price-tag"]) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"lmforge generate: {frequency_note(loss, unigram)}"]
     assert f"held-out loss ({loss:.2f} nats) is within 1.0 of a unigram model's ({unigram:.2f}" in err[0]
@@ -69,7 +69,7 @@ def test_no_note_when_the_model_learnt_more_or_a_number_is_unknown(run, tmp_path
     (copy / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in low))
     assert note_for(copy / "model") is None  # far below the unigram entropy: it uses context
     assert main(["generate", "--model", str(copy / "model"), "--prompt", "the film", "--max-new-tokens", "2",
-                 "--no-stream"]) == 0
+                 "--no-stream", "--no-price-tag"]) == 0
     assert capsys.readouterr().err == ""
     # No evaluation recorded: no held-out loss, no note.
     (copy / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records if "eval_loss" not in r))

@@ -29,7 +29,7 @@ checkout, pass ``--dir``.
 With ``--json`` it prints one record instead of the table: every script's result and rows, the date, the exact
 command, its duration and the machine (CPU, cores, torch threads, library versions, and a bf16 matmul peak
 measured by ``benchmarks/common.py`` before and after the benchmarks, so a host that got busy shows).
-``python -m benchmarks.performance_doc RECORD`` renders that record into docs/performance.md and the README's
+``python -m benchmarks.performance_doc RECORD`` renders that record into docs/lab/performance.md and the README's
 table (``make bench-docs`` does both).
 
 Example::
@@ -493,7 +493,7 @@ def register(subparsers) -> None:
                         help="pass each benchmark its --quick option (fewer repeats, smaller sizes, no compile)")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON record instead of the table: every result, the date, the command and "
-                             "the machine (what benchmarks/performance_doc.py renders into docs/performance.md)")
+                             "the machine (what benchmarks/performance_doc.py renders into docs/lab/performance.md)")
     parser.add_argument("--only", metavar="NAMES", default=None,
                         help=f"comma-separated subset of {','.join(BENCHMARKS)}")
     parser.add_argument("--dir", metavar="DIR", default=None,

@@ -23,6 +23,7 @@ import queue
 import sys
 
 from lmforge.cli._load_args import add_load_flags
+from lmforge.cli._price_args import add_price_tag_flags
 from lmforge.cli.main import UserError, model_argument, plain_warnings
 from lmforge.prompting.instruct import CHAT_TEMPLATE_FILE
 from lmforge.serve.batching.job import Job, Token
@@ -49,6 +50,7 @@ def register(subparsers) -> None:
     parser.add_argument("--seed", type=int, default=None, help="seed for reproducible answers")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu (default) or cuda")
     add_load_flags(parser)
+    add_price_tag_flags(parser, "chat")  # one tag per session
     parser.set_defaults(func=run)
 
 

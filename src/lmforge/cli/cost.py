@@ -10,6 +10,7 @@ Example::
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from lmforge.cost.estimate import estimate
 from lmforge.cost.report import REFERENCE_SOURCE, format_tag, price_tag, reference_rows
@@ -38,7 +39,8 @@ def register(subparsers) -> None:
                     "with the method), CO2e and dollars, beside the lecture's reference points (" + REFERENCE_SOURCE
                     + "). An experiment folder (run folders below it) shows the sum over its runs. With --plan, "
                     "estimate a run before starting it from its FLOP count and a short throughput probe.")
-    parser.add_argument("run", nargs="?", metavar="RUN", help="a run folder or an experiment folder")
+    parser.add_argument("run", nargs="?", metavar="RUN",
+                        help="a run folder, an experiment folder, or a price-tag file written by --price-tag")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--plan", action="store_true", help="estimate a run before running it (needs --model, "
                                                             "--tokens)")
@@ -84,7 +86,9 @@ def run(args) -> int:
     if not args.run:
         raise UserInputError("give a RUN folder, or --plan with --model and --tokens")
     # What training wrote carries price tags: a tokenizer, shards, an adapter or an index never do.
-    require_kind(args.run, ("run", "experiment", "quickstart", "checkpoint", "baseline", "bilm", *MODELS), "cost", "RUN")
+    if not (Path(args.run).is_file() and args.run.endswith(".json")):  # an inference command's --price-tag FILE
+        require_kind(args.run, ("run", "experiment", "quickstart", "checkpoint", "baseline", "bilm", *MODELS), "cost",
+                     "RUN")
     tag = price_tag(args.run, args.region, args.grid_intensity, args.price_per_hour, args.power_watts)
     if args.json:
         print(json.dumps({**tag, "references_lbs_co2e": dict(reference_rows(tag["co2e_kg"])[1:]),

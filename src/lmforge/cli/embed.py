@@ -16,6 +16,7 @@ import argparse
 from pathlib import Path
 
 from lmforge.cli._embedding_args import add_model_flags, parse_layer
+from lmforge.cli._price_args import add_price_tag_flags
 from lmforge.cli.main import UserError, plain_warnings, require_path
 from lmforge.embeddings.encoder import load_encoder
 from lmforge.embeddings.index import read_docs
@@ -49,4 +50,5 @@ def register(subparsers) -> None:
     parser.add_argument("--no-normalize", dest="normalize", action="store_false",
                         help="keep raw (unnormalised) vectors")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_price_tag_flags(parser, "embed")
     parser.set_defaults(func=run)

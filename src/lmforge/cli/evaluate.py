@@ -20,6 +20,7 @@ import math
 import sys
 
 from lmforge.cli._load_args import add_load_flags, add_precision_flags
+from lmforge.cli._price_args import add_price_tag_flags
 from lmforge.cli.main import UserError, model_argument, plain_warnings
 from lmforge.checkpoint import read_model_folder
 from lmforge.evaluation import baselines, forgetting, length_extrapolation, named
@@ -217,4 +218,5 @@ def register(subparsers) -> None:
     parser.add_argument("--tune-null-threshold", action="store_true", default=False,
                         help="qa (SQuAD 2.0): choose the no-answer threshold that maximises F1 on --data (dev), store "
                         "it in the task folder, then report the scores with it")
+    add_price_tag_flags(parser, "evaluate")
     parser.set_defaults(func=run)

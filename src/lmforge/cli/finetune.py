@@ -105,7 +105,7 @@ def _run_baseline(given) -> int:
         raise UserError("--baseline scores its --eval only: drop --eval-set")
     bench = benchmarks.resolve_task(given)
     if not given.get("task"):
-        raise UserError("missing --task (classify, or a task by name, e.g. rt-sentiment)")
+        raise UserError("missing --task (a task type, e.g. classify or tag, or a task by name, e.g. rt-sentiment)")
     for flag in ("out", "train"):
         if not given.get(flag):
             raise UserError(f"missing --{flag}")
@@ -198,12 +198,16 @@ def register(subparsers) -> None:
     what.add_argument("--tokenizer", default=None, help="tokenizer folder (needed for presets)")
     add_load_flags(what, tokenizer=True)
     what.add_argument("--baseline", default=None, choices=baselines.BASELINES, metavar="NAME",
-                      help="train a simple baseline instead of a model, on a classify task (a text or a pair): "
+                      help="train a simple baseline instead of a model; classify (a text or a pair): "
                       "tfidf-logreg, ngram-svm (scikit-learn), bilstm, cnn (word models trained by the Trainer; "
-                      "lr 1e-3, batch 50, constant schedule unless given); no --model")
+                      "lr 1e-3, batch 50, constant schedule unless given); tag: crf (sklearn-crfsuite), "
+                      "bilstm-tagger; regress: tfidf-ridge; qa: qa-window (sliding-window word overlap); "
+                      "multiple-choice: tfidf-mc (TF-IDF similarity); seq2seq/text2text: lead-3; no --model")
     what.add_argument("--baseline-option", action="append", default=None, metavar="KEY=VALUE",
                       help="a baseline setting, repeatable: C=1.0 (linear), embed_dim=100, hidden=100 (bilstm), "
-                      "filters=100 (cnn), dropout=0.5, vectors=random|word2vec, min_count=1, max_words=256")
+                      "filters=100 (cnn), dropout=0.5, vectors=random|word2vec, min_count=1, max_words=256, "
+                      "alpha=1.0 (tfidf-ridge), c1=0.1, c2=0.1, max_iterations=100 (crf), window=10, "
+                      "max_answer_words=4 (qa-window), lead=3 (lead-3)")
     what.add_argument("--random-init", action="store_true", default=False,
                       help="keep the architecture and tokenizer but start from random weights (a baseline)")
     what.add_argument("--task", default=None, metavar="TASK",

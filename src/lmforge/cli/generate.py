@@ -6,10 +6,12 @@ Example::
     $ lmforge generate --model runs/gpt --prompt "Once upon a time" --strategy sample --top-p 0.9 --seed 0
     $ lmforge generate --model runs/t5 --prompt-file article.txt --strategy beam --num-beams 4 --no-stream
     $ lmforge generate --model runs/gpt --prompt "Once upon a time" --max-new-tokens 500 --compile
+    $ lmforge generate --model runs/gpt --prompt "Who built the ark?" --index runs/verses-index -k 3
 
 One output is streamed as it is generated (``--no-stream`` prints it at the end); several outputs
 (several prompts, or ``--num-return-sequences``) are generated as one batch and printed each under a
-``==> prompt P, output K <==`` header. Errors are one line on stderr with exit code 2.
+``==> prompt P, output K <==`` header. With ``--index`` each prompt is first filled into ``--rag-template`` with its
+top-k passages (:mod:`lmforge.prompting.rag`), and stderr names them. Errors are one line on stderr with exit code 2.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import sys
 
 import lmforge
 from lmforge.cli._load_args import add_load_flags, add_precision_flags
+from lmforge.cli._price_args import add_price_tag_flags
+from lmforge.cli._rag_args import add_rag_flags, rag_settings
 from lmforge.cli.main import UserError, model_argument, plain_warnings
 from lmforge.generation import GenerationConfig, generate_text, stream
 from lmforge.tokenization import Tokenizer
@@ -78,6 +82,8 @@ def register(subparsers) -> None:
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu (default) or cuda")
     add_load_flags(parser)
     add_precision_flags(parser)
+    add_price_tag_flags(parser, "generate")
+    add_rag_flags(parser)
     parser.set_defaults(func=run)
 
 
@@ -103,6 +109,18 @@ def _config(args):
     )
 
 
+def _retrieve(args, prompts: list[str], k: int, template: str) -> list[str]:
+    """The prompts with their passages in; which passages (index row, cosine) each got goes to stderr."""
+    from lmforge.prompting.rag import open_retriever
+
+    retriever = open_retriever(args.index, args.rag_model, device=args.device)
+    filled, passages = retriever.prompts(prompts, k, template)
+    for number, hits in enumerate(passages, 1):
+        used = ", ".join(f"{p.id} ({p.score:.4f})" for p in hits)
+        print(f"lmforge generate: prompt {number}: passages {used} from {args.index}", file=sys.stderr, flush=True)
+    return filled
+
+
 def run(args) -> int:
     with plain_warnings("generate"):
         return _run(args)
@@ -111,12 +129,15 @@ def run(args) -> int:
 def _run(args) -> int:
     config = _config(args)  # bad settings fail before the model is loaded
     prompts = _prompts(args)
+    rag = rag_settings(args)
     folder = model_argument("generate", args.model)
     if not folder.is_dir():
         raise UserError(f"--model {folder}: not a model folder")
     if not (folder / "tokenizer.json").is_file():
         raise UserError(f"--model {folder}: no tokenizer.json (save the model with its tokenizer)")
 
+    if rag is not None:  # the index is checked (folder, encoder) before the generator is loaded
+        prompts = _retrieve(args, prompts, *rag)
     model = lmforge.load(folder, device=args.device)
     tokenizer = Tokenizer.load(folder)
     note = note_for(folder)  # a model still at the word-frequency level repeats one token: say so first

@@ -27,6 +27,7 @@ from lmforge.embeddings.index import (
     faiss_available,
     read_docs,
 )
+from lmforge.prompting.rag import encoder_identity
 
 
 def _build(args) -> int:
@@ -38,7 +39,8 @@ def _build(args) -> int:
     encoder = load_encoder(args.model, device=args.device, max_length=args.max_length)
     index = build_index(encoder, docs, pooling=args.pooling, layer=parse_layer(args.layer), batch_size=args.batch_size,
                         backend=args.backend, progress=not args.quiet,
-                        meta={"model": str(Path(args.model).resolve()), "max_length": encoder.max_length})
+                        # the encoder's folder and weights' sha256: a query must be encoded by the same model
+                        meta={**encoder_identity(args.model), "max_length": encoder.max_length})
     index.save(args.out)
     print(f"indexed {len(index)} documents ({index.vectors.shape[1]}-d, {args.backend}) -> {args.out}")
     return 0

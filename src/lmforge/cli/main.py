@@ -263,10 +263,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0 if args.command is None else 2
     from lmforge.cli._load_args import load_checks_of  # here: it imports torch, which --help never needs
+    from lmforge.cli._price_args import priced
 
     try:
         set_threads(getattr(args, "threads", None))
-        with load_checks_of(args):
+        with load_checks_of(args), priced(args):
             return int(args.func(args) or 0)
     except LmforgeError as exc:
         # A user's error names the file/field to fix; a traceback would bury that. Anything else is a bug

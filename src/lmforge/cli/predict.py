@@ -11,6 +11,7 @@ needed in the input; an input column named ``prediction`` or ``prediction_...`` 
 
 from __future__ import annotations
 
+from lmforge.cli._price_args import add_price_tag_flags
 from lmforge.cli.evaluate import add_common, overrides
 from lmforge.cli.main import UserError, model_argument, plain_warnings
 from lmforge.evaluation import baselines, named
@@ -46,4 +47,5 @@ def register(subparsers) -> None:
                     "are not needed. Writes each input row, all its columns, followed by its `prediction` (and "
                     "`prediction_...` columns), as JSONL, TSV or CSV by the --output file name.")
     add_common(parser, output=True)
+    add_price_tag_flags(parser, "predict")
     parser.set_defaults(func=run)

@@ -30,6 +30,7 @@ from lmforge.training import distributed
 from lmforge.training.config import TrainConfig, read_settings, setting_names
 from lmforge.training.pretrain import build_pretraining
 from lmforge.training.resume_settings import RESUMABLE_FLAGS, refuse_trajectory_changes
+from lmforge.training.seq_len_schedule import refuse_moved_switch
 from lmforge.training.trainer import run_started
 from lmforge.utils.flags import add_dataclass_flags, key_values
 from lmforge.utils.folder_kinds import require_kind
@@ -47,7 +48,8 @@ OPTIONS = [
                   "target concatenated); mass: MASS, an encoder-decoder decodes a masked half; permuted-lm: XLNet's "
                   "two-stream permuted LM on an encoder; unilm: UniLM's mixed attention masks on an encoder; "
                   "multilingual-denoising: mBART, BART's noise on several languages with language-id tokens, "
-                  "--data holding one prepared folder per language)"),
+                  "--data holding one prepared folder per language; ul2: UL2's mixture of denoisers with mode "
+                  "tokens, e.g. --objective-option denoisers=[R:3:0.15,S:0.25] --objective-option proportions=[3,1])"),
     ("tokenizer", "tokenizer folder (default: the copy inside --data)"),
     ("data", "prepared shards (output of `lmforge data prepare`); for multilingual-denoising a folder of them, "
              "one per language named by its code (DATA/en, DATA/es, ...)"),
@@ -56,6 +58,10 @@ OPTIONS = [
     ("batch_size", "sequences per micro-batch"),
     ("grad_accum", "micro-batches per optimizer step (effective batch = batch-size x grad-accum)"),
     ("seq_len", "model input length (default: the model's max_seq_len)"),
+    ("seq_len_schedule", "several input lengths in turn, as LENGTH:FRACTION of the steps, e.g. 128:0.9,512:0.1 "
+                         "(BERT: 128 for 90%% of the steps, then 512); the batch stays in sequences, the optimizer "
+                         "and LR schedule carry on, evaluation reads the longest length; not with --seq-len; "
+                         "--resume refuses to change it, and a --max-steps that would move a switch"),
     ("lr", "peak learning rate"),
     ("warmup", "linear warmup steps"),
     ("schedule", "learning-rate schedule after warmup"),
@@ -127,11 +133,22 @@ def _settings(args):
     config.require("model", "objective", "data", "out", source=args.config or "a --config file")
     saved = Path(config.out) / "config.yaml"
     if config.resume and saved.is_file():
-        refuse_trajectory_changes(config.out, TrainConfig.load(saved).to_dict(), config.to_dict(), "pretrain")
+        before = TrainConfig.load(saved)
+        refuse_trajectory_changes(config.out, before.to_dict(), config.to_dict(), "pretrain")
+        refuse_moved_switch(config.out, before, config)
     # A model folder to continue from: a task folder has no pre-training head, a run folder means its model/ (a
     # quantised folder passes, to be refused with what to train instead).
     require_kind(config.model, ("model", "hf", "bilm", "quantized"), "pretrain", "--model")
     return config
+
+
+def _phases(data) -> str:
+    """`` | seq len 128 -> 512 at step 90`` for a sequence-length schedule, else nothing."""
+    lengths, starts = getattr(data, "lengths", None), getattr(data, "starts", None)
+    if not lengths or not starts:
+        return ""
+    return " | seq len " + "".join(f" -> {n} at step {s}" if k else str(n)
+                                   for k, (n, s) in enumerate(zip(lengths, starts)))
 
 
 def run(args) -> int:
@@ -153,7 +170,8 @@ def _run(args) -> int:
             if ctx.is_main:
                 print(f"model {cfg.name} ({cfg.arch}, {model.num_parameters() / 1e6:.2f}M parameters, vocab "
                       f"{cfg.vocab_size:,}) | objective {config.objective} | batch {config.batch_size} x "
-                      f"{config.grad_accum}{ranks} | {dtype} on {trainer.device} | out {config.out}", file=sys.stderr)
+                      f"{config.grad_accum}{ranks}{_phases(trainer.train_data)} | {dtype} on {trainer.device} | "
+                      f"out {config.out}", file=sys.stderr)
             result = trainer.fit()
     if result.stopped_by in ("SIGINT", "SIGTERM"):
         if ctx.is_main:

@@ -35,9 +35,12 @@ from pathlib import Path
 import lmforge
 from lmforge.checkpoint import check_tokenizer
 from lmforge.cli._load_args import add_load_flags
+from lmforge.cli._price_args import add_price_tag_flags
+from lmforge.cli._rag_args import add_rag_flags, rag_settings
 from lmforge.cli.main import UserError
 from lmforge.prompting import Template, Verbalizer, classify
 from lmforge.prompting.generative import METRICS, PROMPT_DEFAULTS, TASKS, read_rows, run_few_shot, unescape
+from lmforge.prompting.rag import FEW_SHOT_TEMPLATE
 from lmforge.tokenization import Tokenizer
 
 
@@ -73,6 +76,7 @@ def register(subparsers) -> None:
     c.add_argument("--limit", type=int, default=None, metavar="N", help="classify only the first N examples")
     c.add_argument("--device", default="cpu", help="torch device")
     add_load_flags(c, tokenizer=True)
+    add_price_tag_flags(c, "prompt classify")
     c.set_defaults(func=run_classify)
     g = verbs.add_parser(
         "generate", help="generative few-shot: translation or QA-style answers, scored (BLEU / EM / F1) against k",
@@ -108,6 +112,9 @@ def register(subparsers) -> None:
     g.add_argument("--batch-size", type=int, default=d["batch_size"], help="prompts per generation batch")
     g.add_argument("--out", default=None, metavar="DIR", help="folder for table.md, results.json, fewshot.png")
     g.add_argument("--device", default=d["device"], help="torch device")
+    add_price_tag_flags(g, "prompt generate")
+    add_rag_flags(g, template=FEW_SHOT_TEMPLATE, question="each query's few-shot prompt (the search is for the "
+                  "query's input)")
     g.set_defaults(func=run_generate)
 
 
@@ -124,6 +131,9 @@ def _int_list(text: str, flag: str) -> list[int]:
 def run_generate(args) -> int:
     settings = {key: getattr(args, key) for key in PROMPT_DEFAULTS}
     settings["shots"], settings["seeds"] = _int_list(args.shots, "--shots"), _int_list(args.seeds, "--seeds")
+    rag = rag_settings(args, FEW_SHOT_TEMPLATE)  # flags without --index, a template without its slots: refused now
+    if rag is not None:
+        settings["k"], settings["rag_template"] = rag
     result = run_few_shot(settings, log=lambda line: print(line, file=sys.stderr, flush=True))
     print(result["table"], end="")
     if args.out:

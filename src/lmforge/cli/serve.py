@@ -26,6 +26,7 @@ from lmforge.cli._load_args import add_load_flags, add_precision_flags
 from lmforge.cli.main import UserError, plain_warnings
 from lmforge.models.quantize import quantization_of
 from lmforge.serve.limits import Limits
+from lmforge.training.price_tag import PriceSettings
 
 API_KEY_ENV = "LMFORGE_API_KEY"
 
@@ -36,7 +37,9 @@ def register(subparsers) -> None:
         description="Serve model folders over HTTP: /v1/models, /v1/completions, /v1/chat/completions (decoders; "
         "chat needs the folder's chat_template.json), /v1/embeddings (encoders), /v1/classify (fine-tuned task "
         "folders), /v1/search (index folders of lmforge index build), /health, /metrics, and a browser "
-        "playground at /. Concurrent generation requests share decode steps (continuous batching). Needs the "
+        "playground at /. A completion request with \"retrieval\": {\"index\": NAME, \"k\": 3} (extra_body in the "
+        "openai client) puts the served index's passages into its prompts and lists them in the answer's "
+        "\"retrieved\". Concurrent generation requests share decode steps (continuous batching). Needs the "
         "serve extra: pip install 'lmforge[serve]'.",
     )
     parser.add_argument("--model", action="append", required=True, metavar="[NAME=]DIR",
@@ -68,6 +71,14 @@ def register(subparsers) -> None:
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu (default) or cuda")
     add_load_flags(parser)
     add_precision_flags(parser)
+    price = parser.add_argument_group("price tag (usage.price of each response, /metrics counters)")
+    price.add_argument("--region", default=None, help="grid region for CO2e (world, us, eu, fr, ...; default world)")
+    price.add_argument("--grid-intensity", type=float, default=None, metavar="G_PER_KWH",
+                       help="grid carbon intensity in g CO2e per kWh (overrides --region)")
+    price.add_argument("--price-per-hour", type=float, default=None, metavar="USD",
+                       help="US dollars per device-hour (default 0.05 CPU / 2.00 GPU)")
+    price.add_argument("--power-watts", type=float, default=None, metavar="W",
+                       help="estimated draw of one device (default 65 W CPU, 300 W GPU)")
     parser.set_defaults(func=run)
 
 
@@ -102,6 +113,9 @@ def _run(args) -> int:
                     max_request_tokens=args.max_request_tokens, timeout=args.timeout, max_body=args.max_body)
     if not 0 < args.port < 65536:
         raise UserError(f"--port {args.port}: give a port in 1..65535")
+    price = {"region": args.region, "grid_intensity": args.grid_intensity, "power_watts": args.power_watts,
+             "price_per_hour": args.price_per_hour}
+    PriceSettings.resolve("cpu", **price)  # a bad value is refused before any model loads
     _require_extra()
     # Imported here: the serve extra is optional, and every other command must work without it.
     from lmforge.serve.app import create_app
@@ -120,7 +134,7 @@ def _run(args) -> int:
             m.close()
         raise
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
-    app = create_app(served, limits, api_key=api_key, metrics=metrics)
+    app = create_app(served, limits, api_key=api_key, metrics=metrics, price=price)
     kinds = ", ".join(f"{m.name} ({', '.join(_traits(m))})" for m in served.values())
     print(f"lmforge serve: {kinds} on http://{args.host}:{args.port} (playground at /; Ctrl-C or SIGTERM to stop)",
           file=sys.stderr, flush=True)

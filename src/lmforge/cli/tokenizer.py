@@ -36,7 +36,8 @@ def _load(path):
 def _train(args) -> int:
     tok = train_tokenizer(args.files, kind=args.kind, vocab_size=args.vocab_size, family=args.family,
                           min_frequency=args.min_frequency, lowercase=args.lowercase, text_field=args.text_field,
-                          errors=args.errors, show_progress=not args.no_progress)
+                          # tokenizers' bars redraw with carriage returns: piped to a log they are blank lines
+                          errors=args.errors, show_progress=not args.no_progress and sys.stderr.isatty())
     tok.save(args.out)
     print(f"saved {args.out}: {tok.kind} vocabulary of {tok.vocab_size:,} tokens, family {tok.family}")
     print("special token ids: " + json.dumps({k: v for k, v in tok.special_token_ids().items()

@@ -4,8 +4,10 @@ lecture's reference points.
 A run folder holds ``price_tag.json`` (written by the Trainer at the end of every ``fit``; see
 :mod:`lmforge.training.price_tag`). An experiment folder is any folder whose subfolders (at any depth, e.g.
 ``cells/*/``) are run folders: its tag is the sum over them, Schwartz et al.'s "cost of the hyper-parameter
-search". CO2e and dollars are recomputed from the summed energy and device-seconds, with the run's own
-settings or those given (``--region``, ``--grid-intensity``, ``--price-per-hour``).
+search". A command that ran a model (generate, evaluate, embed, ...) writes the same fields with
+``--price-tag FILE`` (``kind`` "inference"; see :mod:`lmforge.cost.inference`): such a file, or a folder holding
+them as ``price_tag.json``, is read and summed alike. CO2e and dollars are recomputed from the summed energy and
+device-seconds, with the run's own settings or those given (``--region``, ``--grid-intensity``, ``--price-per-hour``).
 
 What is billed. A CPU run is billed its device-seconds, the process's CPU seconds over the threads it computes on
 (``cpu_s`` / ``cpu_threads``, at most the wall time; see :mod:`lmforge.training.price_tag`), so a run on a busy
@@ -49,8 +51,11 @@ SUMMED = ("total_flops", "total_tokens", "wall_s", "device_s")
 
 
 def run_folders(path: str | Path) -> list[Path]:
-    """``path`` itself if it is a run folder, else every run folder below it (sorted)."""
+    """``path`` itself if it is a run folder or a price-tag file (an inference command's ``--price-tag FILE``),
+    else every run folder below it (sorted)."""
     path = Path(path)
+    if path.is_file() and path.suffix == ".json":
+        return [path]
     if not path.is_dir():
         raise InputFileNotFound(f"RUN {path}: no such folder")
     if (path / PRICE_TAG_FILE).is_file():
@@ -63,10 +68,15 @@ def run_folders(path: str | Path) -> list[Path]:
 
 
 def read_tag(folder: Path) -> dict[str, Any]:
+    """The price tag of a run folder, or the price-tag file ``folder`` itself."""
+    file = folder if folder.is_file() else folder / PRICE_TAG_FILE
     try:
-        return json.loads((folder / PRICE_TAG_FILE).read_text(encoding="utf-8"))
+        tag = json.loads(file.read_text(encoding="utf-8"))
     except ValueError as exc:
-        raise UserInputError(f"{folder / PRICE_TAG_FILE}: not JSON ({exc})") from None
+        raise UserInputError(f"{file}: not JSON ({exc})") from None
+    if not isinstance(tag, dict):
+        raise UserInputError(f"{file}: not a price tag (a JSON object)")
+    return tag
 
 
 def billing(tags: list[dict[str, Any]]) -> str:

@@ -10,6 +10,10 @@ task (one text, or a pair) and writes a task folder that ``lmforge evaluate`` an
     bilstm        words -> BiLSTM -> max-pool -> linear            the Trainer (lmforge.evaluation.bilstm_classifier)
     cnn           words -> Kim (2014) CNN -> max-pool -> linear    the Trainer (lmforge.evaluation.cnn_classifier)
 
+The other task types have their own (:mod:`lmforge.evaluation.task_baselines`): ``crf`` and ``bilstm-tagger``
+(tag), ``tfidf-ridge`` (regress), ``qa-window`` (qa), ``tfidf-mc`` (multiple-choice), ``lead-3`` (seq2seq,
+text2text); :func:`train_baseline`, :func:`evaluate` and :func:`predict` hand those to it.
+
 A pair is read as one text, ``text  [SEP]  pair`` (the linear models see the words of both; the neural ones
 read the ``[sep]`` word between them). The neural baselines read words (:mod:`lmforge.evaluation.word_vocab`),
 from random or word2vec starting vectors (``vectors``).
@@ -34,8 +38,7 @@ Example:
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +48,18 @@ from safetensors.torch import load_file, save_file
 
 from lmforge.errors import UserInputError
 from lmforge.evaluation import linear_baselines
+from lmforge.evaluation.baseline_common import (  # noqa: F401  (their home was here: old imports keep working)
+    CLASSIFY_BASELINES,
+    NEURAL_DEFAULTS,
+    PAIR_SEPARATOR,
+    BaselineOptions,
+    Checkpointed,
+    planned,
+    texts_of,
+)
 from lmforge.evaluation.bilstm_classifier import BiLSTMClassifier
 from lmforge.evaluation.cnn_classifier import CNNClassifier
-from lmforge.evaluation.word_vocab import VECTORS, WordVocab
+from lmforge.evaluation.word_vocab import WordVocab
 from lmforge.tasks import metrics
 from lmforge.tasks.base import pad_batch, text_of
 from lmforge.tasks.classification import label_text, sorted_labels
@@ -59,71 +71,26 @@ from lmforge.training.config import TrainConfig
 from lmforge.training.trainer import MODEL_DIR, Trainer, check_fresh_run
 from lmforge.utils.io import atomic_dir, atomic_write_text
 
-BASELINES = (*linear_baselines.LINEAR, "bilstm", "cnn")
+# Static, as LINEAR is: ``--baseline`` choices must not import scikit-learn or crfsuite (tests/test_cli_lazy.py).
+TASK_BASELINES = ("crf", "bilstm-tagger", "tfidf-ridge", "qa-window", "tfidf-mc", "lead-3")
+BASELINES = (*CLASSIFY_BASELINES, *TASK_BASELINES)
 NEURAL = {"bilstm": BiLSTMClassifier, "cnn": CNNClassifier}
 WEIGHTS_FILE, VOCAB_FILE, RUN_FILE = "baseline.safetensors", "vocab.json", "baseline.json"
-PAIR_SEPARATOR = " [SEP] "
-# The neural baselines' training defaults (Adam at 1e-3, Kim's batch size), where fine-tuning's differ.
-NEURAL_DEFAULTS = {"lr": 1e-3, "batch_size": 50, "schedule": "constant", "weight_decay": 0.0}
-
-
-@dataclass
-class BaselineOptions:
-    """The baselines' own settings. ``C``: inverse L2 strength of the linear models. Neural: ``embed_dim``,
-    ``hidden`` (BiLSTM units per direction), ``filters`` (CNN filters per width 3, 4, 5), ``dropout``,
-    ``vectors`` (random | word2vec, trained on the training texts), ``min_count`` (rarer words are <unk>),
-    ``max_words`` read per text."""
-
-    C: float = 1.0
-    embed_dim: int = 100
-    hidden: int = 100
-    filters: int = 100
-    dropout: float = 0.5
-    vectors: str = "random"
-    min_count: int = 1
-    max_words: int = 256
-
-    def __post_init__(self) -> None:
-        if self.vectors not in VECTORS:
-            raise UserInputError(f"baseline option vectors={self.vectors!r}: choose one of {', '.join(VECTORS)}")
-        for key in ("C", "embed_dim", "hidden", "filters", "min_count", "max_words"):
-            if not getattr(self, key) > 0:
-                raise UserInputError(f"baseline option {key}={getattr(self, key)!r} must be > 0")
-        if not 0.0 <= self.dropout < 1.0:
-            raise UserInputError(f"baseline option dropout={self.dropout!r} must be in [0, 1)")
-
-    @classmethod
-    def parse(cls, pairs: list[str] | None) -> "BaselineOptions":
-        """``["C=0.5", "vectors=word2vec"]`` -> options, each value converted to its field's type."""
-        defaults, given = asdict(cls()), {}
-        for pair in pairs or []:
-            key, _, value = pair.partition("=")
-            key = key.strip().replace("-", "_")
-            if key not in defaults or not value:
-                raise UserInputError(f"--baseline-option {pair!r}: expected KEY=VALUE with KEY one of "
-                                     f"{', '.join(defaults)}")
-            try:
-                given[key] = type(defaults[key])(value)
-            except ValueError:
-                raise UserInputError(f"--baseline-option {pair!r}: {key} must be a "
-                                     f"{type(defaults[key]).__name__}") from None
-        return cls(**given)
 
 
 # ------------------------------------------------------------------------------------------- data
-def check_spec(spec: TaskSpec) -> None:
-    if spec.task != "classify":
-        raise UserInputError(f"the baselines train classify tasks (one label per text or pair), not {spec.task!r}")
+def fits() -> dict[str, tuple[str, ...]]:
+    """Each baseline and the task types it trains."""
+    from lmforge.evaluation.task_baselines import all_fits
+
+    return all_fits()
 
 
-def texts_of(table: Table, spec: TaskSpec) -> list[str]:
-    """Each row's input as one text: the text, or ``text [SEP] pair``."""
-    cols = spec.columns()
-    table.require(cols["text"], cols.get("text_pair"))
-    out = [text_of(table, i, cols["text"]) for i in range(len(table))]
-    if cols.get("text_pair"):
-        out = [f"{t}{PAIR_SEPARATOR}{text_of(table, i, cols['text_pair'])}" for i, t in enumerate(out)]
-    return out
+def check_spec(spec: TaskSpec, name: str = "tfidf-logreg") -> None:
+    """Refuse in one line a baseline that does not train ``spec.task``, naming the ones that do."""
+    from lmforge.evaluation.task_baselines import check_fits
+
+    check_fits(name, spec)
 
 
 def gold_ids(table: Table, spec: TaskSpec) -> list[int]:
@@ -210,6 +177,11 @@ def is_baseline(path: str | Path) -> bool:
     return bool(meta and "baseline" in meta)
 
 
+def _name_of(path: str | Path) -> str | None:
+    meta = read_task_meta(path) if Path(path).is_dir() else None
+    return (meta or {}).get("baseline", {}).get("name")
+
+
 def load_baseline(path: str | Path) -> Baseline:
     """The baseline saved in task folder ``path``."""
     meta = read_task_meta(path)
@@ -227,27 +199,6 @@ def load_baseline(path: str | Path) -> Baseline:
     return Baseline(name, spec, options, module=module, vocab=vocab)
 
 
-class _Settings(dict):
-    """A baseline's settings in the shape checkpoints store a model's config (``to_dict``)."""
-
-    def to_dict(self) -> dict:
-        return dict(self)
-
-
-class _Checkpointed:
-    """What the Trainer's checkpoints hold of a neural baseline: its tensors, and its settings as the config."""
-
-    def __init__(self, baseline: Baseline) -> None:
-        self.module = baseline.module
-        self.config = _Settings(name=baseline.name, options=asdict(baseline.options), labels=baseline.spec.labels)
-
-    def state_dict(self, keep_vars: bool = False) -> dict[str, torch.Tensor]:
-        return self.module.state_dict(keep_vars=keep_vars)
-
-    def load_state_dict(self, state: dict[str, torch.Tensor], strict: bool = True):
-        return self.module.load_state_dict(state, strict=strict)
-
-
 class BaselineTrainer(Trainer):
     """The Trainer, checkpointing the baseline's tensors and writing its task folder as ``OUT/model``."""
 
@@ -256,7 +207,8 @@ class BaselineTrainer(Trainer):
         self.baseline = baseline
 
     def checkpoint_module(self):
-        return _Checkpointed(self.baseline)
+        b = self.baseline
+        return Checkpointed(b.module, b.name, b.options, b.spec.labels)
 
     def save_model(self) -> Path:
         return save_baseline(self.baseline, self.out / MODEL_DIR)
@@ -277,7 +229,15 @@ def train_baseline(name: str, spec: TaskSpec, train, eval=None, *, out: str | Pa
     """
     if name not in BASELINES:
         raise UserInputError(f"unknown baseline {name!r}; choose one of {', '.join(BASELINES)}")
-    check_spec(spec)
+    check_spec(spec, name)
+    if name in TASK_BASELINES:
+        from lmforge.evaluation import task_baselines
+
+        if (Path(out) / MODEL_DIR).exists():
+            raise UserInputError(f"{out} already holds a trained model ({Path(out) / MODEL_DIR}); choose another --out")
+        check_fresh_run(Path(out), False)
+        return task_baselines.train(name, spec, _table(train), _table(eval) if eval is not None else None, out=out,
+                                    config=config, options=options, epochs=epochs, log=log)
     config = config or TrainConfig(**{**NEURAL_DEFAULTS, "progress": False, "tensorboard": False})
     options = options or BaselineOptions()
     out = Path(out)
@@ -305,17 +265,11 @@ def train_baseline(name: str, spec: TaskSpec, train, eval=None, *, out: str | Pa
             module.embed.weight.copy_(vocab.vectors(options.vectors, options.embed_dim, texts, config.seed))
         baseline = Baseline(name, spec, options, module=module, vocab=vocab)
         examples = [{"input_ids": ids, "gold": g} for ids, g in zip(baseline.encode(texts), gold)]
-        if epochs is not None:
-            if epochs <= 0:
-                raise UserInputError(f"--epochs {epochs} must be > 0")
-            config = config.updated({"max_steps": max(1, math.ceil(epochs * len(examples) / config.batch_size))},
-                                    source="baseline")
-        eval_batches = None
-        if eval_table is not None:
-            eval_examples = [{"input_ids": i, "gold": g} for i, g in zip(baseline.encode(eval_texts), eval_gold)]
-            eval_batches = ExampleBatches(eval_examples, config.batch_size, shuffle=False)
-            config = config.updated({"eval_batches": math.ceil(len(eval_examples) / config.batch_size)},
-                                    source="baseline")
+        eval_examples = None if eval_table is None else [
+            {"input_ids": i, "gold": g} for i, g in zip(baseline.encode(eval_texts), eval_gold)]
+        config = planned(config, epochs, len(examples), None if eval_examples is None else len(eval_examples))
+        eval_batches = None if eval_examples is None else ExampleBatches(eval_examples, config.batch_size,
+                                                                         shuffle=False)
         if log:
             log(f"{name}: {len(vocab)} words, {sum(p.numel() for p in module.parameters()) / 1e6:.2f}M parameters "
                 f"| {len(examples)} train examples | {config.max_steps} steps x {config.batch_size} | lr {config.lr:g}")
@@ -337,9 +291,14 @@ def _labelled(baseline: Baseline, table: Table) -> tuple[np.ndarray, list[int]]:
 def evaluate(path: str | Path, data, limit: int | None = None) -> dict[str, float]:
     """``{"loss" (probabilistic baselines), accuracy, f1_macro, f1_micro, mcc, "examples"}`` of a baseline's
     folder on labelled data."""
-    baseline, table = load_baseline(path), _table(data)
+    table = _table(data)
     if limit is not None:
         table = table.head(limit)
+    if _name_of(path) in TASK_BASELINES:
+        from lmforge.evaluation import task_baselines
+
+        return task_baselines.evaluate(path, table)
+    baseline = load_baseline(path)
     scores, gold = _labelled(baseline, table)
     labels = baseline.spec.labels
     pred = [labels[k] for k in scores.argmax(1)]
@@ -353,6 +312,10 @@ def predict(path: str | Path, data, output: str | Path | None = None) -> list[di
     """One prediction per row (the input columns, ``prediction``, and ``prediction_probabilities`` or SVM
     ``prediction_scores``), as :func:`lmforge.tasks.inference.predict` writes them, to ``output`` (.jsonl, .tsv,
     .csv) when given."""
+    if _name_of(path) in TASK_BASELINES:
+        from lmforge.evaluation import task_baselines
+
+        return task_baselines.predict(path, _table(data), output)
     baseline, table = load_baseline(path), _table(data)
     check_prediction_columns(table)
     scores = baseline.scores(texts_of(table, baseline.spec))

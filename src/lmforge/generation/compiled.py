@@ -19,7 +19,7 @@ pre-packed for inductor's C++ GEMM template, which streams them near the read ba
 reach a smaller share of it); q/k/v are one GEMM; attention is written out as plain ops inductor fuses
 (SDPA's flash kernel costs more than the math for one query row); and the ~60 kernels of a step run with
 no per-op dispatch. ``benchmarks/generate.py`` measures the compiled path against the eager one and HF ``generate``
-(docs/performance.md).
+(docs/lab/performance.md).
 
 Regional compilation. A step whose matmuls are opaque ops (:func:`opaque_matmuls`: int8, and bf16 where lmforge's
 kernel takes the rows) is compiled unfrozen, with the weights as graph inputs, which those calls do not slow. Its
@@ -58,7 +58,7 @@ tracing it again. A regional step's layer is also packaged by AOTInductor, in a 
 exits (:mod:`lmforge.generation.packaged_region`), which later processes open without importing Dynamo or inductor,
 most of what a warm start cost before. ``compile="cached"`` does not wait for a layer that is in neither form: the
 process decodes that layer eagerly (GPT-2 int8, 2 cores: its second token comes at once, not after a compile of
-15-25 s; docs/performance.md) and exports it for packaging as it exits; a process that lives long enough to gain
+15-25 s; docs/lab/performance.md) and exports it for packaging as it exits; a process that lives long enough to gain
 from the compile passes ``True``, for the whole step. Nothing stale is used: the folder is named for the torch
 version, CPU capability and machine, artifacts are keyed by their source, a saved step or package by the model's
 structure, the step's shapes and the traced sources, and weights are bound from the live model, never read from the

@@ -37,7 +37,7 @@ tokens are right, but it reads as many bytes as an unquantised one; an fbgemm in
 :mod:`lmforge.generation.compiled`.) An int4 step was once compiled unfrozen wherever its activations were bf16
 (as a bf16 model's step is, for :mod:`lmforge.nn.gemv`), and repacked every weight at every token: GPT-2's shape
 decoded 15.4 tokens/s at batch 1 against 65.6 eagerly (Intel Xeon with AVX-512 BF16, 2 cores, 2026-11-28, an
-engines run at 6192a36); frozen, 122-135 in alternating processes (docs/performance.md has the engines run since).
+engines run at 6192a36); frozen, 122-135 in alternating processes (docs/lab/performance.md has the engines run since).
 
 Measured on the 12-layer GPT-2 shape's matmuls of one decode step, 2 threads on an AVX2 CPU (AMD EPYC, no
 native bf16), 2026-11-27: fp32 ``F.linear`` 41 ms at 1 row and 82 ms at 8 rows; weight-only int8 with bf16

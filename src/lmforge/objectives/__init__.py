@@ -22,6 +22,7 @@ name                        class                          architecture        p
 ``permuted-lm``             ``PermutedLM``                 encoder             XLNet (two-stream attention)
 ``unilm``                   ``UniLM``                      encoder             UniLM (per-row attention masks)
 ``multilingual-denoising``  ``MultilingualDenoising``      encoder-decoder     mBART (language ids, many languages)
+``ul2``                     ``UL2``                        enc-dec; decoder    UL2 (mixture of denoisers, mode tokens)
 ==========================  =============================  ==================  ==========================
 
 Example::
@@ -50,6 +51,7 @@ from lmforge.objectives.nsp import MaskedLMAndNSP, NextSentencePrediction
 from lmforge.objectives.permuted_lm import PermutedLM
 from lmforge.objectives.prefix_lm import PrefixLM
 from lmforge.objectives.span_corruption import SpanCorruption, compute_input_and_target_lengths
+from lmforge.objectives.ul2 import UL2
 from lmforge.objectives.unilm import UniLM
 from lmforge.errors import UserInputError
 
@@ -71,6 +73,7 @@ OBJECTIVES = {
     "permuted-lm": PermutedLM,
     "unilm": UniLM,
     "multilingual-denoising": MultilingualDenoising,
+    "ul2": UL2,
 }
 
 # objective -> (architectures it trains, why), so a mismatch can be explained, not just refused.
@@ -102,6 +105,10 @@ FITS = {
                             "or seq2seq mask per row"),
     "multilingual-denoising": (("encoder-decoder",), "its encoder reads the noised text and language id, and the "
                                                      "decoder, started by the language id, writes the original"),
+    "ul2": (
+        ("encoder-decoder", "decoder"),
+        "it produces targets from a corrupted input or a prefix (for a decoder: concatenated after it)",
+    ),
 }
 
 
@@ -155,6 +162,7 @@ __all__ = [
     "PrefixLM",
     "ReplacedTokenDetection",
     "SpanCorruption",
+    "UL2",
     "UniLM",
     "architectures_for",
     "build_objective",

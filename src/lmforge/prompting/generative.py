@@ -71,6 +71,7 @@ from lmforge.errors import UserInputError
 from lmforge.generation import generate
 from lmforge.generation.generate import decode_outputs, encode_prompt
 from lmforge.prompting.icl import ChainOfThought, select_random
+from lmforge.prompting.rag import FEW_SHOT_TEMPLATE, Passage, build_prompt, check_template, open_retriever
 from lmforge.tasks import metrics
 from lmforge.utils.io import atomic_write_bytes, atomic_write_text, read_text_file
 
@@ -154,8 +155,12 @@ def answers(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 4
 
 
 def few_shot(model, tokenizer, task: GenerativeTask, pool: Sequence[dict], queries: Sequence[dict],
-             shots: Sequence[int], seeds: Sequence[int] = (0,), **options: Any) -> dict[str, Any]:
+             shots: Sequence[int], seeds: Sequence[int] = (0,), retrieved: Sequence[Sequence[Passage]] | None = None,
+             rag_template: str = FEW_SHOT_TEMPLATE, **options: Any) -> dict[str, Any]:
     """The score at each k of ``shots`` for each seed (``options``: of :func:`answers`).
+
+    With ``retrieved`` (each query's passages, :mod:`lmforge.prompting.rag`), every prompt is ``rag_template``
+    with the query's passages and the few-shot prompt as its question.
 
     Returns:
         ``{"runs": [{"k", "seed", "score", "outputs"}], "table": [{"k", "mean", "std", "seeds"}]}``; k = 0 is
@@ -169,6 +174,8 @@ def few_shot(model, tokenizer, task: GenerativeTask, pool: Sequence[dict], queri
     for k in shots:
         for seed in seeds if k else seeds[:1]:
             prompts = [task.prompt(pool, idx, q) for idx, q in zip(choose(len(pool), k, seed, len(queries)), queries)]
+            if retrieved is not None:
+                prompts = [build_prompt(p, hits, rag_template) for p, hits in zip(prompts, retrieved)]
             outputs = answers(model, tokenizer, prompts, **options)
             predicted = [task.answer(o) for o in outputs]
             runs.append({"k": k, "seed": seed, "score": task.score(predicted, targets), "outputs": outputs,
@@ -187,6 +194,9 @@ PROMPT_DEFAULTS: dict[str, Any] = {
     "model": [], "task": None, "data": None, "pool": None, "template": None, "input_column": "text",
     "target_column": "target", "rationale_column": "rationale", "metric": "bleu", "cot": False, "shots": [0, 1, 4],
     "seeds": [0], "limit": 100, "max_new_tokens": 48, "batch_size": 8, "device": "cpu", "out": None,
+    # retrieval-augmented prompts (lmforge.prompting.rag): an index folder, passages per query, their template,
+    # and the encoder of the queries (default: the index's own)
+    "index": None, "k": None, "rag_template": None, "rag_model": None,
 }
 
 
@@ -278,13 +288,22 @@ def run_few_shot(settings: dict[str, Any], log: Callable[[str], None] = lambda l
     pool, queries = few_shot_rows(settings, task)
     for k in shots:  # refuse before loading a model
         choose(len(pool), k, 0, 0)
+    rag: dict[str, Any] = {}
+    if settings["index"]:
+        passages = 3 if settings["k"] is None else settings["k"]
+        template = FEW_SHOT_TEMPLATE if settings["rag_template"] is None else \
+            check_template(unescape(settings["rag_template"]))
+        retriever = open_retriever(settings["index"], settings["rag_model"], device=settings["device"])
+        rag = {"retrieved": retriever.retrieve([str(q[task.input_column]) for q in queries], passages),
+               "rag_template": template}
+        log(f"retrieved {passages} passages per query from {settings['index']}")
     results = {}
     for model_dir in settings["model"]:
         model, tokenizer = load_body(model_dir)
         model.to(settings["device"]).eval()
         log(f"{model_dir}: {len(queries)} queries, k in {shots}, seeds {seeds}"
             + (", chain-of-thought" if task.cot else ""))
-        results[model_dir] = few_shot(model, tokenizer, task, pool, queries, shots, seeds,
+        results[model_dir] = few_shot(model, tokenizer, task, pool, queries, shots, seeds, **rag,
                                       max_new_tokens=settings["max_new_tokens"], batch_size=settings["batch_size"])
     lines = [f"| model | {' | '.join(f'k={k}' for k in shots)} |", "|---|" + "---:|" * len(shots)]
     for name, result in results.items():
@@ -294,6 +313,9 @@ def run_few_shot(settings: dict[str, Any], log: Callable[[str], None] = lambda l
                                  f"over seeds {seeds}; {len(queries)} queries\n")
     record = {"task": settings["task"] or settings["data"], "metric": task.metric, "cot": task.cot, "shots": shots,
               "seeds": seeds, "queries": len(queries), "models": results}
+    if rag:  # which passages each query read (index rows, cosines), as `lmforge generate` reports them
+        record["retrieval"] = {"index": str(settings["index"]), "k": len(rag["retrieved"][0]) if queries else 0,
+                               "passages": [[[p.id, round(p.score, 6)] for p in hits] for hits in rag["retrieved"]]}
     if settings["out"]:
         out = Path(settings["out"])
         atomic_write_text(out / "table.md", table)

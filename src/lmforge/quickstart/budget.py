@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 # bert-tiny's share is the largest because the fine-tuning comparison, LoRA and the probes read its weights
 # (and a masked LM needs a few hundred steps to get past predicting the most frequent tokens). The two runs
 # that compare a pre-trained bert-tiny with a random one get the next largest, about an epoch of the reviews
-# each: in half an epoch neither body had fit them (docs/notes-quickstart-pretraining.md, sections 11-12).
+# each: in half an epoch neither body had fit them (docs/lab/notes-quickstart-pretraining.md, sections 11-12).
 # Their shares came from the GPT and T5 stages, translation, LoRA, MiniLM, retrieval and the probes.
 WEIGHTS: dict[str, float] = {
     "tokenizers": 0.01,

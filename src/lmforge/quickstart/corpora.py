@@ -11,7 +11,7 @@ is most of what a few minutes of pre-training can give a classifier (Howard & Ru
 2020); the test split stays unseen. bert-tiny, which the sentiment stages fine-tune, pre-trains on the
 reviews alone (its WordPiece vocabulary is still learnt from the whole English corpus): its few hundred
 masked-LM steps are worth more spent on the task's domain than spread over Austen (measured: about 2.5 points
-of test accuracy after fine-tuning; docs/notes-quickstart-pretraining.md). The T5 corpus is bilingual so that
+of test accuracy after fine-tuning; docs/lab/notes-quickstart-pretraining.md). The T5 corpus is bilingual so that
 span corruption already shows the model Spanish before it learns to translate. T5 itself uses a unigram
 vocabulary; BPE with the same special tokens trains about ten times faster, which matters in a one-minute
 budget.

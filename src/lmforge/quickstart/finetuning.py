@@ -15,7 +15,7 @@ end, on the same test reviews. LoRA trains far fewer parameters, so it takes a l
 The two full fine-tunes share an LR that suits both bodies: at 5e-4 a random body landed anywhere from 0.67
 to 0.80 test accuracy with the seed or the step count alone, and the pre-trained one from 0.72 to 0.79, so
 one run's gap was a draw from about -4 to +11 points; at 2e-4, three seeds gave 0.77-0.79 (random) and
-0.787-0.791 (pre-trained), both higher (docs/notes-quickstart-pretraining.md, section 12).
+0.787-0.791 (pre-trained), both higher (docs/lab/notes-quickstart-pretraining.md, section 12).
 Reviews are mean-pooled: the [CLS] vector of a BERT is trained by next-sentence prediction, which a
 masked-LM-only pre-training never does (and MiniLM is a mean-pooling sentence encoder).
 """

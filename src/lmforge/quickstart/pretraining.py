@@ -7,7 +7,7 @@
 
 Every run uses the preset as named (only dropout is switched off: a run of minutes sees each token about
 once, so there is nothing to regularise), except for two changes to bert-tiny, both measured
-(docs/notes-quickstart-pretraining.md):
+(docs/lab/notes-quickstart-pretraining.md):
 
 - **Untied embeddings**: the masked LM gets its own output matrix. Tied, the MLM softmax moves every row of
   the token table on every step, and under Adam the rows of the tokens that are rarely targets all drift the

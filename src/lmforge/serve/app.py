@@ -10,6 +10,10 @@
     GET  /tokenizer_info            the tokenizer's special tokens and chat template (what lm-evaluation-harness's
                                     remote tokenizer reads)
     GET  /health, GET /metrics      liveness, and Prometheus metrics (:mod:`lmforge.serve.metrics`)
+
+A completion's ``retrieval`` (``{"index": NAME, "k": 3, "template": ...}``, an extension) fills each text prompt into
+the template with its top-k passages from a served index (:mod:`lmforge.prompting.rag`); the answer's
+``retrieved`` lists them per prompt (rank, index row, cosine, text).
     GET  /                          the playground page (:mod:`lmforge.serve.playground`); /favicon.ico its icon
 
 Generation requests become :class:`~lmforge.serve.batching.job.Job` s (one per prompt and choice) that the
@@ -40,9 +44,12 @@ import uuid
 from importlib import resources
 
 import numpy as np
+import torch
 
+from lmforge.cost.inference import request_price
 from lmforge.errors import LmforgeError
 from lmforge.generation import encode_prompt
+from lmforge.prompting import rag
 from lmforge.serve import openai_schema as S
 from lmforge.serve.batching.job import Echo, Job, Token
 from lmforge.serve.batching.scheduler import Draining, QueueFull, TooLarge, error_id
@@ -51,6 +58,7 @@ from lmforge.serve.metrics import Metrics
 from lmforge.serve.prompts import PromptError, legacy_logprobs, parse_prompt, top_strings
 from lmforge.serve.served import ServedModel, search
 from lmforge.tasks.data import Table
+from lmforge.training.price_tag import PriceSettings
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 DEFAULT_CHAT_MAX_TOKENS = 256  # chat: up to this, or what the context leaves
@@ -145,8 +153,11 @@ def _too_big(limit: int):
     return _json_error(413, f"request body over {limit} bytes (the server's --max-body)", "invalid_request_error")
 
 
-def create_app(served: dict[str, ServedModel], limits: Limits, api_key: str | None = None, metrics=None):
-    """The app over ``served`` (name -> model) with ``limits``; ``api_key`` makes every API call need it."""
+def create_app(served: dict[str, ServedModel], limits: Limits, api_key: str | None = None, metrics=None,
+               price: dict | None = None):
+    """The app over ``served`` (name -> model) with ``limits``; ``api_key`` makes every API call need it;
+    ``price``: :meth:`PriceSettings.resolve`'s region, grid_intensity, power_watts, price_per_hour (for
+    ``usage.price``; default: training's defaults for the model's device)."""
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import HTMLResponse, PlainTextResponse, Response, StreamingResponse
@@ -159,6 +170,12 @@ def create_app(served: dict[str, ServedModel], limits: Limits, api_key: str | No
     state.served, state.limits, state.api_key = served, limits, api_key
     state.metrics = metrics or Metrics()
     state.draining = False
+
+    def price_settings(m: ServedModel) -> PriceSettings:
+        device = next(m.model.parameters()).device.type if isinstance(m.model, torch.nn.Module) else "cpu"
+        return PriceSettings.resolve("cuda" if device == "cuda" else "cpu", **(price or {}))
+
+    state.price_settings = price_settings
     app.add_middleware(_Guard, state=state)
 
     @app.exception_handler(ApiError)
@@ -240,12 +257,34 @@ def create_app(served: dict[str, ServedModel], limits: Limits, api_key: str | No
             prompts = parse_prompt(body.prompt, m.model.config.vocab_size)
         except PromptError as exc:
             raise ApiError(400, str(exc), param=exc.param) from None
+        retrieved = None
+        if body.retrieval is not None:
+            prompts, retrieved = with_passages(body.retrieval, prompts, body.stream)
         ids = [encode_prompt(m.model, m.tokenizer, p) if isinstance(p, str) else p for p in prompts]
         texts = [p if isinstance(p, str) else m.tokenizer.decode(p) for p in prompts] if body.echo else None
         run = _Generation(state, m, body, ids, DEFAULT_MAX_TOKENS, body.logprobs, request, echo=texts)
         if body.stream:
             return StreamingResponse(run.stream(chat=False), media_type="text/event-stream")
-        return await run.complete(chat=False)
+        answer = await run.complete(chat=False)
+        return answer if retrieved is None else {**answer, "retrieved": retrieved}
+
+    def with_passages(retrieval: S.Retrieval, prompts: list, stream: bool) -> tuple[list[str], list[list[dict]]]:
+        """The text prompts with their passages in (:mod:`lmforge.prompting.rag`), and the passages of each."""
+        if stream:  # the passages belong in the answer, which a stream does not have
+            raise ApiError(400, "retrieval: not with stream=true; ask without streaming", param="retrieval")
+        if not all(isinstance(p, str) for p in prompts):
+            raise ApiError(400, "retrieval: the prompts must be texts (the question is what is searched for)",
+                           param="prompt")
+        index = model_of(retrieval.index, "search")
+        try:
+            template = rag.DEFAULT_TEMPLATE if retrieval.template is None else rag.check_template(
+                retrieval.template, "retrieval.template")
+            hits = [search(index, p, retrieval.k) for p in prompts]
+        except LmforgeError as exc:
+            raise ApiError(400, str(exc), param="retrieval") from None
+        filled = [rag.build_prompt(p, [rag.Passage(h["id"], h["score"], h["text"]) for h in found], template)
+                  for p, found in zip(prompts, hits)]
+        return filled, hits
 
     @app.post("/v1/chat/completions", response_model=S.ChatCompletion, responses=streamed)
     async def chat(body: S.ChatRequest, request: Request):
@@ -384,6 +423,7 @@ class _Generation:
         self.state, self.m, self.body, self.request = state, m, body, request
         self.echo = echo  # completions with echo: each prompt's text, shown before its completion
         self.created, self.id = int(time.time()), f"cmpl-{uuid.uuid4().hex[:24]}"
+        self.started, self._price = time.monotonic(), None
         stops = [body.stop] if isinstance(body.stop, str) else body.stop if body.stop is not None else []
         if (not isinstance(stops, list) or len(stops) > S.MAX_STOPS
                 or any(not isinstance(s, str) or not s for s in stops)):
@@ -469,7 +509,18 @@ class _Generation:
     def _usage(self) -> dict:
         done = sum(job.generated for job in self.jobs)
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": done,
-                "total_tokens": self.prompt_tokens + done}
+                "total_tokens": self.prompt_tokens + done, "price": self.price()}
+
+    def price(self) -> dict:
+        """What this request cost (``usage.price``), worked out once, when it ended, and added to /metrics.
+
+        FLOPs: each job's KV-cached generation. Device-seconds: the request's wall span; requests batched
+        together share the device, so over concurrent requests this is an upper bound of the device's time."""
+        if self._price is None:
+            self._price = request_price(self.m.model, [(len(job.ids), job.generated) for job in self.jobs],
+                                        time.monotonic() - self.started, self.state.price_settings(self.m))
+            self.state.metrics.add_price(self.m.name, self._price)
+        return self._price
 
     def _error(self, index: int, exc: Exception) -> ApiError:
         eid = self.jobs[index].error_id or error_id()
@@ -509,6 +560,7 @@ class _Generation:
                                 "finish_reason": reasons[i]})
             else:
                 choices.append({"index": i, "text": text, "logprobs": lp, "finish_reason": reasons[i]})
+        self.price()
         return {"id": self.id, "object": "chat.completion" if chat else "text_completion", "created": self.created,
                 "model": self.m.name, "choices": choices, "usage": self._usage()}
 
@@ -587,6 +639,7 @@ async def _stream_chunks(run: _Generation, chunk, chat: bool):
         if options is not None and options.include_usage:
             yield _sse({"id": run.id, "object": "chat.completion.chunk" if chat else "text_completion",
                         "created": run.created, "model": run.m.name, "choices": [], "usage": run._usage()})
+        run.price()  # counted in /metrics whether or not the client asked for usage
         yield _sse("[DONE]")
     finally:
         run.cancel()

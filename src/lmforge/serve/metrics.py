@@ -10,6 +10,11 @@
     lmforge_decode_steps_total{model}                batched decode steps (one forward each)
     lmforge_decode_rows_total{model}                 rows those steps decoded (over the steps: the mean batch size)
     lmforge_generations_total{model,reason}          generations ended: stop, length, cancelled, timeout, error
+    lmforge_inference_flops_total{model}             analytic FLOPs of the completed requests
+    lmforge_device_seconds_total{model}              their device-seconds (each request's wall span)
+    lmforge_energy_joules_total{model}               their energy (device-seconds x power, estimated)
+    lmforge_co2e_grams_total{model}                  their CO2e
+    lmforge_cost_dollars_total{model}                their price in US dollars
 
 Each app gets its own registry, so several servers (tests) can live in one process.
 
@@ -43,6 +48,18 @@ class Metrics:
         self.steps = Counter("lmforge_decode_steps", "batched decode steps", ["model"], registry=r)
         self.rows = Counter("lmforge_decode_rows", "rows decoded by the batched decode steps", ["model"], registry=r)
         self.finished = Counter("lmforge_generations", "generations ended, by reason", ["model", "reason"], registry=r)
+        # the price tag of the requests (lmforge.cost.inference.request_price), one counter per field
+        self.price = {key: Counter(name, text, ["model"], registry=r) for key, name, text in (
+            ("flops", "lmforge_inference_flops", "analytic FLOPs of completed requests"),
+            ("device_s", "lmforge_device_seconds", "device-seconds of completed requests"),
+            ("energy_j", "lmforge_energy_joules", "energy of completed requests, joules"),
+            ("co2e_g", "lmforge_co2e_grams", "CO2e of completed requests, grams"),
+            ("cost_usd", "lmforge_cost_dollars", "price of completed requests, US dollars"))}
+
+    def add_price(self, model: str, price: dict) -> None:
+        """Count one request's price (the ``usage.price`` of its response)."""
+        for key, counter in self.price.items():
+            counter.labels(model).inc(price[key])
 
     def observer(self, model: str) -> Callable[[str, object], None]:
         """The ``observe`` callback of one model's scheduler."""

@@ -71,6 +71,15 @@ class _Sampling(_Request):
     user: str | None = None
 
 
+class Retrieval(_Request):
+    """Retrieval-augmented generation: each text prompt becomes the template filled with its top-k passages."""
+
+    index: str = Field(min_length=1, description="an index the server holds (`lmforge serve --model NAME=INDEX_DIR`)")
+    k: int = Field(3, ge=1, le=100, description="passages per prompt")
+    template: str | None = Field(None, max_length=10_000, description="with {passages} and {question} once each "
+                                 "(default: 'Passages:\\n{passages}\\n\\nQuestion: {question}\\nAnswer:')")
+
+
 class CompletionRequest(_Sampling):
     prompt: Prompt = Field(description="the text to continue: a text, a list of texts, a list of token ids, or "
                            "a list of lists of token ids (several prompts)")
@@ -80,6 +89,8 @@ class CompletionRequest(_Sampling):
                                  description="log-probabilities of the top tokens per position (legacy API)")
     echo: bool = Field(False, description="return the prompt too, with its tokens' log-probabilities "
                        "(the first token's is null)")
+    retrieval: Retrieval | None = Field(None, description="put passages of a served index into each prompt; the "
+                                        "answer's `retrieved` lists them per prompt (not with stream)")
 
 
 class ChatMessage(_Request):
@@ -192,10 +203,21 @@ def error_body(message: str, type: str = "invalid_request_error", param: str | N
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
+class Price(BaseModel):
+    """An lmforge extension of ``usage``: what the request cost (:func:`lmforge.cost.inference.request_price`).
+    OpenAI's clients keep unknown ``usage`` fields (``usage.model_extra["price"]``), so they still parse it."""
+    flops: int
+    device_s: float
+    energy_j: float
+    co2e_g: float
+    cost_usd: float
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    price: Price | None = None
 
 
 class ModelCard(BaseModel):
@@ -230,6 +252,8 @@ class Completion(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: Usage
+    retrieved: list[list[SearchHit]] | None = Field(None, description="with `retrieval`: per prompt, the passages "
+                                                   "put into it (rank, index row id, cosine score, text)")
 
 
 class ChatChoice(BaseModel):

@@ -137,12 +137,12 @@ def load_served(name: str, folder: str | Path, limits: Limits, device: str = "cp
 
 
 def load_index(name: str, folder: Path, device: str = "cpu") -> ServedModel:
-    """An index folder with the sentence encoder it was built with (named in its index.json)."""
-    index = VectorIndex.load(folder)
-    model = index.meta.get("model")
-    if not model or not Path(model).is_dir():
-        raise UserInputError(f"--model {folder}: the index's model folder {model!r} is gone; rebuild the index")
-    encoder = SentenceEncoder.load(model, device=device, max_length=index.meta.get("max_length"))
+    """An index folder with the sentence encoder it was built with (named in its index.json; an encoder folder
+    rewritten since, with other weights, is refused)."""
+    from lmforge.prompting.rag import open_retriever
+
+    retriever = open_retriever(folder, device=device, flag="--model")
+    encoder, index = retriever.encoder, retriever.index
     return ServedModel(name, "search", folder, encoder.tokenizer, model=encoder.model, encoder=encoder, index=index)
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from lmforge.config import ConfigBase, ConfigError, underscore_keys
 from lmforge.errors import InputFileNotFound, UserInputError
+from lmforge.training.seq_len_schedule import check_phase_steps
 from lmforge.utils.io import read_mapping_file
 
 SCHEDULES = ("linear", "cosine", "inverse-sqrt", "constant", "slanted-triangular")
@@ -34,7 +35,8 @@ PRECISIONS = ("auto", "bf16", "fp32")
 DEVICES = ("auto", "cpu", "cuda")
 NO_DECAY_KINDS = ("bias", "norm", "embedding")
 PRETRAIN_OBJECTIVES = ("mlm", "clm", "prefix-lm", "span-corruption", "denoising", "enc-dec-lm", "bilm", "electra",
-                       "mlm+nsp", "mass", "permuted-lm", "unilm", "multilingual-denoising")
+                       "mlm+nsp", "mass", "permuted-lm", "unilm", "multilingual-denoising",
+                       "ul2")
 STRATEGIES = ("auto", "single", "ddp", "fsdp")
 FSDP_PARAM_DTYPES = ("auto", "bf16", "fp32")
 FSDP_REDUCE_DTYPES = ("fp32", "bf16")
@@ -51,7 +53,9 @@ class TrainConfig(ConfigBase):
             (ModelConfig fields, e.g. ``{"n_layers": 2}``), ``objective_options`` (keyword arguments of the
             objective, e.g. ``{"mlm_probability": 0.2}``).
         batch: ``batch_size`` sequences per micro-batch, ``grad_accum`` micro-batches per optimizer step,
-            ``seq_len`` model input length (default: the model's ``max_seq_len``), ``max_steps`` optimizer steps.
+            ``seq_len`` model input length (default: the model's ``max_seq_len``), ``max_steps`` optimizer steps,
+            ``seq_len_schedule`` several lengths in turn, e.g. ``"128:0.9,512:0.1"`` (BERT: 128 for 90% of the
+            steps, then 512; :mod:`lmforge.training.seq_len_schedule`), which excludes ``seq_len``.
         optimizer: AdamW ``lr``, ``betas``, ``eps``, ``weight_decay`` (not applied to the parameter kinds in
             ``no_decay``), ``grad_clip`` (max global L2 norm; 0 = off), ``max_nonfinite_steps`` (stop the run
             when this many optimizer steps in a row have a non-finite loss or gradient norm; 0 = never).
@@ -88,6 +92,7 @@ class TrainConfig(ConfigBase):
     batch_size: int = 8
     grad_accum: int = 1
     seq_len: int | None = None
+    seq_len_schedule: str | None = None
     # --- optimizer -----------------------------------------------------------------------------
     lr: float = 3e-4
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
@@ -168,6 +173,14 @@ class TrainConfig(ConfigBase):
                 raise bad(key, "must be >= 0")
         if self.seq_len is not None and self.seq_len < 2:
             raise bad("seq_len", "must be >= 2")
+        if self.seq_len_schedule is not None:
+            if self.seq_len is not None:  # refused, not ranked: which of the two the user meant is a guess
+                raise bad("seq_len_schedule", f"gives every phase its length, so seq_len={self.seq_len} must be "
+                                              "unset; drop --seq-len (or the schedule)")
+            try:
+                check_phase_steps(self.seq_len_schedule, self.max_steps)
+            except ConfigError as exc:
+                raise ConfigError(f"{source}: {exc}") from None
         for key in ("lr", "eps", "stlr_ratio"):
             if not getattr(self, key) > 0:
                 raise bad(key, "must be > 0")

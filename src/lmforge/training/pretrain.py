@@ -16,7 +16,9 @@ This is where the pieces meet; the Trainer itself stays ignorant of objectives a
 * **Data.** Objectives for decoder-only models read packed blocks of ``seq_len + 1`` tokens
   (:class:`~lmforge.data.PackedDataset`); the others read document segments (:class:`~lmforge.data.DocumentDataset`)
   of ``seq_len - 2`` tokens, leaving room for the framing tokens they add ([CLS] ... [SEP], <s> ... </s>,
-  ... </s>). Evaluation uses the ``val`` split in file order.
+  ... </s>). Evaluation uses the ``val`` split in file order. With ``seq_len_schedule`` (BERT's 128 then 512)
+  there is one source and one objective per length, switched at step boundaries
+  (:mod:`lmforge.training.seq_len_schedule`), and evaluation reads the longest length.
 * **NSP and input formats.** ``mlm+nsp`` (BERT: MLM + next sentence prediction) reads segments of
   ``seq_len - 3`` tokens cut at sentence ends (the tokenizer's ``sentence_end_ids``), turns them into
   ``[CLS] A [SEP] B [SEP]`` pairs, and switches on the model's pooler and NSP head unless the model folder's
@@ -31,6 +33,9 @@ This is where the pieces meet; the Trainer itself stays ignorant of objectives a
   (:class:`~lmforge.data.language_mixture.LanguageMixture`); the languages, in name order unless
   ``--objective-option languages=[...]`` orders them, get the ids after the tokenizer's vocabulary, so the
   model's ``vocab_size`` grows by their number, and ``OUT/model/languages.json`` records them.
+* **Added tokens.** An objective whose class names ``added_tokens`` (UL2's mode tokens [NLU], [NLG], [S2S]) gets
+  the ids after the tokenizer's vocabulary too; the model's ``vocab_size`` grows by their number, and
+  ``OUT/model/mode_tokens.json`` records them.
 
 * **Ranks.** Under torchrun (``strategy`` ddp/fsdp) the process group is joined first, so that the datasets
   take this rank's slice; the training objective's seed is :func:`~lmforge.training.distributed.rank_seed`, so
@@ -83,10 +88,13 @@ from lmforge.objectives import OBJECTIVES, PermutedLM, ReplacedTokenDetection, a
 from lmforge.objectives.decoder_layout import check_layout_fits, default_layout
 from lmforge.objectives.input_formats import FullSentences, check_format
 from lmforge.objectives.multilingual_denoising import LANGUAGES_FILE, language_token_ids
+from lmforge.objectives.ul2 import MODE_TOKENS_FILE
 from lmforge.tokenization import Tokenizer
 from lmforge.training import distributed
 from lmforge.training.config import TrainConfig
 from lmforge.training.resume_settings import record_resume
+from lmforge.training.seq_len_schedule import (PhasedData, PhasedObjective, base_objective, parse_seq_len_schedule,
+                                               phase_starts)
 from lmforge.training.trainer import Trainer, TrainResult
 from lmforge.utils.io import atomic_write_text
 
@@ -116,6 +124,13 @@ class PretrainRun:
     tokenizer: Tokenizer
     model: Transformer | BiLM | ElectraPretrainer
     trainer: Trainer
+
+
+def added_token_ids(objective: str | None, tokenizer: Tokenizer) -> dict[str, int]:
+    """Token -> id of the tokens ``objective`` adds after the tokenizer's vocabulary (UL2's mode tokens); {} for
+    most objectives."""
+    added = getattr(OBJECTIVES.get(objective), "added_tokens", ())
+    return {token: tokenizer.vocab_size + i for i, token in enumerate(added)}
 
 
 def multilingual(objective: str | None) -> bool:
@@ -242,10 +257,12 @@ def sentence_aligned(config: TrainConfig) -> bool:
                 or config.objective_options.get("format") is not None)
 
 
-def datasets_for(config: TrainConfig, seq_len: int, sentence_end_ids: list[int] | None = None) -> tuple[Any, Any]:
-    """``(train, eval)`` raw-batch sources for ``config.objective``; ``eval`` is None without a usable val split.
-    With ``sentence_end_ids``, document segments are cut at sentence ends."""
+def datasets_for(config: TrainConfig, seq_len: int, sentence_end_ids: list[int] | None = None,
+                 evaluation: bool = True) -> tuple[Any, Any]:
+    """``(train, eval)`` raw-batch sources for ``config.objective``; ``eval`` is None without a usable val split
+    (or with ``evaluation=False``). With ``sentence_end_ids``, document segments are cut at sentence ends."""
     packed = packed_fits(config.objective)
+    want_eval = evaluation
 
     def make_one(data, split: str, shuffle: bool):
         if packed:
@@ -262,7 +279,7 @@ def datasets_for(config: TrainConfig, seq_len: int, sentence_end_ids: list[int] 
 
     train = make("train", True)
     evaluation = None
-    if config.eval_every:
+    if config.eval_every and want_eval:
         try:
             evaluation = make("val", False)
         except DataError as exc:
@@ -328,7 +345,14 @@ def plan_pretraining(config: TrainConfig, rank: int = 0, tokenizer: Tokenizer | 
         languages = language_token_ids(tokenizer.vocab_size, codes)
         if not has_weights:
             overrides = {"vocab_size": tokenizer.vocab_size + len(codes), **overrides}
+    added = added_token_ids(config.objective, tokenizer)
+    if added and not has_weights:  # UL2's mode tokens follow the tokenizer's vocabulary, like language ids
+        overrides = {"vocab_size": tokenizer.vocab_size + len(added), **overrides}
     model_config = model_config_for(config.model, tokenizer, overrides, f"the tokenizer of {config.data}")
+    if added and model_config.vocab_size < max(added.values()) + 1:
+        raise ConfigError(f"vocab_size={model_config.vocab_size} has no room for the tokens {', '.join(added)} "
+                          f"of objective {config.objective!r} after the tokenizer's {tokenizer.vocab_size} tokens; "
+                          f"it needs {tokenizer.vocab_size + len(added)}")
     if languages and model_config.vocab_size < max(languages.values()) + 1:
         raise ConfigError(f"vocab_size={model_config.vocab_size} has no room for the {len(languages)} language ids "
                           f"after the tokenizer's {tokenizer.vocab_size} tokens; it needs "
@@ -353,14 +377,20 @@ def plan_pretraining(config: TrainConfig, rank: int = 0, tokenizer: Tokenizer | 
     if needs.get("nsp_head") and config.batch_size < 2:
         raise ConfigError(f"objective {config.objective!r} needs batch_size >= 2 (got {config.batch_size}): "
                           "NotNext sentences come from another document of the batch")
-    seq_len = config.seq_len or model_config.max_seq_len
+    schedule = parse_seq_len_schedule(config.seq_len_schedule) if config.seq_len_schedule else None
+    lengths = [length for length, _ in schedule] if schedule else [config.seq_len or model_config.max_seq_len]
+    seq_len = lengths[-1]  # the longest: evaluation's throughout a schedule
+    if schedule and seq_len > model_config.max_seq_len:  # the later phases would index positions that do not exist
+        raise ConfigError(f"seq_len_schedule={config.seq_len_schedule!r}: its longest length {seq_len} exceeds the "
+                          f"model's max_seq_len={model_config.max_seq_len}; pass --override max_seq_len={seq_len} "
+                          "or shorten the schedule")
     if seq_len > model_config.max_seq_len:
         raise ConfigError(f"seq_len={seq_len} exceeds the model's max_seq_len={model_config.max_seq_len}; "
                           f"lower --seq-len or pass --override max_seq_len={seq_len}")
     framing = framing_tokens(config.objective)
     text = 2 if needs.get("nsp_head") else 1  # a pair needs a token of A and one of B
-    if not packed_fits(config.objective) and seq_len < framing + text:
-        raise ConfigError(f"seq_len={seq_len} leaves no room for {text} token(s) of text besides the {framing} "
+    if not packed_fits(config.objective) and lengths[0] < framing + text:
+        raise ConfigError(f"seq_len={lengths[0]} leaves no room for {text} token(s) of text besides the {framing} "
                           "framing tokens")
     ends = tokenizer.sentence_end_ids() if sentence_aligned(config) else None
     objective = build_objective_for(config, tokenizer, distributed.rank_seed(config.seed, rank), seq_len, ends,
@@ -368,6 +398,14 @@ def plan_pretraining(config: TrainConfig, rank: int = 0, tokenizer: Tokenizer | 
     eval_objective = build_objective_for(config, tokenizer, config.seed + 1, seq_len, ends)
     # Concatenated, input and target share the model's seq_len: each gets about half of it.
     train_data, eval_data = datasets_for(config, seq_len // 2 if concatenated else seq_len, ends)
+    if schedule:  # one source and one objective per length; the last phase's data is the one just built
+        sources = [datasets_for(config, length // 2 if concatenated else length, ends, evaluation=False)[0]
+                   for length in lengths[:-1]] + [train_data]
+        train_data = PhasedData(sources, lengths, phase_starts(schedule, config.max_steps), config.grad_accum,
+                                config.max_steps)
+        objective = PhasedObjective(
+            [build_objective_for(config, tokenizer, distributed.rank_seed(config.seed, rank), length, ends,
+                                 static_seed=config.seed) for length in lengths[:-1]] + [objective], train_data)
     return PretrainPlan(config, tokenizer, model_config, objective, eval_objective, train_data, eval_data, languages)
 
 
@@ -392,11 +430,11 @@ def build_pretraining(config: TrainConfig, *, loss=None, init: Callable[[Transfo
         model = BiLM(model_config)
         if model_config.char_cnn:  # the character CNN reads each vocabulary entry's string
             model.set_token_chars([tokenizer.id_to_token(i) for i in range(model_config.vocab_size)])
-    elif isinstance(objective, ReplacedTokenDetection):  # ELECTRA: the model is a generator + discriminator pair
+    elif isinstance(base_objective(objective), ReplacedTokenDetection):  # ELECTRA: a generator + discriminator pair
         if config.strategy == "fsdp":
             raise ConfigError("objective 'electra' trains a generator + discriminator pair: use strategy ddp, not fsdp")
-        model = ElectraPretrainer.from_config(model_config, **objective.pretrainer_options())
-    elif isinstance(objective, PermutedLM):  # XLNet: the encoder runs a content and a query stream
+        model = ElectraPretrainer.from_config(model_config, **base_objective(objective).pretrainer_options())
+    elif isinstance(base_objective(objective), PermutedLM):  # XLNet: the encoder runs a content and a query stream
         model = TwoStreamLM(Transformer(model_config))
     else:
         model = Transformer(model_config)
@@ -424,6 +462,9 @@ def build_pretraining(config: TrainConfig, *, loss=None, init: Callable[[Transfo
             atomic_write_text(out / name, text)
 
     model_files = {LANGUAGES_FILE: json.dumps(languages, indent=1) + "\n"} if languages else None
+    if added_token_ids(config.objective, tokenizer):  # what a fine-tuning prompt starts with, e.g. [S2S]
+        model_files = {**(model_files or {}),
+                       MODE_TOKENS_FILE: json.dumps(added_token_ids(config.objective, tokenizer), indent=1) + "\n"}
     trainer = Trainer(model, objective, train_data, config, eval_data=eval_data, eval_objective=eval_objective,
                       tokenizer=tokenizer, dist=ctx, on_start=write_run_files, loss=loss, model_files=model_files,
                       job="pretrain")

@@ -412,6 +412,12 @@ class Trainer:
         cfg = self.config
         batches = [self._to_device(self.objective(self._next_raw())) for _ in range(cfg.grad_accum)]
         tokens = sum(int(v.numel()) for b in batches for k, v in b.items() if k.endswith("input_ids"))
+        # Data whose shapes change mid-run (lmforge.training.seq_len_schedule) says so in the step's record; a
+        # counted FLOP rate (a model without a formula) is then measured again, at the new shapes.
+        data_record = self.train_data.step_record() if callable(getattr(self.train_data, "step_record", None)) \
+            else {}
+        if data_record.get("seq_len_switch") and self.price_tag.flops_method != "analytic":
+            self.price_tag.flop_check = None
         stats = self._counted(batches, tokens) if self.price_tag.flop_check is None else self.accumulate(batches)
         flops = self.price_tag.step_flops(self.model if self.loss is None else None, batches,
                                           stats["rank_targets"], tokens, packed=not cfg.compile)
@@ -442,7 +448,7 @@ class Trainer:
         return {"step": self.step, "loss": stats["loss"], "lr": lr,
                 "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
                 "tokens": tokens, "targets": stats["targets"], **stats["metrics"],
-                **(model_metrics() if callable(model_metrics) else {})}
+                **(model_metrics() if callable(model_metrics) else {}), **data_record}
 
     def _counted(self, batches: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
         """:meth:`accumulate` under FlopCounterMode (the once-per-run cross-check of the analytic FLOPs); a
