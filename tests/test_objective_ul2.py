@@ -19,7 +19,7 @@ from lmforge.tokenization import Tokenizer
 from lmforge.training import TrainConfig
 from lmforge.training.pretrain import build_pretraining
 from test_training_pretrain import TINY, data_root, prepared  # noqa: F401
-from test_training_resume import assert_same_weights, curve, weights
+from test_training_resume import assert_stop_and_resume_is_exact
 
 PAD, EOS = 0, 1
 TEXT_IDS = (10, 10_000)  # ordinary tokens are drawn from here
@@ -209,18 +209,7 @@ def test_pretrain_cli_refuses_a_bad_denoiser_in_one_line(data_root, tmp_path, ca
 def test_pretrain_stop_and_resume_is_exact(data_root, tmp_path):
     data = prepared(data_root, "t5")
 
-    def run(name: str, **settings):
-        cfg = TrainConfig.from_dict(dict(
-            model=PRESET, objective="ul2", data=str(data), out=str(tmp_path / name), overrides=OVERRIDES,
-            max_steps=6, batch_size=2, grad_accum=2, seq_len=32, warmup=2, schedule="linear", eval_every=3,
-            eval_batches=1, save_every=3, precision="fp32", progress=False, tensorboard=False, **settings))
-        return build_pretraining(cfg).trainer
-
-    run("ref").fit()
-    assert run("run").fit(steps=3).step == 3
-    assert run("run", resume=True).fit().step == 6
-    assert curve(tmp_path / "run") == curve(tmp_path / "ref")
-    assert_same_weights(weights(tmp_path / "run" / "model"), weights(tmp_path / "ref" / "model"))
+    assert_stop_and_resume_is_exact(tmp_path, PRESET, "ul2", data, OVERRIDES)
 
 
 @pytest.mark.parametrize("layout", ["decoder", "prefix-lm"])

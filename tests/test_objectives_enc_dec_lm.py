@@ -16,7 +16,7 @@ from lmforge.tokenization import Tokenizer
 from lmforge.training import TrainConfig
 from lmforge.training.pretrain import build_pretraining
 from test_training_pretrain import TINY, data_root, prepared, pretrain_args  # noqa: F401
-from test_training_resume import assert_same_weights, curve, weights
+from test_training_resume import assert_stop_and_resume_is_exact
 
 PAD, EOS, BOS = 0, 1, 2
 # The tiny encoder-decoders of the other pre-training tests, with this objective.
@@ -117,15 +117,4 @@ def test_stop_and_resume_is_exact(family, data_root, tmp_path):
     preset, _, overrides = MODELS[family]
     data = prepared(data_root, family)
 
-    def run(name: str, **settings):
-        cfg = TrainConfig.from_dict(dict(
-            model=preset, objective="enc-dec-lm", data=str(data), out=str(tmp_path / name), overrides=overrides,
-            max_steps=6, batch_size=2, grad_accum=2, seq_len=32, warmup=2, schedule="linear", eval_every=3,
-            eval_batches=1, save_every=3, precision="fp32", progress=False, tensorboard=False, **settings))
-        return build_pretraining(cfg).trainer
-
-    run("ref").fit()
-    assert run("run").fit(steps=3).step == 3
-    assert run("run", resume=True).fit().step == 6
-    assert curve(tmp_path / "run") == curve(tmp_path / "ref")
-    assert_same_weights(weights(tmp_path / "run" / "model"), weights(tmp_path / "ref" / "model"))
+    assert_stop_and_resume_is_exact(tmp_path, preset, "enc-dec-lm", data, overrides)

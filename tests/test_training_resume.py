@@ -55,6 +55,22 @@ def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
         assert torch.equal(a[name], b[name]), name
 
 
+def assert_stop_and_resume_is_exact(tmp_path: Path, model: str, objective: str, data, overrides) -> None:
+    """A 6-step run stopped at step 3 and resumed equals the uninterrupted run: its curve and its weights."""
+    def run(name: str, **settings):
+        cfg = TrainConfig.from_dict(dict(
+            model=model, objective=objective, data=str(data), out=str(tmp_path / name), overrides=overrides,
+            max_steps=6, batch_size=2, grad_accum=2, seq_len=32, warmup=2, schedule="linear", eval_every=3,
+            eval_batches=1, save_every=3, precision="fp32", progress=False, tensorboard=False, **settings))
+        return build_pretraining(cfg).trainer
+
+    run("ref").fit()
+    assert run("run").fit(steps=3).step == 3
+    assert run("run", resume=True).fit().step == 6
+    assert curve(tmp_path / "run") == curve(tmp_path / "ref")
+    assert_same_weights(weights(tmp_path / "run" / "model"), weights(tmp_path / "ref" / "model"))
+
+
 @pytest.mark.parametrize("recipe, workers", [("clm", 0), ("mlm", 0), ("mlm", 1)])
 def test_stop_and_resume_in_process_is_exact(recipe, workers, data_root, tmp_path, device):
     # With a DataLoader worker, creating its iterator draws from torch's generator: it must not shift dropout.

@@ -19,14 +19,21 @@ def add_price_tag_flags(parser, command: str) -> None:
                             "`lmforge cost FILE` reads it")
     group.add_argument("--no-price-tag", dest="price_line", action="store_false",
                        help="do not print the price-tag line on stderr")
-    group.add_argument("--region", default=None, help="grid region for CO2e (world, us, eu, fr, ...; default world)")
+    add_price_flags(group)
+    parser.set_defaults(price_command=command)
+
+
+def add_price_flags(group, regions: str = "world, us, eu, fr, ...", run_defaults: bool = False) -> None:
+    """The settings that turn device time into CO2e and dollars, one set for every verb that prices something
+    (``run_defaults``: ``lmforge cost``, where an unset flag keeps the run's own setting)."""
+    run = "the run's, else " if run_defaults else ""
+    group.add_argument("--region", default=None, help=f"grid region for CO2e ({regions}; default: {run}world)")
     group.add_argument("--grid-intensity", type=float, default=None, metavar="G_PER_KWH",
                        help="grid carbon intensity in g CO2e per kWh (overrides --region)")
     group.add_argument("--price-per-hour", type=float, default=None, metavar="USD",
-                       help="US dollars per device-hour (default 0.05 CPU / 2.00 GPU)")
+                       help=f"US dollars per device-hour (default: {run}0.05 CPU / 2.00 GPU)")
     group.add_argument("--power-watts", type=float, default=None, metavar="W",
-                       help="estimated draw of one device when not measured (default 65 W CPU, 300 W GPU)")
-    parser.set_defaults(price_command=command)
+                       help="estimated draw of one device, for energy not measured (default 65 W CPU, 300 W GPU)")
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from lmforge.cli._price_args import add_price_flags
 from lmforge.cost.estimate import estimate
 from lmforge.cost.report import REFERENCE_SOURCE, format_tag, price_tag, reference_rows
 from lmforge.errors import UserInputError
@@ -19,17 +20,6 @@ from lmforge.training.price_tag import DEVICE_KINDS, GRID_INTENSITY, PriceSettin
 from lmforge.utils.flags import key_values
 from lmforge.utils.folder_kinds import MODELS, require_kind
 
-
-def add_price_flags(parser) -> None:
-    """The options that turn device time into CO2e and dollars (shared by cost and plan)."""
-    parser.add_argument("--region", default=None,
-                        help=f"grid region for CO2e ({', '.join(GRID_INTENSITY)}; default: the run's, else world)")
-    parser.add_argument("--grid-intensity", type=float, default=None, metavar="G_PER_KWH",
-                        help="grid carbon intensity in g CO2e per kWh (overrides --region)")
-    parser.add_argument("--price-per-hour", type=float, default=None, metavar="USD",
-                        help="US dollars per device-hour (default: the run's, else 0.05 CPU / 2.00 GPU)")
-    parser.add_argument("--power-watts", type=float, default=None, metavar="W",
-                        help="estimated draw of one device, for energy not measured (default 65 W CPU, 300 W GPU)")
 
 
 def register(subparsers) -> None:
@@ -54,7 +44,7 @@ def register(subparsers) -> None:
     parser.add_argument("--probe-steps", type=int, default=3, help="--plan: timed steps of the throughput probe")
     parser.add_argument("--flops-per-second", type=float, default=None,
                         help="--plan: achieved training FLOP/s, instead of measuring it with a probe")
-    add_price_flags(parser)
+    add_price_flags(parser, ", ".join(GRID_INTENSITY), run_defaults=True)
     parser.set_defaults(func=run)
 
 

@@ -23,6 +23,7 @@ import sys
 import torch
 
 from lmforge.cli._load_args import add_load_flags, add_precision_flags
+from lmforge.cli._price_args import add_price_flags
 from lmforge.cli.main import UserError, plain_warnings
 from lmforge.models.quantize import quantization_of
 from lmforge.serve.limits import Limits
@@ -71,14 +72,7 @@ def register(subparsers) -> None:
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu (default) or cuda")
     add_load_flags(parser)
     add_precision_flags(parser)
-    price = parser.add_argument_group("price tag (usage.price of each response, /metrics counters)")
-    price.add_argument("--region", default=None, help="grid region for CO2e (world, us, eu, fr, ...; default world)")
-    price.add_argument("--grid-intensity", type=float, default=None, metavar="G_PER_KWH",
-                       help="grid carbon intensity in g CO2e per kWh (overrides --region)")
-    price.add_argument("--price-per-hour", type=float, default=None, metavar="USD",
-                       help="US dollars per device-hour (default 0.05 CPU / 2.00 GPU)")
-    price.add_argument("--power-watts", type=float, default=None, metavar="W",
-                       help="estimated draw of one device (default 65 W CPU, 300 W GPU)")
+    add_price_flags(parser.add_argument_group("price tag (usage.price of each response, /metrics counters)"))
     parser.set_defaults(func=run)
 
 
