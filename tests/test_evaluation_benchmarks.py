@@ -78,7 +78,9 @@ def test_official_layouts_read_as_lmforge_rows(monkeypatch):
     assert read_table("superglue/boolq:val").rows[0]["label"] == "true"
 
 
-TRAINABLE = [n for n, b in benchmarks.TASKS.items() if n in layouts.LAYOUTS and b.train]
+# A generation task by name (cnn_dm, xsum, wmt14/en-de) needs an LM head, not this encoder: its fixture is read and
+# scored in tests/test_benchmarks_more_b.py.
+TRAINABLE = [n for n, b in benchmarks.TASKS.items() if n in layouts.LAYOUTS and b.train and b.task != "seq2seq"]
 
 
 @pytest.mark.parametrize("name", TRAINABLE)

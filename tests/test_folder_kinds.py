@@ -265,8 +265,8 @@ def test_the_issue_s_example_reads_as_promised(kinds, capsys):
     assert main(["generate", "--model", str(root / "bilmrun"), "--prompt", "x", "--no-stream"]) == 2
     err = capsys.readouterr().err
     assert err == (f"lmforge generate: error: --model {root / 'bilmrun' / 'model'} is an ELMo biLM folder, which "
-                   "`lmforge generate` does not take; use it with `lmforge probe`, `embed`, `neighbors` or "
-                   "`index build`\n")
+                   "`lmforge generate` does not take; use it with `lmforge probe`, `embed`, `neighbors`, "
+                   "`index build` or `finetune --baseline bilstm --features elmo=DIR`\n")
 
 
 def test_require_kind_passes_what_it_cannot_judge_and_names_unknown_kinds(tmp_path):

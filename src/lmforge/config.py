@@ -47,6 +47,15 @@ ACTIVATIONS = ("relu", "gelu", "gelu-tanh", "silu", "geglu", "geglu-tanh", "regl
                "elu", "selu", "sigmoid", "softplus", "glu", "liglu")
 GATED_ACTIVATIONS = ("geglu", "geglu-tanh", "reglu", "swiglu", "glu", "liglu")
 ATTENTIONS = ("full", "linformer")  # linformer: keys/values projected to linformer_k along the sequence
+# C2: Tay et al. 2020's synthesizers (lmforge.nn.synthesizer): attention weights not from query-key pairs
+SYNTHESIZERS = ("synthesizer-dense", "synthesizer-random", "synthesizer-factorized-dense",
+                "synthesizer-factorized-random")
+ATTENTIONS = ATTENTIONS + SYNTHESIZERS
+SYNTHESIZER_MIXES = ("none", "plus", "plus-alpha")  # C2: with dot-product logits: summed, or a learned mixture
+FUNNEL_POOLS = ("mean", "strided")  # C2: the Funnel Transformer's pooling by 2 (lmforge.nn.funnel)
+CONV_ATTENTIONS = ("lightconv", "dynamicconv")  # C1: Wu et al. 2019's convolutions in place of self-attention
+ATTENTIONS += CONV_ATTENTIONS
+BLOCKS = ("transformer", "evolved")  # C1: the layer a stack repeats (evolved: So et al. 2019)
 LINFORMER_SHARING = ("headwise", "key-value", "none")  # one E, F per layer; E = F; E_h, F_h per kv head
 HEADS = ("lm", "mlm", "rtd", "none")  # rtd: ELECTRA's replaced-token detection head (B, T)
 # share_layers: which stacks run one layer's weights at every depth (True = "both"; Narang et al. 2021's rows).
@@ -199,6 +208,9 @@ class ModelConfig(ConfigBase):
             every depth; ``encoder`` / ``decoder`` / ``both`` (= True) pick the stacks), ``share_encoder_decoder``
             (T5's "Enc-dec, shared" row: the decoder's layers reuse the encoder's, see
             :mod:`lmforge.models.transformer`).
+        residual/init rows (Narang et al. 2021): ``rezero_norm`` (ReZero keeping its pre-norm,
+            :mod:`lmforge.nn.rezero`), ``fixup`` (:mod:`lmforge.nn.fixup`), ``transparent_attention``
+            (encoder-decoders, :mod:`lmforge.nn.transparent_attention`).
         mixture of experts (:mod:`lmforge.nn.moe`): ``moe_experts`` (0 = dense FFNs), ``moe_top_k`` (1 = Switch,
             2 = Mixtral/GShard), ``moe_every`` (layers k-1, 2k-1, ... of each stack are MoE), ``moe_capacity_factor``
             or ``moe_expert_capacity`` (neither = dropless), ``moe_renormalize`` (None: when top_k > 1),
@@ -265,6 +277,34 @@ class ModelConfig(ConfigBase):
     sliding_window: int | None = None
     rezero: bool = False
     step_embeddings: bool = False
+    # --- Narang's table, part A: residual/init rows (ReZero+norm, Fixup, transparent attention) ---------
+    rezero_norm: bool = False  # ReZero keeps each branch's pre-norm: x + alpha * F(Norm(x)) (lmforge.nn.rezero)
+    fixup: bool = False  # Zhang et al. 2019: no norms, zero-init branch outputs, L^-1/2 inside (lmforge.nn.fixup)
+    transparent_attention: bool = False  # Bapna et al. 2018: cross-attend a learned mix of all encoder layers
+    # --- Narang's table, part B: embedding/softmax rows (adaptive input/softmax, MoS, product-key memory) ---
+    # Cutoffs are band ends below vocab_size; the bands assume ids sorted by frequency (lmforge.nn.adaptive_input).
+    adaptive_input_cutoffs: list[int] | None = None  # Baevski & Auli 2019: banded token tables; None = one table
+    adaptive_softmax_cutoffs: list[int] | None = None  # Grave et al. 2017: clustered output layer; None = softmax
+    adaptive_factor: float = 4.0  # band / cluster i is d_model / adaptive_factor**i wide
+    mos_experts: int = 0  # Yang et al. 2018: a mixture of this many softmaxes; 0 = one softmax
+    pkm_layers: list[int] | None = None  # Lample et al. 2019: these layers' FFN (0-based) is a product-key memory
+    pkm_keys: int = 32  # sub-keys per half: pkm_keys**2 memory slots
+    pkm_topk: int = 4  # slots each head reads
+    pkm_heads: int = 4  # query heads (each with its own sub-keys), their reads summed
+    pkm_key_dim: int | None = None  # query width, split in two halves; None = d_model
+    # --- Narang's table, part C: layer-type rows (convolutions, Evolved, Synthesizer, Funnel, Weighted) ----
+    # C2: Synthesizer (attention='synthesizer-*'), Funnel (funnel_*), Weighted Transformer (weighted_branches)
+    synthesizer_mix: str = "none"  # none | plus (+ dot-product logits) | plus-alpha (a learned convex mix of the two)
+    synthesizer_factor: int = 8  # factorized-random: rank k of R1 R2^T; factorized-dense: k, with k * (L/k) = L
+    synthesizer_trainable: bool = True  # random synthesizers: learn R, or keep its random draw fixed
+    funnel_blocks: list[int] | None = None  # Funnel (Dai et al. 2020): layers per group, pooled by 2 between groups
+    funnel_pool: str = "mean"  # mean | strided
+    funnel_decoder_layers: int = 2  # full-length layers after upsampling, for token-level heads (0: compressed out)
+    weighted_branches: bool = False  # Ahmed et al. 2017: each head its own W^O and FFN, mixed by kappa and alpha
+    # C1: attention="lightconv"/"dynamicconv" (Wu et al. 2019, lmforge.nn.lightconv / nn.dynamicconv) and
+    # block="evolved" (So et al. 2019's Evolved Transformer layers, lmforge.nn.evolved).
+    conv_kernel: int = 7  # width k of the light/dynamic convolution kernels (the paper grows it 3..31 with depth)
+    block: str = "transformer"  # "evolved": the Evolved Transformer's encoder/decoder layers instead of Block
     # --- mixture of experts (lmforge.nn.moe) ---------------------------------------------------
     moe_experts: int = 0  # experts per MoE layer; 0 = every FFN is dense
     moe_top_k: int = 1  # experts per token: 1 = Switch, 2 = Mixtral / GShard
@@ -386,6 +426,10 @@ class ModelConfig(ConfigBase):
             self._validate_deberta()
         self._validate_sharing()
         self._validate_attention_variants()
+        self._validate_narang_c2()  # C2: synthesizer, funnel, weighted branches
+        self._validate_convolution_rows()
+        self._validate_narang_b()
+        self._validate_residual_rows()
         if self.layer_norm_eps <= 0:
             raise ConfigError(f"ModelConfig.layer_norm_eps={self.layer_norm_eps} must be positive")
         if self.position_offset < 0:
@@ -465,6 +509,180 @@ class ModelConfig(ConfigBase):
                               "applies one layer repeatedly and tells the steps apart by these embeddings)")
         if self.step_embeddings and self.d_model % 2:
             raise ConfigError(f"ModelConfig.step_embeddings=True needs an even d_model (got {self.d_model})")
+
+    def _validate_convolution_rows(self) -> None:
+        """C1: light/dynamic convolutions (lmforge.nn.lightconv) and the Evolved Transformer (lmforge.nn.evolved)."""
+        if self.block not in BLOCKS:
+            raise ConfigError(f"ModelConfig.block={self.block!r} is not one of {', '.join(BLOCKS)}")
+        conv = self.attention in CONV_ATTENTIONS
+        if not (conv or self.block == "evolved"):
+            return
+        what = f"attention={self.attention!r}" if conv else "block='evolved'"
+        if self.position not in ("learned", "sinusoidal", "none"):
+            raise ConfigError(f"ModelConfig.position={self.position!r} acts inside attention, which {what} replaces "
+                              "or re-heads; use learned, sinusoidal or none")
+        # A shared encoder layer would make the decoder's convolutions see the future; the others rebuild the layer.
+        others = ("sliding_window", "rezero", "share_encoder_decoder", "fixup", "weighted_branches", "funnel_blocks")
+        for name in others + (("pkm_layers",) if not conv else ()):
+            value = getattr(self, name, None)
+            if value not in (None, False):
+                raise ConfigError(f"ModelConfig.{name}={value!r} cannot combine with {what}")
+        if conv:
+            if self.conv_kernel < 1:
+                raise ConfigError(f"ModelConfig.conv_kernel={self.conv_kernel} must be a positive integer")
+            if self.d_model % self.n_heads:
+                raise ConfigError(f"ModelConfig.n_heads={self.n_heads} must divide d_model={self.d_model} with "
+                                  f"{what} (each head's kernel serves d_model / n_heads channels)")
+            return
+        if self.attention != "full" or self.moe_experts or self.norm_position != "pre":
+            raise ConfigError(f"ModelConfig.block='evolved' needs attention='full', moe_experts=0 and norm_position="
+                              f"'pre' (got {self.attention!r}, {self.moe_experts}, {self.norm_position!r}): its "
+                              "searched layers fix their own sublayers")
+        wide = max(16, self.n_heads)  # the decoder's wide self-attention branch
+        if self.d_model % 2 or (self.arch != "encoder" and self.d_model % wide):
+            raise ConfigError(f"ModelConfig.d_model={self.d_model} must be even for block='evolved', and divisible "
+                              f"by {wide} in a decoder (its wide self-attention has max(16, n_heads) heads)")
+
+    def _validate_residual_rows(self) -> None:
+        """Narang et al. 2021's residual/init rows: ReZero + norm, Fixup, transparent attention."""
+        if self.rezero_norm and (not self.rezero or self.norm_position != "pre"):
+            raise ConfigError(f"ModelConfig.rezero_norm=True needs rezero=True and norm_position='pre' (got rezero="
+                              f"{self.rezero}, norm_position={self.norm_position!r}): it keeps ReZero's pre-norm")
+        if self.fixup and (self.rezero or self.moe_experts):
+            raise ConfigError(f"ModelConfig.fixup=True cannot combine with rezero or MoE FFNs (got rezero="
+                              f"{self.rezero}, moe_experts={self.moe_experts}): Fixup sets its own residual gates")
+        # Fixup's init knows the plain layer's branches (attn.q/k/v/o, ffn.up/gate/down); other layer types differ.
+        plain = {"attention": ("full", "linformer"), "block": ("transformer",), "weighted_branches": (False,),
+                 "pkm_layers": (None, []), "funnel_blocks": (None,)}
+        for name, allowed in plain.items():
+            if self.fixup and getattr(self, name, allowed[0]) not in allowed:
+                raise ConfigError(f"ModelConfig.fixup=True cannot combine with {name}={getattr(self, name)!r}: its "
+                                  "initialisation rescales the standard attention and FFN layers only")
+        if self.transparent_attention and self.arch != "encoder-decoder":
+            raise ConfigError(f"ModelConfig.transparent_attention=True needs arch='encoder-decoder' (got arch="
+                              f"{self.arch!r}): the decoder's cross-attention reads a mix of the encoder's layers")
+
+    def pkm_layer(self, index: int) -> bool:
+        """Whether layer ``index`` (0-based, within its stack) reads a product-key memory instead of an FFN."""
+        return index in (self.pkm_layers or ())
+
+    def _validate_narang_b(self) -> None:
+        """Adaptive input / softmax, mixture of softmaxes and product-key memory (lmforge.nn.adaptive_input, ...)."""
+        def bad(name: str, rule: str) -> ConfigError:
+            return ConfigError(f"ModelConfig.{name}={getattr(self, name)!r} {rule}")
+
+        def int_list(name: str) -> list[int] | None:
+            value = getattr(self, name)
+            if value is None:
+                return None
+            if not isinstance(value, (list, tuple)) or not value or not all(
+                    isinstance(v, int) and not isinstance(v, bool) for v in value):
+                raise bad(name, "must be a non-empty list of integers (null: off)")
+            setattr(self, name, list(value))  # a tuple would not compare equal to its JSON round trip
+            return list(value)
+
+        if not self.adaptive_factor >= 1:  # also refuses NaN
+            raise bad("adaptive_factor", "must be >= 1 (band i is d_model / adaptive_factor**i wide)")
+        tied_head = self.tie_embeddings and self.head in ("lm", "mlm")
+        for name in ("adaptive_input_cutoffs", "adaptive_softmax_cutoffs"):
+            cuts = int_list(name)
+            if cuts is None:
+                continue
+            if cuts != sorted(set(cuts)) or cuts[0] < 1 or cuts[-1] >= self.vocab_size:
+                raise bad(name, f"must be strictly increasing ids in [1, vocab_size={self.vocab_size}) (the band ends)")
+            if self.d_model // self.adaptive_factor ** len(cuts) < 1:
+                raise bad("adaptive_factor", f"makes the last of {name}'s {len(cuts) + 1} bands 0 wide at "
+                                             f"d_model={self.d_model}; lower it or use fewer cutoffs")
+            if tied_head:
+                raise bad(name, "needs tie_embeddings=false (banded weights have no (V, E) matrix to tie)")
+        if self.adaptive_input_cutoffs is not None and self.embedding_dim not in (None, self.d_model):
+            raise bad("embedding_dim", "must be null with adaptive_input_cutoffs (the bands set their own widths)")
+        if self.mos_experts < 0:
+            raise bad("mos_experts", "must be >= 0 (0: one softmax)")
+        for name in ("adaptive_softmax_cutoffs", "mos_experts"):
+            if getattr(self, name) and self.head != "lm":
+                raise bad(name, f"replaces the LM head's softmax; it needs head='lm' (got head={self.head!r})")
+        if self.adaptive_softmax_cutoffs is not None and self.mos_experts:
+            raise bad("mos_experts", "and adaptive_softmax_cutoffs both replace the output softmax; keep one")
+        layers = int_list("pkm_layers")
+        if layers is None:
+            return
+        depth = max(self.n_layers, self.decoder_layers)
+        if len(set(layers)) != len(layers) or not all(0 <= i < depth for i in layers):
+            raise bad("pkm_layers", f"must be distinct 0-based layer indices below {depth}")
+        if self.share_layers:
+            raise bad("pkm_layers", "cannot combine with share_layers (one shared layer has one FFN)")
+        if any(self.moe_layer(i) for i in layers):
+            raise bad("pkm_layers", "names a layer that moe_every makes MoE; a layer has one FFN")
+        if getattr(self, "fixup", False):
+            raise bad("pkm_layers", "cannot combine with fixup (its init zeroes each FFN's last layer; a memory has none)")
+        for name in ("weighted_branches", "funnel_blocks", "block"):  # layers built otherwise: a memory would be lost
+            if getattr(self, name, None) != getattr(type(self), name, None):  # not the field's default
+                raise bad("pkm_layers", f"cannot combine with {name}={getattr(self, name)!r} (those layers are built "
+                                        "without a product-key memory)")
+        for name in ("pkm_keys", "pkm_topk", "pkm_heads"):
+            if getattr(self, name) < 1:
+                raise bad(name, "must be a positive integer")
+        if self.pkm_topk > self.pkm_keys:
+            raise bad("pkm_topk", f"must be <= pkm_keys={self.pkm_keys} (each half picks its top k sub-keys)")
+        if self.pkm_key_dim is not None and (self.pkm_key_dim < 2 or self.pkm_key_dim % 2):
+            raise bad("pkm_key_dim", "must be a positive even integer (a query splits in two halves; null: d_model)")
+        if self.pkm_key_dim is None and self.d_model % 2:
+            raise bad("pkm_key_dim", f"must be set (even) when d_model={self.d_model} is odd")
+
+    def _validate_narang_c2(self) -> None:
+        """C2: Synthesizer attention, the Funnel Transformer's encoder and the Weighted Transformer's branches."""
+        def bad(name: str, rule: str) -> ConfigError:
+            return ConfigError(f"ModelConfig.{name}={getattr(self, name)!r} {rule}")
+
+        if self.synthesizer_mix not in SYNTHESIZER_MIXES:
+            raise bad("synthesizer_mix", f"is not one of {', '.join(SYNTHESIZER_MIXES)}")
+        if self.attention in SYNTHESIZERS:
+            if self.kv_heads != self.n_heads:
+                raise bad("n_kv_heads", f"must equal n_heads with attention={self.attention!r} (no grouped keys)")
+            if self.sliding_window is not None or self.position in ("relative", "deberta"):
+                raise bad("attention", "cannot combine with sliding_window or Shaw/DeBERTa relative positions "
+                                       "(its weights are tied to absolute positions 0 .. max_seq_len - 1)")
+            if self.synthesizer_factor < 1:
+                raise bad("synthesizer_factor", "must be a positive integer")
+            if self.attention == "synthesizer-factorized-dense" and self.max_seq_len % self.synthesizer_factor:
+                raise bad("synthesizer_factor", f"must divide max_seq_len={self.max_seq_len} (factorized-dense "
+                                                "logits are the outer product of k and max_seq_len/k of them)")
+        elif self.synthesizer_mix != "none":
+            raise bad("synthesizer_mix", f"needs a synthesizer attention (got attention={self.attention!r})")
+        blocks = self.funnel_blocks
+        if self.funnel_pool not in FUNNEL_POOLS:
+            raise bad("funnel_pool", f"is not one of {', '.join(FUNNEL_POOLS)}")
+        if blocks is not None:
+            if not isinstance(blocks, (list, tuple)) or len(blocks) < 2 or not all(
+                    isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in blocks):
+                raise bad("funnel_blocks", "must be a list of at least 2 positive layer counts, e.g. [2, 2] "
+                                           "(null: no funnel)")
+            self.funnel_blocks = list(blocks)  # a tuple would not compare equal to its JSON round trip
+            if self.arch == "decoder":
+                raise bad("funnel_blocks", "needs arch='encoder' or 'encoder-decoder' (got arch='decoder'): a causal "
+                                           "stack cannot pool future tokens into a position")
+            if sum(blocks) != self.n_layers:
+                raise bad("funnel_blocks", f"must sum to n_layers={self.n_layers} (the encoder's layers)")
+            if self.position not in ("learned", "sinusoidal", "none"):
+                raise bad("position", "must be learned, sinusoidal or none with funnel_blocks (relative positions "
+                                      "across pooled lengths are not built)")
+            if self.funnel_decoder_layers < 0:
+                raise bad("funnel_decoder_layers", "must be >= 0")
+            if self.funnel_decoder_layers == 0 and self.head != "none":
+                raise bad("funnel_decoder_layers", f"must be >= 1 for head={self.head!r}: a token-level head needs "
+                                                   "the upsampled sequence")
+            if (self.share_layers or self.moe_experts or self.pkm_layers or self.fixup or self.attention != "full"
+                    or self.share_encoder_decoder or self.transparent_attention):
+                raise bad("funnel_blocks", "cannot combine with share_layers, share_encoder_decoder, "
+                                           "transparent_attention, MoE, pkm_layers, fixup or another attention")
+        if self.weighted_branches:
+            if self.arch == "encoder-decoder":
+                raise bad("weighted_branches", "needs arch='encoder' or 'decoder' (its branches replace a "
+                                               "self-attention block's output projection and FFN)")
+            if self.moe_experts or self.share_layers or self.pkm_layers or self.fixup:
+                raise bad("weighted_branches", "cannot combine with MoE, share_layers, pkm_layers or fixup (its "
+                                               "branches are the layer's FFNs)")
 
     def _validate_moe(self) -> None:
         def bad(name: str, rule: str) -> ConfigError:

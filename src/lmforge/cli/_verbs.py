@@ -64,6 +64,7 @@ VERBS: dict[str, Verb] = {
     "scaling": Verb("scaling", "IsoFLOP sweeps and Chinchilla scaling-law fits"),
     "serve": Verb("serve", "serve models over an OpenAI-compatible HTTP API (continuous batching, playground at "
                            "/)"),
-    "tasks": Verb("tasks", "list the tasks lmforge knows by name (GLUE, SuperGLUE, SQuAD, SWAG, shipped)"),
+    "tasks": Verb("tasks", "list the tasks lmforge knows by name (GLUE, SuperGLUE, SQuAD, SNLI, RACE, IMDb ... "
+                  "and the shipped ones)"),
     "tokenizer": Verb("tokenizer", "train a tokenizer, encode/decode text"),
 }

@@ -30,6 +30,8 @@ def _list(args) -> int:
         size = "%s / %s" % tuple(map(_mb, datasets.file_sizes(name))) if entry.shipped else "not shipped"
         print(f"{name:17s} {rows:36s} {size:18s} {entry.license}")
     print("\nProvenance and licence texts: " + str(datasets.FILES.parent / "SOURCES.md"))
+    print("Public benchmarks (GLUE, SuperGLUE, SQuAD, SNLI, RACE, IMDb ...) are read by name from your own copy: "
+          "`lmforge tasks list`")
     return 0
 
 

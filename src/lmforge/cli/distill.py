@@ -20,6 +20,9 @@ Example::
           --out runs/small --alpha-cos 0 --temperature 4
     $ lmforge distill --teacher runs/rt/best --train rt-sentiment:train --eval rt-sentiment:dev --out runs/rt-small
     $ lmforge distill --out runs/distilbert --resume
+    $ lmforge distill --method tinybert --teacher runs/bert --data data/corpus --out runs/tiny --override n_layers=2
+    $ lmforge distill --method tinybert --teacher runs/rt/best --student runs/tiny/model --train rt-sentiment:train \
+          --eval rt-sentiment:dev --out runs/tiny-rt --temperature 1 --augment 4 --augment-model runs/bert
     $ torchrun --nproc-per-node 8 -m lmforge.cli.main distill --teacher runs/bert --data data/corpus --out runs/d
 """
 
@@ -33,10 +36,11 @@ from pathlib import Path
 from lmforge.cli._load_args import add_load_flags
 from lmforge.cli.main import UserError, plain_warnings
 from lmforge.cli.pretrain import OPTIONS
-from lmforge.distillation.config import DistillConfig, saved_settings
+from lmforge.distillation.config import METHODS, DistillConfig, saved_settings
 from lmforge.distillation.pretraining import OBJECTIVES, build_distillation
 from lmforge.distillation.student import describe_init
 from lmforge.distillation.task import distill_task
+from lmforge.distillation.tinybert import INTERMEDIATE_DIR, build_general_distillation, distill_task_tinybert
 from lmforge.evaluation import named
 from lmforge.tasks.settings import FINETUNE_DEFAULTS
 from lmforge.training import config as tc
@@ -64,8 +68,25 @@ DISTILL_FLAGS = [
     ("temperature", float, "softmax temperature T of the soft targets (higher: softer)"),
     ("epochs", float, "task: passes over the training data (sets --max-steps)"),
     ("warmup_ratio", float, "task: warmup as a share of the steps (sets --warmup)"),
+    ("method", str, "distilbert: the losses above; tinybert (Jiao et al. 2020): with --data, general distillation "
+                    "of the embeddings, hidden states and attention scores; with --train, the same on the fine-tuned "
+                    "teacher (OUT/intermediate), then the prediction layer's soft cross-entropy (OUT)"),
+    ("layer_map", str, "tinybert: STUDENT:TEACHER layer pairs, 0 = the embeddings, e.g. 0:0,1:3,2:6 (default: the "
+                       "uniform g(m) = m * N / M, which needs the teacher's layer count to be a multiple of the "
+                       "student's)"),
+    ("intermediate_epochs", float, "tinybert, task: passes of the intermediate-layer phase (default: --epochs, "
+                                   "else --max-steps)"),
+    ("augment", int, "tinybert, task: augmented copies of each training example, written to OUT/augmented.jsonl "
+                     "(the paper: 20; 0 turns it off)"),
+    ("augment_p", float, "tinybert, task: probability of replacing each word of a copy"),
+    ("augment_k", int, "tinybert, task: candidates per word (MLM top-k or static-vector neighbours)"),
+    ("augment_model", str, "tinybert, task: a pre-trained MLM model folder (the teacher's tokenizer) proposing "
+                           "single-piece words; multi-piece words take neighbours of static vectors of --train"),
 ]
-METAVARS = {"teacher": "DIR", "student": "PRESET|DIR", "train": "FILE", "eval": "FILE", "temperature": "T"}
+METAVARS = {"teacher": "DIR", "student": "PRESET|DIR", "train": "FILE", "eval": "FILE", "temperature": "T",
+            "layer_map": "S:T,...", "augment": "N", "augment_p": "P", "augment_k": "K", "augment_model": "DIR",
+            "intermediate_epochs": "E", "method": "distilbert|tinybert"}
+CHOICES = {"method": METHODS}
 # The Trainer's flags as `lmforge pretrain` words them; the student, data and run folder are flags of their own.
 OBJECTIVE_HELP = ("pre-training: the objective whose batches both models read (default: clm for a decoder teacher, "
                   "else mlm)")
@@ -126,10 +147,40 @@ def run(args) -> int:
         config, distill = _settings(given)
         refuse_if_held(config.out)  # at once, not after minutes of building what it could not write
         # A run that fails before its first step leaves no folder holding only its settings behind.
-        with removed_on_failure(config.out, keep=run_started):
+        with removed_on_failure(config.out, keep=_started):
+            if distill.method == "tinybert":
+                return _tinybert_task(config, distill) if distill.train else _tinybert_general(config, distill)
             if distill.train:
                 return _task(config, distill)
             return _pretraining(config, distill)
+
+
+def _started(out) -> bool:
+    """A run that took a step, or a TinyBERT task run whose intermediate phase did: kept on a failure."""
+    return run_started(out) or run_started(Path(out) / INTERMEDIATE_DIR)
+
+
+def _tinybert_general(config: TrainConfig, distill: DistillConfig) -> int:
+    with distributed.session(config.strategy, config.device, config.dist_timeout) as ctx:
+        built, mapping = build_general_distillation(config, distill)
+        student, trainer = built.model, built.trainer
+        if ctx.is_main:
+            pairs = ",".join(f"{m}:{n}" for m, n in mapping.items())
+            print(f"teacher {distill.teacher} -> student {student.config.n_layers} layers, d={student.config.d_model}"
+                  f", {student.num_parameters() / 1e6:.2f}M parameters | TinyBERT general distillation, layer map "
+                  f"{pairs} | objective {built.config.objective} batches | out {config.out}", file=sys.stderr)
+        result = trainer.fit()
+    return _report(result.stopped_by, result.step, result.model_dir, result.metrics.get("loss"), config.out,
+                   ctx.is_main)
+
+
+def _tinybert_task(config: TrainConfig, distill: DistillConfig) -> int:
+    result = distill_task_tinybert(config, distill, log=lambda line: print(line, file=sys.stderr))
+    train = result.train
+    if result.best:
+        b = result.best
+        print(f"best: {b['metric']} {b['value']:.4f} at step {b['step']} -> {Path(config.out) / 'best'}")
+    return _report(train.stopped_by, train.step, train.model_dir, train.metrics.get("loss"), config.out, True)
 
 
 def _pretraining(config: TrainConfig, distill: DistillConfig) -> int:
@@ -185,7 +236,7 @@ def register(subparsers) -> None:
     for key, kind, text in DISTILL_FLAGS:
         default = getattr(defaults, key)
         what.add_argument("--" + key.replace("_", "-"), dest=key, type=kind, default=None,
-                          metavar=METAVARS.get(key, key.upper().replace("_", "-")),
+                          metavar=METAVARS.get(key, key.upper().replace("_", "-")), choices=CHOICES.get(key),
                           help=text + ("" if default is None else f" (default: {default})"))
     what.add_argument("--task", default=None, metavar="NAME",
                       help="task distillation on a task by name (see `lmforge tasks list`, e.g. glue/sst2): --train "

@@ -18,15 +18,17 @@ from __future__ import annotations
 import json
 import math
 import sys
+from pathlib import Path
 
 from lmforge.cli._load_args import add_load_flags, add_precision_flags
 from lmforge.cli._price_args import add_price_tag_flags
 from lmforge.cli.main import UserError, model_argument, plain_warnings
 from lmforge.checkpoint import read_model_folder
-from lmforge.evaluation import baselines, forgetting, length_extrapolation, named
+from lmforge.evaluation import baselines, forgetting, length_extrapolation, named, sts_benchmark
 from lmforge.tasks.inference import evaluate, table_lines, tune_null_threshold
 from lmforge.tasks.spec import TASKS, column_defaults
 from lmforge.utils.folder_kinds import MODELS
+from lmforge.utils.io import atomic_write_text
 
 OVERRIDE_FLAGS = {
     "text_column": "column of the input text, if it differs from training (default: the task folder's, else "
@@ -55,7 +57,9 @@ def add_common(parser, output: bool) -> None:
     parser.add_argument("--task", default=None, metavar="TASK",
                         help=f"the task type ({', '.join(TASKS)}; checked against the folder's, required for a plain "
                              "model folder) or a task by name (see `lmforge tasks list`, e.g. glue/sst2: its splits "
-                             "from --data-dir, scored with the leaderboard's metrics)")
+                             "from --data-dir, scored with the leaderboard's metrics; evaluate: sts/stsb, sts/sickr, "
+                             "sts/sts12..16, or sts for Sentence-BERT's whole row, score any encoder --model as it is: "
+                             "Spearman x 100 of embedding cosines)")
     parser.add_argument("--data-dir", default=None, metavar="DIR",
                         help="--task NAME: the suite's folder in its official layout (else $LMFORGE_GLUE_DIR ...)")
     parser.add_argument("--split", default=None, metavar="SPLIT",
@@ -140,7 +144,27 @@ def run_harness(args, folder) -> int:
     return 0
 
 
+def run_sts(args) -> int:
+    """``--task sts`` or ``sts/NAME``: Spearman x 100 of an encoder's cosines, no training (SBERT's Table 1)."""
+    if args.data is not None:
+        raise UserError(f"--task {args.task}: reads the STS sets from --data-dir (or $LMFORGE_STS_DIR); drop --data")
+    # a run folder means its model (as elsewhere); a packaged model's name (all-MiniLM-L6-v2) is not a folder
+    model = model_argument("evaluate", args.model) if Path(args.model).is_dir() else args.model
+    scores = sts_benchmark.evaluate(model, args.task, args.data_dir, split=args.split, batch_size=args.batch_size,
+                                    device=args.device, limit=args.limit)
+    print("Spearman x 100 of cos(u, v) with the gold scores")
+    for line in sts_benchmark.table_lines(scores):
+        print(line)
+    if args.out is not None:
+        atomic_write_text(Path(args.out) / named.SCORES_FILE, json.dumps(scores, indent=2) + "\n")
+    print(json.dumps(scores))
+    return 0
+
+
 def run(args) -> int:
+    if sts_benchmark.names_of(args.task) is not None:  # an encoder as it is: no task folder
+        with plain_warnings("evaluate"):
+            return run_sts(args)
     model = model_argument("evaluate", args.model, (*MODELS, "baseline"))
     if named.is_name(args.task):  # a task by name (glue/sst2): its splits, metrics and submission format
         with plain_warnings("evaluate"):

@@ -36,7 +36,8 @@ from lmforge.cli.pretrain import CHOICES, OPTIONS
 from lmforge.embeddings.losses import EMBEDDING_LOSSES
 from lmforge.embeddings.sbert import run_embedding_finetune
 from lmforge.peft import METHODS
-from lmforge.evaluation import baselines, benchmarks
+from lmforge.evaluation import baselines, benchmarks, named
+from lmforge.evaluation.elmo_features import FEATURE_BASELINES, FEATURE_KINDS, parse_features
 from lmforge.tasks.run import run_finetune
 from lmforge.tasks.settings import (
     FINETUNE_DEFAULTS,
@@ -67,6 +68,10 @@ TASK_FLAGS = {
     "pooling": ("MODE", "cls | mean | last | max (default: cls for encoders, last for decoders/encoder-decoders; "
                         "embedding: mean)"),
     "classifier_dropout": ("P", "dropout before the classifier (default 0.1)"),
+    "head_bilstm": ("LAYERS", "encoders: a randomly initialised BiLSTM of LAYERS layers between the body and the "
+                              "head (BERT's feature-based ablation: 2; with --freeze-body the body stays fixed; "
+                              "default 0 = none)"),
+    "head_bilstm_hidden": ("H", "--head-bilstm: units per direction (default d_model / 2; BERT's ablation: 768)"),
     "max_length": ("N", "input tokens; longer inputs are cut with a warning (default 256; embedding: the model's "
                         "max_seq_len)"),
     "max_target_length": ("N", "target tokens for seq2seq/text2text, also the generation limit (default 128)"),
@@ -98,7 +103,8 @@ def run(args) -> int:
 
 def _run_baseline(given) -> int:
     """``--baseline NAME``: train a simple baseline (lmforge.evaluation.baselines) instead of fine-tuning a model."""
-    for flag in ("model", "tokenizer", "peft", "merge", "random_init", "mixture", "resume", "label_smoothing"):
+    for flag in ("model", "tokenizer", "peft", "merge", "random_init", "mixture", "resume", "label_smoothing",
+                 "head_bilstm"):
         if given.get(flag):
             raise UserError(f"--baseline trains its own small model: drop --{flag.replace('_', '-')}")
     if given.get("eval_sets"):
@@ -114,12 +120,17 @@ def _run_baseline(given) -> int:
         fields["labels"] = list(bench.labels)
     spec = TaskSpec.from_dict({"task": given["task"], **fields}, source="command line")
     options = baselines.BaselineOptions.parse(given.get("baseline_option"))
+    features = parse_features(given.get("features"))
     trainer = {**FINETUNE_DEFAULTS, **baselines.NEURAL_DEFAULTS, **{k: given[k] for k in TRAINER_KEYS if k in given}}
     config = TrainConfig.from_dict({**trainer, "out": given["out"]}, source="command line")
+    scored_by_name = named.scores_baseline(bench)  # summaries by name: the papers' ROUGE, scored below
     with plain_warnings("finetune"):
-        result = baselines.train_baseline(given["baseline"], spec, given["train"], given.get("eval"), out=given["out"],
+        result = baselines.train_baseline(given["baseline"], spec, given["train"],
+                                          None if scored_by_name else given.get("eval"), out=given["out"],
                                           config=config, options=options, epochs=given.get("epochs"),
-                                          log=lambda line: print(line, file=sys.stderr))
+                                          log=lambda line: print(line, file=sys.stderr), features=features)
+        if scored_by_name and given.get("eval"):
+            result = named.score_baseline_run(result, bench.name, given["eval"])
     if result["eval"]:
         print("eval: " + ", ".join(f"{k} {v:.4f}" for k, v in result["eval"].items() if k != "examples"))
     print(f"done: {given['baseline']} saved to {result['model_dir']}")
@@ -129,6 +140,9 @@ def _run_baseline(given) -> int:
 def _run(given, args) -> int:
     if given.get("baseline"):
         return _run_baseline(given)
+    if given.get("features"):
+        raise UserError(f"--features {' '.join(given['features'])}: feeds a frozen biLM into a word baseline; use it "
+                        f"with --baseline {' or '.join(FEATURE_BASELINES)}")
     if given.get("task") == "embedding":  # Sentence-BERT: its own recipe (lmforge.embeddings.sbert)
         if any(given.get(k) for k in (*PEFT_FLAGS, "merge")):
             raise UserError("--peft and --merge are not supported with --task embedding (it has its own recipe)")
@@ -208,16 +222,23 @@ def register(subparsers) -> None:
                       "filters=100 (cnn), dropout=0.5, vectors=random|word2vec, min_count=1, max_words=256, "
                       "alpha=1.0 (tfidf-ridge), c1=0.1, c2=0.1, max_iterations=100 (crf), window=10, "
                       "max_answer_words=4 (qa-window), lead=3 (lead-3)")
+    what.add_argument("--features", action="append", default=None, metavar="KIND=DIR",
+                      help="feed pre-trained features into --baseline " + " or ".join(FEATURE_BASELINES)
+                      + ", concatenated with its word embeddings; kinds: " + "; ".join(FEATURE_KINDS.values())
+                      + ": ELMo (Peters et al. 2018), the frozen biLM's layers mixed by softmax weights and a "
+                      "scale learned with the task. OUT/model records the biLM's path and sha256 and reads it "
+                      "from there in evaluate/predict")
     what.add_argument("--random-init", action="store_true", default=False,
                       help="keep the architecture and tokenizer but start from random weights (a baseline)")
     what.add_argument("--task", default=None, metavar="TASK",
                       help=f"the task: a type ({', '.join(TASKS)}; instruct: supervised fine-tuning on "
                       "instruction/chat JSONL; embedding: Sentence-BERT training with --loss; reward: a reward model "
                       "trained with the Bradley-Terry loss on prompt/chosen/rejected rows, for lmforge align) or a task "
-                      "by name (see `lmforge tasks list`, e.g. glue/cola: its columns, labels, metric and files)")
+                      "by name, which sets its columns, labels, metric and files (`lmforge tasks list`: "
+                      f"{', '.join(benchmarks.names())})")
     what.add_argument("--data-dir", default=None, metavar="DIR",
-                      help="a named benchmark task's folder in its official layout (else $LMFORGE_GLUE_DIR, "
-                      "$LMFORGE_SUPERGLUE_DIR, $LMFORGE_SQUAD_DIR or $LMFORGE_SWAG_DIR)")
+                      help="a named benchmark task's folder in its official layout (else its suite's variable: "
+                      f"{', '.join('$' + env for env, _ in benchmarks.layouts.SUITES.values())})")
     what.add_argument("--pack", action="store_true", default=False,  # the parser's default is SUPPRESS
                       help="instruct: pack short examples (block-diagonal mask)")
     what.add_argument("--train", default=None, metavar="FILE",
@@ -233,6 +254,7 @@ def register(subparsers) -> None:
     task = parser.add_argument_group("task format")
     for key, (metavar, text) in TASK_FLAGS.items():
         kind = {"classifier_dropout": float, "mixing_temperature": float, "max_length": int, "max_target_length": int,
+                "head_bilstm": int, "head_bilstm_hidden": int,
                 "max_answer_length": int, "mixing_cap": int, "null_threshold": float}.get(key, str)
         task.add_argument("--" + key.replace("_", "-"), dest=key, type=kind, default=None, metavar=metavar, help=text,
                           choices={"pooling": POOLINGS, "loss_average": LOSS_AVERAGES,

@@ -40,8 +40,10 @@ def _show(args) -> int:
         print(f"  labels    {', '.join(b.labels)}")
     print(f"  metrics   {', '.join(b.metrics)}")
     if b.name in layouts.LAYOUTS:
-        for split, file in layouts.LAYOUTS[b.name].files.items():
-            print(f"  {split:9s} {file}")
+        layout = layouts.LAYOUTS[b.name]
+        for split, file in layout.files.items():
+            other = layout.alternatives.get(split)  # the same split in another official layout (WMT's SGML)
+            print(f"  {split:9s} {file}" + (f" (or {', '.join(other)})" if other else ""))
     print(f"  data      {benchmarks.where(b.name)}")
     return 0
 
@@ -57,7 +59,8 @@ def _evaluate(args) -> int:
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("tasks", help="list the tasks lmforge knows by name (GLUE, SuperGLUE, SQuAD, "
-                                   "SWAG, shipped)", description="Tasks by name, for `lmforge finetune --task NAME`.")
+                                   "SNLI, RACE, IMDb ... and the shipped ones)",
+                                   description="Tasks by name, for `lmforge finetune --task NAME`.")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
     p = verbs.add_parser("list", help="every task: its type, metrics and description", formatter_class=HELP)
     p.set_defaults(func=_list)

@@ -56,7 +56,15 @@ from lmforge.nn.static_kv_cache import StaticKVCache
 from lmforge.training.price_tag import PriceSettings, PriceTag, open_meter
 from lmforge.utils.io import atomic_write_text
 
-_COEFFICIENTS: "weakref.WeakKeyDictionary[Transformer, dict]" = weakref.WeakKeyDictionary()
+
+
+def _cache_of(module: torch.nn.Module) -> dict:
+    """The module's own cache of its FLOP coefficients: a plain attribute, read after every forward (a
+    WeakKeyDictionary would make a new weak reference on every lookup)."""
+    cache = module.__dict__.get("_inference_flops")
+    if cache is None:
+        cache = module.__dict__["_inference_flops"] = {}
+    return cache
 
 
 def _coefficients(model: Transformer, source_len: int = 0) -> tuple[int, int, int, int]:
@@ -64,7 +72,7 @@ def _coefficients(model: Transformer, source_len: int = 0) -> tuple[int, int, in
     ``encoder`` once, each target token ``per_token`` plus ``per_key`` per key it attends to (cross-attention
     included in ``per_token``), of which ``head`` is the vocabulary projection. Worked out once per model
     (and source length): counting parameters walks the module tree."""
-    cache = _COEFFICIENTS.setdefault(model, {})
+    cache = _cache_of(model)
     cfg = model.config
     key = source_len if cfg.arch == "encoder-decoder" else 0
     if key not in cache:
@@ -173,7 +181,7 @@ def stack_flops(stack: TransformerStack, batch: int, tokens: int) -> int:
         >>> stack_flops(m.encoder, 1, 8) == forward_flops(m, 1, 8, head_rows=0)
         True
     """
-    cache = _COEFFICIENTS.setdefault(stack, {})
+    cache = _cache_of(stack)
     if "weights" not in cache:
         inactive = sum((layer.n_experts - layer.top_k) * sum(p.numel() for p in layer.experts.parameters())
                        // layer.n_experts for layer in moe_layers(stack.layers))

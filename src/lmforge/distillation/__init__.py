@@ -6,6 +6,8 @@
     config        DistillConfig: teacher, student, loss weights, temperature         -
     pretraining   DistilBERT: KL + MLM + cosine on the pre-training data            lmforge distill --data
     task          a fine-tuned classifier's soft labels + the gold labels           lmforge distill --train
+    tinybert      TinyBERT: embeddings, hidden states, attention scores; two stages lmforge distill --method tinybert
+    tinybert_losses, augmentation   its layer map and losses; its data augmentation  -
 
 Both are the one Trainer with a ``loss`` (checkpoints, exact resume, bf16; pre-training also under torchrun),
 and both end in an ordinary folder: a model folder (pre-training) or a task folder (task distillation).
@@ -22,7 +24,9 @@ from lmforge.distillation.losses import cosine_embedding_loss, soft_target_kl, t
 from lmforge.distillation.pretraining import PretrainingDistillation, build_distillation, distill_pretraining
 from lmforge.distillation.student import init_from_teacher, teacher_layers
 from lmforge.distillation.task import TaskDistillation, distill_task
+from lmforge.distillation.tinybert import build_general_distillation, distill_task_tinybert
 
 __all__ = ["DistillConfig", "PretrainingDistillation", "TaskDistillation", "build_distillation",
            "cosine_embedding_loss", "distill_pretraining", "distill_task", "init_from_teacher", "soft_target_kl",
-           "task_distillation_loss", "teacher_layers", "weighted_sum"]
+           "task_distillation_loss", "teacher_layers", "weighted_sum", "build_general_distillation",
+           "distill_task_tinybert"]

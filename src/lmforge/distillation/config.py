@@ -12,6 +12,17 @@
     temperature    both               softmax temperature T of the soft targets (2.0)
     epochs,        task               passes over the training data (sets max_steps); warmup as a share
     warmup_ratio
+    method         both               distilbert (the losses above) or tinybert (Jiao et al. 2020: embedding,
+                                      hidden-state and attention-score MSE, then soft cross-entropy; see
+                                      :mod:`lmforge.distillation.tinybert`)
+    layer_map      tinybert           "0:0,1:3,2:6" student:teacher layers (0 = embeddings); None: uniform
+    intermediate_  tinybert task      passes of the intermediate-layer phase before the prediction phase
+    epochs                            (None: as ``epochs``, or max_steps)
+    augment        tinybert task      augmented copies per training example (0: none; the paper: 20)
+    augment_p,     tinybert task      word replacement probability (0.4) and candidates per word (15)
+    augment_k
+    augment_model  tinybert task      the pre-trained MLM model folder that proposes single-piece words
+                                      (needed with augment > 0; TinyBERT uses BERT-base's MLM)
 
 Example:
     >>> DistillConfig(teacher="runs/bert/model").alpha_ce
@@ -33,6 +44,7 @@ from lmforge.tasks import columnar
 from lmforge.utils.io import read_mapping_file
 
 SETTINGS_FILE = "distill.yaml"
+METHODS = ("distilbert", "tinybert")
 
 
 @dataclass
@@ -52,9 +64,23 @@ class DistillConfig(ConfigBase):
     temperature: float = 2.0
     epochs: float | None = None
     warmup_ratio: float | None = None
+    method: str = "distilbert"
+    layer_map: str | None = None
+    intermediate_epochs: float | None = None
+    augment: int = 0
+    augment_p: float = 0.4
+    augment_k: int = 15
+    augment_model: str | None = None
 
     def __post_init__(self) -> None:
         self.check_kinds()
+        if self.method not in METHODS:
+            raise ConfigError(f"DistillConfig.method={self.method!r} must be one of {', '.join(METHODS)}")
+        if self.augment < 0 or self.augment_k < 1 or not 0.0 <= self.augment_p <= 1.0:
+            raise ConfigError(f"DistillConfig: augment={self.augment} must be >= 0, augment_k={self.augment_k} >= 1 "
+                              f"and augment_p={self.augment_p} in [0, 1]")
+        if self.intermediate_epochs is not None and not self.intermediate_epochs > 0:
+            raise ConfigError(f"DistillConfig.intermediate_epochs={self.intermediate_epochs} must be > 0")
         for key in ("alpha_ce", "alpha_mlm", "alpha_cos"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"DistillConfig.{key}={getattr(self, key)} must be >= 0")
@@ -72,7 +98,7 @@ class DistillConfig(ConfigBase):
     def absolute(self, teacher: str | Path) -> "DistillConfig":
         """A copy naming ``teacher`` (the resolved teacher folder) and every other existing path absolutely,
         so that the saved settings still work when the run is resumed from another working directory."""
-        paths = {k: str(Path(v).resolve()) for k in ("student", "train", "eval")
+        paths = {k: str(Path(v).resolve()) for k in ("student", "train", "eval", "augment_model")
                  if (v := getattr(self, k)) and Path(v).exists()}
         paths.update({k: columnar.absolute(v) for k in ("train", "eval")  # DIR:SPLIT of a dataset folder
                       if k not in paths and (v := getattr(self, k))})

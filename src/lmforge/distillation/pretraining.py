@@ -32,7 +32,7 @@ import torch
 import yaml
 
 from lmforge import checkpoint
-from lmforge.config import ConfigError
+from lmforge.config import ConfigError, ModelConfig
 from lmforge.distillation.config import SETTINGS_FILE, DistillConfig
 from lmforge.distillation.losses import cosine_embedding_loss, soft_target_kl, weighted_sum
 from lmforge.distillation.student import (
@@ -124,21 +124,11 @@ def _teacher_for_pretraining(folder: Path):
     return teacher
 
 
-def build_distillation(config: TrainConfig, distill: DistillConfig) -> tuple[PretrainRun, list[int] | None]:
-    """Check everything and assemble the run (nothing is trained, nothing written yet).
-
-    ``distill.student`` is the student (None: the teacher's own config, see
-    :mod:`lmforge.distillation.student`); ``config.objective`` defaults to the teacher's: ``clm`` for a
-    decoder, else ``mlm``.
-
-    Returns:
-        ``(run, layers)``: the assembled :class:`~lmforge.training.pretrain.PretrainRun` and the teacher
-        layers the student was initialised from (None: not initialised from the teacher).
-
-    Raises:
-        UserInputError: the teacher is no model folder, or teacher and student do not pair (vocabulary sizes,
-            architecture, width for the cosine loss), or the data's tokenizer is not the teacher's.
-    """
+def pretraining_pair(config: TrainConfig, distill: DistillConfig,
+                     ) -> tuple[TrainConfig, Path, torch.nn.Module, ModelConfig]:
+    """The teacher and the student's config of a distillation on pre-training shards, checked against each
+    other and the data: ``(config, teacher folder, teacher, student config)``, the config now naming the
+    student as its model and the objective (default: the teacher's, ``clm`` for a decoder, else ``mlm``)."""
     if not distill.teacher:
         raise ConfigError("missing the teacher: pass --teacher DIR")
     folder = teacher_folder(distill.teacher)
@@ -156,8 +146,27 @@ def build_distillation(config: TrainConfig, distill: DistillConfig) -> tuple[Pre
         config = config.updated({"overrides": overrides}, source="distillation")
     student_config = model_config_for(student, tokenizer, config.overrides)
     check_vocabularies(teacher.config.vocab_size, student_config.vocab_size)
-    check_pairing(teacher.config, student_config, distill.alpha_cos)
     config = config.updated({"model": student, "objective": objective}, source="distillation")
+    return config, folder, teacher, student_config
+
+
+def build_distillation(config: TrainConfig, distill: DistillConfig) -> tuple[PretrainRun, list[int] | None]:
+    """Check everything and assemble the run (nothing is trained, nothing written yet).
+
+    ``distill.student`` is the student (None: the teacher's own config, see
+    :mod:`lmforge.distillation.student`); ``config.objective`` defaults to the teacher's: ``clm`` for a
+    decoder, else ``mlm``.
+
+    Returns:
+        ``(run, layers)``: the assembled :class:`~lmforge.training.pretrain.PretrainRun` and the teacher
+        layers the student was initialised from (None: not initialised from the teacher).
+
+    Raises:
+        UserInputError: the teacher is no model folder, or teacher and student do not pair (vocabulary sizes,
+            architecture, width for the cosine loss), or the data's tokenizer is not the teacher's.
+    """
+    config, folder, teacher, student_config = pretraining_pair(config, distill)
+    check_pairing(teacher.config, student_config, distill.alpha_cos)
 
     ctx = distributed.setup(config.strategy, config.device, config.dist_timeout)
     loss = PretrainingDistillation(teacher.to(ctx.device), distill.loss_weights(), distill.temperature)

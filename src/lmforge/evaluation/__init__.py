@@ -1,4 +1,4 @@
-"""Evaluation by name: public benchmark tasks (GLUE, SuperGLUE, SQuAD, SWAG) and the shipped ones.
+"""Evaluation by name: public benchmark tasks (GLUE, SuperGLUE, SQuAD, SWAG, SNLI, RACE ...) and the shipped ones.
 
     benchmarks.py   the task registry: task type, columns, labels, splits and leaderboard metrics per name
     benchmark_suite.py  `lmforge benchmark glue`: every task fine-tuned and scored, the table and its average,
@@ -24,4 +24,6 @@
     qa_window.py    the sliding-window lexical-overlap answer span
     mc_similarity.py      the choice most TF-IDF-similar to the context
     lead_n.py       Lead-3: the source's first sentences
+    summarization.py      ROUGE-1/2/L/Lsum as CNN/DailyMail and XSum papers report it (Lsum: a sentence a line)
+    sts_benchmark.py      Sentence-BERT's STS row (STS12-16, STS-B, SICK-R): Spearman of cosines, no training
 """

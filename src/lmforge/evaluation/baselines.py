@@ -59,6 +59,14 @@ from lmforge.evaluation.baseline_common import (  # noqa: F401  (their home was 
 )
 from lmforge.evaluation.bilstm_classifier import BiLSTMClassifier
 from lmforge.evaluation.cnn_classifier import CNNClassifier
+from lmforge.evaluation.elmo_features import (
+    FEATURES_KEY,
+    ElmoFeatures,
+    WithFeatures,
+    cased_words,
+    check_baseline,
+    load_features,
+)
 from lmforge.evaluation.word_vocab import WordVocab
 from lmforge.tasks import metrics
 from lmforge.tasks.base import pad_batch, text_of
@@ -125,8 +133,30 @@ class Baseline:
     def probabilistic(self) -> bool:
         return self.name != "ngram-svm"
 
+    @property
+    def elmo(self) -> ElmoFeatures | None:
+        """The frozen biLM's features the module reads (``--features elmo=``), or None."""
+        return self.module.elmo if isinstance(self.module, WithFeatures) else None
+
     def encode(self, texts: list[str]) -> list[list[int]]:
         return [self.vocab.encode(t)[:self.options.max_words] or [1] for t in texts]  # an empty text reads <unk>
+
+    def inputs(self, texts: list[str]) -> list[dict[str, Any]]:
+        """Each text's model inputs: ``input_ids`` (+ the biLM's pieces of the same words, with ELMo)."""
+        out = [{"input_ids": ids} for ids in self.encode(texts)]
+        if self.elmo is not None:
+            for example, text in zip(out, texts):
+                example.update(self.elmo.pieces(cased_words(text)[:self.options.max_words]))
+        return out
+
+    def collate(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """A batch of :meth:`inputs` (``gold`` labels, when the examples have them, as ``labels``)."""
+        batch = {"input_ids": pad_batch([e["input_ids"] for e in examples], 0)[0]}
+        if "gold" in examples[0]:
+            batch["labels"] = torch.tensor([e["gold"] for e in examples], dtype=torch.long)
+        if self.elmo is not None:
+            batch.update(self.elmo.collate(examples))
+        return batch
 
     @torch.no_grad()
     def scores(self, texts: list[str], batch_size: int = 256) -> np.ndarray:
@@ -142,16 +172,18 @@ class Baseline:
             out[:, self.pipe.named_steps["classifier"].classes_] = values  # classes never trained on stay 0/-inf
             return out
         self.module.eval()
-        ids = self.encode(texts)
-        for start in range(0, len(ids), batch_size):
-            batch = pad_batch(ids[start:start + batch_size], 0)[0]
-            out[start:start + batch_size] = torch.softmax(self.module(batch).logits.float(), -1).numpy()
+        examples = self.inputs(texts)
+        for start in range(0, len(examples), batch_size):
+            batch = self.collate(examples[start:start + batch_size])
+            out[start:start + batch_size] = torch.softmax(self.module(**batch).logits.float(), -1).numpy()
         return out
 
 
-def _neural(name: str, n_labels: int, vocab_size: int, options: BaselineOptions):
+def _neural(name: str, n_labels: int, vocab_size: int, options: BaselineOptions, elmo: ElmoFeatures | None = None):
     if name == "bilstm":
-        return BiLSTMClassifier(vocab_size, n_labels, options.embed_dim, options.hidden, dropout=options.dropout)
+        module = BiLSTMClassifier(vocab_size, n_labels, options.embed_dim, options.hidden, dropout=options.dropout,
+                                  feature_dim=elmo.dim if elmo is not None else 0)
+        return module if elmo is None else WithFeatures(module, elmo)
     return CNNClassifier(vocab_size, n_labels, options.embed_dim, options.filters, dropout=options.dropout)
 
 
@@ -164,6 +196,8 @@ def save_baseline(baseline: Baseline, path: str | Path, extra: dict | None = Non
         vocabulary = baseline.vocab.words
     meta = {"format": FORMAT, "version": 1, "spec": baseline.spec.to_dict(),
             "baseline": {"name": baseline.name, "options": asdict(baseline.options)}, **(extra or {})}
+    if baseline.module is not None and baseline.elmo is not None:  # the biLM's folder and digests, not its weights
+        meta[FEATURES_KEY] = {"elmo": baseline.elmo.record()}
     with atomic_dir(path) as tmp:
         save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
         (tmp / VOCAB_FILE).write_text(json.dumps(vocabulary, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -194,7 +228,7 @@ def load_baseline(path: str | Path) -> Baseline:
     if name in linear_baselines.LINEAR:
         return Baseline(name, spec, options, pipe=linear_baselines.from_state(name, tensors, vocabulary, options.C))
     vocab = WordVocab(vocabulary)
-    module = _neural(name, len(spec.labels), len(vocab), options)
+    module = _neural(name, len(spec.labels), len(vocab), options, load_features(meta, Path(path) / TASK_FILE))
     module.load_state_dict(tensors)
     return Baseline(name, spec, options, module=module, vocab=vocab)
 
@@ -214,22 +248,22 @@ class BaselineTrainer(Trainer):
         return save_baseline(self.baseline, self.out / MODEL_DIR)
 
 
-def _collate(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-    return {"input_ids": pad_batch([e["input_ids"] for e in examples], 0)[0],
-            "labels": torch.tensor([e["gold"] for e in examples], dtype=torch.long)}
-
-
 # ------------------------------------------------------------------------------------------- train, score
 def train_baseline(name: str, spec: TaskSpec, train, eval=None, *, out: str | Path, config: TrainConfig | None = None,
-                   options: BaselineOptions | None = None, epochs: float | None = None, log=None) -> dict[str, Any]:
+                   options: BaselineOptions | None = None, epochs: float | None = None, log=None,
+                   features: dict[str, str] | None = None) -> dict[str, Any]:
     """Train baseline ``name`` on ``train`` (a file, ``NAME:SPLIT`` or a Table), score it on ``eval``, write ``out``.
 
     ``config``: the Trainer's settings for the neural baselines (steps, batch size, lr, seed); the linear ones
     read only its ``seed``. ``epochs``: set the neural baselines' ``max_steps`` to this many passes over ``train``. Returns ``{"model_dir", "eval", "counts"}`` (also written to ``OUT/baseline.json``).
+    ``features``: ``{"elmo": BILM_DIR}`` feeds a frozen biLM's scalar-mixed layers into ``bilstm`` and
+    ``bilstm-tagger`` beside their word embeddings (:mod:`lmforge.evaluation.elmo_features`).
     """
     if name not in BASELINES:
         raise UserInputError(f"unknown baseline {name!r}; choose one of {', '.join(BASELINES)}")
     check_spec(spec, name)
+    check_baseline(features, name)
+    elmo = ElmoFeatures.from_folder(features["elmo"]) if features and "elmo" in features else None
     if name in TASK_BASELINES:
         from lmforge.evaluation import task_baselines
 
@@ -237,7 +271,7 @@ def train_baseline(name: str, spec: TaskSpec, train, eval=None, *, out: str | Pa
             raise UserInputError(f"{out} already holds a trained model ({Path(out) / MODEL_DIR}); choose another --out")
         check_fresh_run(Path(out), False)
         return task_baselines.train(name, spec, _table(train), _table(eval) if eval is not None else None, out=out,
-                                    config=config, options=options, epochs=epochs, log=log)
+                                    config=config, options=options, epochs=epochs, log=log, elmo=elmo)
     config = config or TrainConfig(**{**NEURAL_DEFAULTS, "progress": False, "tensorboard": False})
     options = options or BaselineOptions()
     out = Path(out)
@@ -260,23 +294,26 @@ def train_baseline(name: str, spec: TaskSpec, train, eval=None, *, out: str | Pa
     else:
         torch.manual_seed(config.seed)
         vocab = WordVocab.build(texts, options.min_count)
-        module = _neural(name, len(spec.labels), len(vocab), options)
+        module = _neural(name, len(spec.labels), len(vocab), options, elmo)
         with torch.no_grad():
             module.embed.weight.copy_(vocab.vectors(options.vectors, options.embed_dim, texts, config.seed))
         baseline = Baseline(name, spec, options, module=module, vocab=vocab)
-        examples = [{"input_ids": ids, "gold": g} for ids, g in zip(baseline.encode(texts), gold)]
+        examples = [{**x, "gold": g} for x, g in zip(baseline.inputs(texts), gold)]
         eval_examples = None if eval_table is None else [
-            {"input_ids": i, "gold": g} for i, g in zip(baseline.encode(eval_texts), eval_gold)]
+            {**x, "gold": g} for x, g in zip(baseline.inputs(eval_texts), eval_gold)]
         config = planned(config, epochs, len(examples), None if eval_examples is None else len(eval_examples))
         eval_batches = None if eval_examples is None else ExampleBatches(eval_examples, config.batch_size,
                                                                          shuffle=False)
         if log:
             log(f"{name}: {len(vocab)} words, {sum(p.numel() for p in module.parameters()) / 1e6:.2f}M parameters "
-                f"| {len(examples)} train examples | {config.max_steps} steps x {config.batch_size} | lr {config.lr:g}")
-        BaselineTrainer(baseline, _collate, ExampleBatches(examples, config.batch_size, seed=config.seed), config,
-                        out=out, eval_data=eval_batches).fit()
+                f"| {len(examples)} train examples | {config.max_steps} steps x {config.batch_size} | lr {config.lr:g}"
+                + (f" | ELMo from {elmo.source['path']} (frozen; {elmo.dim} wide)" if elmo is not None else ""))
+        BaselineTrainer(baseline, baseline.collate, ExampleBatches(examples, config.batch_size, seed=config.seed),
+                        config, out=out, eval_data=eval_batches).fit()
     result = {"baseline": name, "options": asdict(options), "seed": config.seed, "model_dir": str(out / MODEL_DIR),
               "train": train_table.path, "eval": None, "counts": {"train": len(train_table)}}
+    if elmo is not None:
+        result[FEATURES_KEY] = {"elmo": elmo.source["path"]}
     if eval_table is not None:
         result["eval"] = evaluate(out / MODEL_DIR, eval_table)
         result["eval_data"] = eval_table.path

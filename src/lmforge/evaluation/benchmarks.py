@@ -15,6 +15,29 @@ leaderboards'::
     glue/ax         MCC (diagnostic, an MNLI model)      squad/v2.0      EM, F1, HasAns/NoAns, best threshold
     swag/swag       accuracy
 
+    task              metrics                            task              metrics
+    superglue/record  F1, EM (max over the answers)      race/race         accuracy (dev, test)
+    snli/snli         accuracy (dev, test)               sst/sst5          accuracy (dev, test; root labels 0-4)
+    scitail/scitail   accuracy (dev, test)               imdb/imdb         accuracy (dev carved, test)
+    trec/trec6        accuracy (dev carved, test)
+
+ReCoRD is extractive QA here (the answer is a span of the passage), scored as SuperGLUE's ReCoRD script does:
+SQuAD's normalisation, each query's best EM and F1 over its answers. SNLI (Bowman et al. 2015), SciTail (Khot
+et al. 2018), RACE (Lai et al. 2017), SST-5 (Socher et al. 2013), IMDb (Maas et al. 2011) and TREC-6 (Li and
+Roth 2002) report their labelled test splits beside dev (``accuracy_dev``, ``accuracy_test``); IMDb and TREC
+select checkpoints on a dev carved from their training split (:mod:`lmforge.datasets.benchmark_readers`).
+
+    task                  metrics                                      scored on
+    conll2003             entity F1, precision, recall (seqeval)       dev (eng.testa), test (eng.testb)
+    sts/sts12 ... sts16   Spearman of embedding cosines, no training   each year's subsets together
+    sts/stsb, sts/sickr   Spearman of embedding cosines, no training   test
+    cnn_dm, xsum          ROUGE-1/2/L/Lsum (rouge-score, stemmed)      validation, test
+    wmt14/en-de           BLEU, chrF (sacrebleu)                       newstest2013 (dev), newstest2014 (test)
+
+CoNLL-2003's IOB1 tags are read as IOB2 (:mod:`lmforge.datasets.conll2003`). The STS sets are Sentence-BERT's
+Table 1, scored by :mod:`lmforge.evaluation.sts_benchmark` from any encoder; summaries are scored by
+:mod:`lmforge.evaluation.summarization` (ROUGE-Lsum over newline-split sentences, as BART and PEGASUS report).
+
 The shipped tasks (``rt-sentiment``, ``bible-next-verse`` ...) are listed beside them.
 
 Example:
@@ -37,7 +60,9 @@ from typing import Any, Sequence
 
 from lmforge import datasets
 from lmforge.datasets import benchmarks as layouts
-from lmforge.evaluation import baselines
+from lmforge.datasets import sts_files
+from lmforge.datasets.benchmark_readers import TREC_COARSE
+from lmforge.evaluation import baselines, summarization
 from lmforge.errors import UserInputError
 from lmforge.tasks import inference, metrics
 from lmforge.tasks.data import benchmark_table, read_table
@@ -80,6 +105,9 @@ def _pair(name, description, a, b, label, labels, metric=("accuracy",), **kw):
 
 
 NLI3 = ("contradiction", "entailment", "neutral")
+CONLL_TAGS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
+STS_COLUMNS = {"text": "sentence1", "text_pair": "sentence2", "label": "score"}
+ROUGE = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 TASKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("glue/cola", "CoLA: is the sentence grammatical? (Warstadt et al.)", "classify",
               {"text": "sentence", "label": "label"}, ("0", "1"), ("mcc",)),
@@ -120,6 +148,38 @@ TASKS: dict[str, Benchmark] = {b.name: b for b in (
               ("exact_match", "f1", "HasAns_f1", "NoAns_f1", "best_f1", "best_f1_thresh")),
     Benchmark("swag/swag", "SWAG: the most plausible continuation of a video caption", "multiple-choice",
               {"text": "context", "target": "choice", "label": "label"}, evals=("val",)),
+    # ReCoRD, SNLI, SciTail, RACE, SST-5, IMDb, TREC-6 (layouts: datasets/benchmark_readers.py)
+    Benchmark("superglue/record", "ReCoRD: the entity that fills the query's @placeholder (a passage span)", "qa",
+              {"text": "question", "text_pair": "context", "target": "answers"}, (), ("f1", "exact_match"),
+              evals=("val",)),
+    _pair("snli/snli", "SNLI: entailment of image-caption pairs", "sentence1", "sentence2", "gold_label", NLI3,
+          evals=("dev", "test")),
+    _pair("scitail/scitail", "SciTail: does the web sentence entail the science fact?", "premise", "hypothesis",
+          "label", ("entails", "neutral"), evals=("dev", "test")),
+    Benchmark("race/race", "RACE: English-exam reading comprehension, 4 options", "multiple-choice",
+              {"text": "context", "target": "choice", "label": "label"}, evals=("dev", "test")),
+    Benchmark("sst/sst5", "SST-5: fine-grained sentence sentiment, 0-4 (SST's trees)", "classify",
+              {"text": "sentence", "label": "label"}, ("0", "1", "2", "3", "4"), evals=("dev", "test")),
+    Benchmark("imdb/imdb", "IMDb: movie-review sentiment (dev: 10% of train)", "classify",
+              {"text": "text", "label": "label"}, ("neg", "pos"), evals=("dev", "test")),
+    Benchmark("trec/trec6", "TREC-6: question type, 6 coarse classes (dev: 10% of train)", "classify",
+              {"text": "text", "label": "label"}, TREC_COARSE, evals=("dev", "test")),
+    # CoNLL-2003, STS (SBERT's Table 1), CNN/DM, XSum, WMT14 (layouts: datasets/conll2003.py, sts_files.py ...)
+    Benchmark("conll2003", "CoNLL-2003 English NER: PER, ORG, LOC, MISC (IOB1 read as IOB2)", "tag",
+              {"text": "tokens", "label": "tags"}, CONLL_TAGS, ("f1", "precision", "recall"), evals=("dev", "test")),
+    *(Benchmark(f"sts/{year}", f"STS{year[-2:]} (SemEval): similarity 0-5, embedding cosine, no training",
+                "embedding", STS_COLUMNS, (), ("spearman",), train="", evals=tuple(sts_files.YEARS[year]))
+      for year in sts_files.YEARS),
+    Benchmark("sts/stsb", "STS benchmark: similarity 0-5, embedding cosine, no training", "embedding",
+              STS_COLUMNS, (), ("spearman",), train="", evals=("test",)),
+    Benchmark("sts/sickr", "SICK-R: relatedness 1-5, embedding cosine, no training", "embedding", STS_COLUMNS, (),
+              ("spearman",), train="", evals=("test",)),
+    Benchmark("cnn_dm", "CNN/DailyMail news summarization (highlights)", "seq2seq",
+              {"text": "article", "target": "highlights"}, (), ROUGE, evals=("validation", "test")),
+    Benchmark("xsum", "XSum: one-sentence BBC summaries", "seq2seq", {"text": "document", "target": "summary"}, (),
+              ROUGE, evals=("validation", "test")),
+    Benchmark("wmt14/en-de", "WMT14 English -> German news translation", "seq2seq", {"text": "en", "target": "de"},
+              (), ("bleu", "chrf"), evals=("dev", "test")),
     # shipped with lmforge
     Benchmark("rt-sentiment", "Rotten Tomatoes sentence sentiment (shipped)", "classify",
               {"text": "text", "label": "label"}, ("0", "1")),
@@ -155,7 +215,7 @@ def get(name: str) -> Benchmark:
 
 
 # The metric a named task selects its best checkpoint by, where the task type computes the leaderboard's.
-_SELECT = {"mcc", "pearson", "spearman", "f1", "accuracy", "exact_match", "best_f1"}
+_SELECT = {"mcc", "pearson", "spearman", "f1", "accuracy", "exact_match", "best_f1", "rouge1"}
 
 
 def resolve_task(given: dict):
@@ -166,6 +226,9 @@ def resolve_task(given: dict):
     if name is None or name in (*TASK_TYPES, "instruct", "embedding"):
         return None
     bench = get(name)  # an unknown name: the list, with the closest match
+    if bench.task == "embedding":  # SBERT's STS sets: scored from an encoder as it is
+        raise UserInputError(f"--task {name}: is scored without training; run `lmforge evaluate --task {name} "
+                             "--model ENCODER --data-dir DIR`")
     if given.get("data_dir") is not None and name in layouts.LAYOUTS:
         os.environ[layouts.SUITES[layouts.LAYOUTS[name].suite][0]] = str(given["data_dir"])
     given["task"] = bench.task
@@ -215,6 +278,9 @@ def evaluate(model_dir, name: str, data_dir=None, batch_size: int = 32, device: 
     (MNLI: ``accuracy_matched``, ``accuracy_mismatched``).
     """
     bench = get(name)
+    if bench.task == "embedding":
+        raise UserInputError(f"{name}: is scored from an encoder, with no task folder: run `lmforge evaluate --task "
+                             f"{name} --model ENCODER --data-dir DIR`")
     if not bench.evals:
         raise UserInputError(f"{name} has no labelled evaluation split (it is scored on its test set by the "
                              "leaderboard); predict it with `lmforge predict`")
@@ -236,8 +302,15 @@ def score_table(model_dir, name: str, data, batch_size: int = 32, device: str = 
     """
     bench = get(name)
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if bench.task == "seq2seq" and "rougeLsum" in bench.metrics:  # summaries: ROUGE as the papers report it
+        preds = (baselines.predict(model_dir, data) if baselines.is_baseline(model_dir) else
+                 inference.predict(model_dir, data, overrides=overrides, batch_size=batch_size, device=device))
+        column = overrides.get("target_column") or bench.columns["target"]
+        data.require(column)
+        return score(name, [row.get(column) for row in data.rows], [p["prediction"] for p in preds])
     if bench.task in ("qa", "seq2seq", "tag"):  # the task's own scoring is the leaderboard's
-        scores = inference.evaluate(model_dir, data, overrides=overrides, batch_size=batch_size, device=device)
+        scores = (baselines.evaluate(model_dir, data) if baselines.is_baseline(model_dir) else  # crf, lead-3 ...
+                  inference.evaluate(model_dir, data, overrides=overrides, batch_size=batch_size, device=device))
         return {m: scores[m] for m in bench.metrics if m in scores}
     column = overrides.get("label_column") or bench.columns["label"]
     data.require(column)  # the gold labels (a test split's rows have none)
@@ -253,6 +326,14 @@ def score(name: str, gold: Sequence, pred: Sequence, groups: Sequence | None = N
     ``groups`` (MultiRC): the question of each answer, for EM (a question counts when all its answers are right).
     """
     bench = get(name)
+    if bench.task == "tag":  # tag sequences (CoNLL-2003): seqeval's entity-level scores
+        words = [[list(t.split()) if isinstance(t, str) else list(t) for t in side] for side in (gold, pred)]
+        return {m: v for m, v in metrics.entity_f1(*words).items() if m in bench.metrics}
+    if bench.task == "seq2seq":  # reference and generated texts: ROUGE for summaries, else BLEU and chrF
+        refs, hyps = [str(g) for g in gold], [str(p) for p in pred]
+        if "rougeLsum" in bench.metrics:
+            return summarization.rouge(hyps, refs)
+        return {m: {"bleu": metrics.bleu, "chrf": metrics.chrf}[m](hyps, refs) for m in bench.metrics}
     gold, pred = [str(g) for g in gold], [str(p) for p in pred]
     out: dict[str, float] = {}
     for metric in bench.metrics:

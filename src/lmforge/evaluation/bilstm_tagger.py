@@ -13,9 +13,10 @@ classifier reads every position instead of a max-pooled vector. Words are lower-
 Example:
     >>> import torch
     >>> model = BiLSTMTagger(vocab_size=20, n_labels=3, embed_dim=8, hidden=6)
-    >>> out = model(torch.tensor([[4, 5, 6], [7, 8, 0]]), labels=torch.tensor([[0, 2, 1], [1, 1, -100]]))
-    >>> out.logits.shape, out.n_targets
-    (torch.Size([2, 3, 3]), 5)
+    >>> ids = torch.tensor([[4, 5, 6], [7, 8, 0]])
+    >>> out = model(ids, labels=torch.tensor([[0, 2, 1], [1, 1, -100]]))
+    >>> model(ids).logits.shape, out.logits.shape, out.n_targets   # with labels: the labelled words' rows
+    (torch.Size([2, 3, 3]), torch.Size([5, 3]), 5)
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ IGNORE = -100  # the label of padding positions
 class BiLSTMTagger(BiLSTMClassifier):
     """Args as :class:`BiLSTMClassifier`; ``n_labels`` is the number of tags."""
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, **_) -> TaskOutput:
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                features: torch.Tensor | None = None, **_) -> TaskOutput:
         mask = input_ids != 0  # (B, T)
         lengths = mask.sum(1).clamp(min=1)
-        x = self.dropout(self.embed(input_ids))  # (B, T, E)
+        x = self.embed_words(input_ids, features)  # (B, T, E [+ F])
         packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
         h, _ = pad_packed_sequence(self.lstm(packed)[0], batch_first=True, total_length=input_ids.shape[1])
         logits = self.classifier(self.dropout(h))  # (B, T, C)
@@ -44,4 +46,6 @@ class BiLSTMTagger(BiLSTMClassifier):
             return TaskOutput(logits)
         n = int((labels != IGNORE).sum())
         loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
-        return TaskOutput(logits, loss, n)
+        # with labels, the labelled words' logits (n, C) in the order of labels[labels != -100]: the rows the
+        # Trainer's evaluation scores against those labels
+        return TaskOutput(logits[labels != IGNORE], loss, n)

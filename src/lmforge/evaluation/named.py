@@ -159,6 +159,22 @@ def predict(model_dir: str | Path, name: str, output: str | Path, *, data=None, 
     return inference.predict(model_dir, table, output, overrides=overrides, batch_size=batch_size, device=device)
 
 
+def scores_baseline(bench: benchmarks.Benchmark | None) -> bool:
+    """Whether ``finetune --baseline`` on ``bench`` is scored by :func:`score_baseline_run` rather than by the
+    baseline's own task scores: a summarization task by name (cnn_dm, xsum), whose ROUGE-Lsum they lack."""
+    return bench is not None and bench.task == "seq2seq" and "rougeLsum" in bench.metrics
+
+
+def score_baseline_run(result: dict[str, Any], name: str, eval_source: str) -> dict[str, Any]:
+    """Score a baseline run (``finetune --baseline``'s result) on ``eval_source`` with task ``name``'s metrics,
+    and record them in its ``baseline.json`` as the baseline's own evaluation would be."""
+    table = read_table(eval_source)
+    result = {**result, "eval": {**benchmarks.score_table(result["model_dir"], name, table), "examples": len(table)},
+              "eval_data": table.path}
+    atomic_write_text(Path(result["model_dir"]).parent / baselines.RUN_FILE, json.dumps(result, indent=2) + "\n")
+    return result
+
+
 def distill_sources(name: str, data_dir: str | Path | None) -> tuple[str, str | None]:
     """``(train, eval)`` sources of task ``name`` for task distillation (a classification task)."""
     bench = benchmarks.get(name)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ from lmforge.evaluation.baseline_common import (
     texts_of,
 )
 from lmforge.evaluation.bilstm_tagger import IGNORE, BiLSTMTagger
+from lmforge.evaluation.elmo_features import FEATURES_KEY, ElmoFeatures, WithFeatures, load_features
 from lmforge.evaluation.word_vocab import PAD, UNK, WordVocab
 from lmforge.tasks import metrics
 from lmforge.tasks.base import pad_batch, text_of
@@ -146,9 +148,10 @@ def _seq_rows(table: Table, spec: TaskSpec, labelled: bool):
 
 
 # ------------------------------------------------------------------------------------------- the folder
-def _save(path: Path, name: str, spec: TaskSpec, options, tensors: dict, vocabulary, files: dict | None = None):
+def _save(path: Path, name: str, spec: TaskSpec, options, tensors: dict, vocabulary, files: dict | None = None,
+          extra: dict | None = None):
     meta = {"format": FORMAT, "version": 1, "spec": spec.to_dict(),
-            "baseline": {"name": name, "options": asdict(options)}}
+            "baseline": {"name": name, "options": asdict(options)}, **(extra or {})}
     with atomic_dir(path) as tmp:
         save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
         (tmp / VOCAB_FILE).write_text(json.dumps(vocabulary, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -172,7 +175,8 @@ class Loaded:
             self.model = crf_tagger.load(self.path)
         elif self.name == "bilstm-tagger":
             self.vocab = WordVocab(vocabulary)
-            self.model = _tagger_module(len(self.vocab), len(self.spec.labels), self.options)
+            self.elmo = load_features(meta, self.path / TASK_FILE)
+            self.model = _tagger_module(len(self.vocab), len(self.spec.labels), self.options, self.elmo)
             self.model.load_state_dict(tensors)
             self.model.eval()
         elif self.name == "tfidf-ridge":
@@ -210,8 +214,8 @@ class Loaded:
         out = []
         for start in range(0, len(sentences), batch_size):
             chunk = sentences[start:start + batch_size]
-            ids = pad_batch([_tag_ids(self.vocab, s) for s in chunk], 0)[0]
-            best = self.model(ids).logits.argmax(-1)  # (B, T)
+            batch = _collate_tags([_tag_example(self.vocab, s, self.elmo) for s in chunk], self.elmo)
+            best = self.model(**batch).logits.argmax(-1)  # (B, T)
             out += [[self.spec.labels[int(k)] for k in best[b, :len(s)]] for b, s in enumerate(chunk)]
         return out
 
@@ -235,13 +239,24 @@ def _tag_ids(vocab: WordVocab, words: list[str]) -> list[int]:
     return [vocab.index.get(w.lower(), 1) for w in words] or [1]
 
 
-def _tagger_module(vocab_size: int, n_tags: int, options) -> BiLSTMTagger:
-    return BiLSTMTagger(vocab_size, n_tags, options.embed_dim, options.hidden, dropout=options.dropout)
+def _tagger_module(vocab_size: int, n_tags: int, options, elmo: ElmoFeatures | None = None):
+    module = BiLSTMTagger(vocab_size, n_tags, options.embed_dim, options.hidden, dropout=options.dropout,
+                          feature_dim=elmo.dim if elmo is not None else 0)
+    return module if elmo is None else WithFeatures(module, elmo)
 
 
-def _collate_tags(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-    return {"input_ids": pad_batch([e["input_ids"] for e in examples], 0)[0],
-            "labels": pad_batch([e["labels"] for e in examples], IGNORE)[0]}
+def _tag_example(vocab: WordVocab, words: list[str], elmo: ElmoFeatures | None) -> dict[str, Any]:
+    """A sentence's inputs: word ids (+ the biLM's pieces of the same words, in their case, with ELMo)."""
+    return {"input_ids": _tag_ids(vocab, words), **(elmo.pieces(words) if elmo is not None else {})}
+
+
+def _collate_tags(examples: list[dict[str, Any]], elmo: ElmoFeatures | None = None) -> dict[str, torch.Tensor]:
+    batch = {"input_ids": pad_batch([e["input_ids"] for e in examples], 0)[0]}
+    if "labels" in examples[0]:
+        batch["labels"] = pad_batch([e["labels"] for e in examples], IGNORE)[0]
+    if elmo is not None:
+        batch.update(elmo.collate(examples))
+    return batch
 
 
 # ------------------------------------------------------------------------------------------- train, score
@@ -266,19 +281,24 @@ class TaggerTrainer(Trainer):
     def __init__(self, module, name: str, spec: TaskSpec, options, vocab: WordVocab, *args, **kwargs) -> None:
         super().__init__(module, *args, **kwargs)
         self.tagger, self.name, self.spec, self.options, self.vocab = module, name, spec, options, vocab
+        # the biLM's folder and digests (its weights stay there), for a task folder that reads ELMo features
+        self.extra = {FEATURES_KEY: {"elmo": module.elmo.record()}} if isinstance(module, WithFeatures) else None
 
     def checkpoint_module(self):
         return Checkpointed(self.tagger, self.name, self.options, self.spec.labels)
 
     def save_model(self) -> Path:
         state = {k: v.detach().contiguous().cpu() for k, v in self.tagger.state_dict().items()}
-        return _save(self.out / MODEL_DIR, self.name, self.spec, self.options, state, self.vocab.words)
+        return _save(self.out / MODEL_DIR, self.name, self.spec, self.options, state, self.vocab.words,
+                     extra=self.extra)
 
 
 def train(name: str, spec: TaskSpec, train_table: Table, eval_table: Table | None, *, out: str | Path,
-          config=None, options=None, epochs: float | None = None, log=None) -> dict[str, Any]:
+          config=None, options=None, epochs: float | None = None, log=None,
+          elmo: ElmoFeatures | None = None) -> dict[str, Any]:
     """Train (or, for qa-window and lead-3, only set up) baseline ``name``; write ``out`` as
-    :func:`lmforge.evaluation.baselines.train_baseline` does."""
+    :func:`lmforge.evaluation.baselines.train_baseline` does. ``elmo``: frozen biLM features for
+    ``bilstm-tagger`` (:mod:`lmforge.evaluation.elmo_features`)."""
     check_fits(name, spec)
     config = config or TrainConfig(**{**NEURAL_DEFAULTS, "progress": False, "tensorboard": False})
     options = options or BaselineOptions()
@@ -298,7 +318,7 @@ def train(name: str, spec: TaskSpec, train_table: Table, eval_table: Table | Non
         counts = Counter(w.lower() for row in words for w in row)
         kept = sorted((w for w, c in counts.items() if c >= options.min_count), key=lambda w: (-counts[w], w))
         vocab = WordVocab([PAD, UNK, *kept])
-        module = _tagger_module(len(vocab), len(spec.labels), options)
+        module = _tagger_module(len(vocab), len(spec.labels), options, elmo)
         with torch.no_grad():
             module.embed.weight.copy_(vocab.vectors(options.vectors, options.embed_dim, [" ".join(r) for r in words],
                                                     config.seed))
@@ -306,7 +326,7 @@ def train(name: str, spec: TaskSpec, train_table: Table, eval_table: Table | Non
 
         def examples(ws, ts):
             # A tag the training data lacks cannot be predicted; it is scored as wrong, not trained on.
-            return [{"input_ids": _tag_ids(vocab, w), "labels": [index.get(t, IGNORE) for t in tg]}
+            return [{**_tag_example(vocab, w, elmo), "labels": [index.get(t, IGNORE) for t in tg]}
                     for w, tg in zip(ws, ts)]
 
         train_examples = examples(words, tags)
@@ -317,8 +337,8 @@ def train(name: str, spec: TaskSpec, train_table: Table, eval_table: Table | Non
         if log:
             log(f"{name}: {len(vocab)} words, {sum(p.numel() for p in module.parameters()) / 1e6:.2f}M parameters "
                 f"| {len(train_examples)} train sentences | {config.max_steps} steps x {config.batch_size} "
-                f"| lr {config.lr:g}")
-        TaggerTrainer(module, name, spec, options, vocab, _collate_tags,
+                f"| lr {config.lr:g}" + (f" | ELMo from {elmo.source['path']} (frozen)" if elmo is not None else ""))
+        TaggerTrainer(module, name, spec, options, vocab, partial(_collate_tags, elmo=elmo),
                       ExampleBatches(train_examples, config.batch_size, seed=config.seed), config, out=out,
                       eval_data=eval_batches).fit()
     elif name == "tfidf-ridge":
@@ -333,6 +353,8 @@ def train(name: str, spec: TaskSpec, train_table: Table, eval_table: Table | Non
         _save(model_dir, name, spec, options, {}, [])
     result = {"baseline": name, "options": asdict(options), "seed": config.seed, "model_dir": str(model_dir),
               "train": train_table.path, "eval": None, "counts": {"train": len(train_table)}}
+    if elmo is not None:
+        result[FEATURES_KEY] = {"elmo": elmo.source["path"]}
     if eval_table is not None:
         result["eval"] = evaluate(model_dir, eval_table)
         result["eval_data"] = eval_table.path

@@ -176,6 +176,12 @@ def check_supported(model) -> None:
             f"compile=True supports position schemes {', '.join(SUPPORTED_POSITIONS)}; {mc.name!r} uses "
             f"{mc.position!r}, whose bias needs the query's position in the cache (use compile=False)"
         )
+    if mc.attention in ("lightconv", "dynamicconv") or mc.block == "evolved":
+        raise UserInputError(f"compile=True does not support convolution layers ({mc.name!r} has attention="
+                             f"{mc.attention!r}, block={mc.block!r}: they cache their inputs); use compile=False")
+    if mc.attention.startswith("synthesizer-"):  # C2: its logits are rows of a position-indexed table
+        raise UserInputError(f"compile=True does not support synthesizer attention ({mc.name!r} has attention="
+                             f"{mc.attention!r}: its weights need each query's position); use compile=False")
 
 
 def capacity_for(length: int) -> int:

@@ -60,7 +60,8 @@ def _decode_weights(model) -> list[torch.Tensor]:
     p = next(model.parameters())
     if p.device.type != "cpu" or p.dtype != torch.float32 or model.lm_head is None or gemv.available():
         return []
-    head = model.lm_head.weight if model.lm_head.weight is not None else model.output_embedding
+    own = getattr(model.lm_head, "weight", False)  # False: an output layer of several matrices (adaptive softmax)
+    head = own if own is not None else model.output_embedding
     weights = [m.weight for m in model.modules() if type(m) is nn.Linear]
     if isinstance(head, torch.Tensor):  # a quantised table multiplies with its own kernels
         weights.append(head)

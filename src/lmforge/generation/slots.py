@@ -78,6 +78,9 @@ def check_slot_model(model) -> None:
     if mc.position not in SUPPORTED_POSITIONS:
         raise UserInputError(f"model {mc.name!r} uses {mc.position!r} positions; continuous batching supports "
                              f"{', '.join(SUPPORTED_POSITIONS)} (a relative bias needs each row's offset)")
+    if mc.attention in ("lightconv", "dynamicconv") or mc.block == "evolved":
+        raise UserInputError(f"model {mc.name!r} has convolution layers (attention={mc.attention!r}, block="
+                             f"{mc.block!r}); continuous batching keeps attention keys and values only")
 
 
 class SlotBatch:

@@ -469,8 +469,14 @@ def _relevant_fields(cfg: ModelConfig) -> list[str]:
         skip |= {"share_embeddings", "n_decoder_layers"}
     if cfg.attention != "linformer":
         skip |= {"linformer_k", "linformer_sharing"}
+    if cfg.attention not in ("lightconv", "dynamicconv"):  # attention and block themselves stay: no family has them
+        skip.add("conv_kernel")
     if not cfg.moe_experts:
         skip |= set(MOE_FIELDS)
+    if not cfg.pkm_layers:  # product-key memory's shape, which nothing reads without a memory layer
+        skip |= {"pkm_keys", "pkm_topk", "pkm_heads", "pkm_key_dim"}
+    if not (cfg.adaptive_input_cutoffs or cfg.adaptive_softmax_cutoffs):
+        skip.add("adaptive_factor")
     return [k for k in cfg.to_dict() if k not in skip]
 
 

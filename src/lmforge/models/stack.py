@@ -33,6 +33,7 @@ from lmforge.config import ModelConfig
 from lmforge.nn.attention import AttentionContext
 from lmforge.nn.block import Block
 from lmforge.nn.embeddings import StackEmbeddings
+from lmforge.nn.evolved import evolved_block
 from lmforge.nn.kv_cache import KVCache
 from lmforge.nn.masks import build_mask
 from lmforge.nn.moe import MoEFeedForward
@@ -42,6 +43,7 @@ from lmforge.nn.positions.deberta import RelativeEmbeddings
 from lmforge.nn.positions.rope import RotaryEmbedding
 from lmforge.nn.positions.sinusoidal import sinusoidal_table
 from lmforge.nn.positions.t5_bias import T5RelativeBias
+from lmforge.nn.transparent_attention import TransparentMix
 from lmforge.nn.unpadding import Unpadded
 
 
@@ -67,7 +69,9 @@ class TransformerStack(nn.Module):
             else None
         )
         shared = cfg.layers_shared("decoder" if causal else "encoder")
-        self.layers = nn.ModuleList(Block(cfg, cross, moe=cfg.moe_layer(i)) for i in range(1 if shared else n_layers))
+        layer = evolved_block if cfg.block == "evolved" else Block  # So et al. 2019's searched layers (C1)
+        self.layers = nn.ModuleList(layer(cfg, cross, moe=cfg.moe_layer(i), pkm=cfg.pkm_layer(i), causal=causal)
+                                    for i in range(1 if shared else n_layers))
         # Expert capacity counts every token the router sees, padding included: packing would change it.
         self.padding_free = not any(isinstance(block.ffn, MoEFeedForward) for block in self.layers)
         if cfg.attn_scale_by_layer:  # GPT-2's scale_attn_by_inverse_layer_idx: layer i's logits / (i + 1)
@@ -77,6 +81,8 @@ class TransformerStack(nn.Module):
             "step_signal", torch.empty(n_layers, cfg.d_model) if cfg.step_embeddings else None, persistent=False
         )
         self.reset_buffers()
+        # Transparent attention (Bapna et al. 2018): each decoder layer's own mix of the encoder's N + 1 states.
+        self.transparent = TransparentMix(cfg.n_layers + 1, n_layers) if cross and cfg.transparent_attention else None
         self.final_norm = build_norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.bias) if cfg.final_norm else None
 
     def reset_buffers(self) -> None:
@@ -111,7 +117,8 @@ class TransformerStack(nn.Module):
             attention_mask: (B, T) or (B, S) with 1 for real tokens, or a complete (B, T, S) bool mask.
             token_type_ids: (B, T) segment ids, for models with segment embeddings.
             position_ids: (B, T) absolute positions; default: cached length + 0..T-1.
-            memory: (B, S_src, D) encoder output, for cross-attention.
+            memory: (B, S_src, D) encoder output, for cross-attention; (B, S_src, N + 1, D), every encoder
+                state, with ``transparent_attention`` (:mod:`lmforge.nn.transparent_attention`).
             memory_mask: (B, S_src) with 1 for real source tokens.
             cache: KV cache to read and extend (incremental decoding).
             output_hidden_states: also return the input of every layer and the final output.
@@ -179,7 +186,10 @@ class TransformerStack(nn.Module):
             layer = self.layers[0 if len(self.layers) == 1 else i]
             if self.step_signal is not None:
                 x = x + self.step_signal[i].to(x.dtype)
-            x = layer(x, ctx, memory, layer=i) if run is None else run(layer, x, ctx, i)
+            layer_memory = memory
+            if self.transparent is not None and not (cache is not None and i in cache.cross):  # else K, V cached
+                layer_memory = self.transparent(memory, i)  # (B, S, N + 1, D) -> (B, S, D)
+            x = layer(x, ctx, layer_memory, layer=i) if run is None else run(layer, x, ctx, i)
             if hidden is not None:
                 hidden.append(ctx.padded(x))
         if self.final_norm is not None:

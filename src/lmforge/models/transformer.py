@@ -27,6 +27,8 @@ Forward contract (tasks, PEFT, generation and the Trainer rely on it)::
                             return_attentions); encoder-decoders add out.encoder_attentions and
                             out.cross_attentions. Asking for them writes the softmax out instead of SDPA's
                             fused kernel; without them the forward is unchanged.
+                            ``output_attentions="scores"``: the scores before the softmax instead
+                            (Q K^T * scale + bias, masked entries at the mask's value; TinyBERT's targets)
 
 Next sentence prediction (BERT). With ``next_sentence_label`` (B,) (0 = IsNext, 1 = NotNext, -100 = none)
 the loss is HF ``BertForPreTraining``'s: ``out.loss = MLM mean CE + NSP mean CE`` (NSP alone without
@@ -63,16 +65,28 @@ from torch import nn
 from lmforge import generation, model_folder
 from lmforge.config import ModelConfig
 from lmforge.models.heads import LMHead, MLMHead, NSPHead, Pooler, RTDHead
+from lmforge.models.funnel import FunnelStack
 from lmforge.models.stack import TransformerStack
+from lmforge.nn.adaptive_input import AdaptiveInput
+from lmforge.nn.adaptive_softmax import AdaptiveSoftmax
 from lmforge.nn.compile_disable import compile_disable
 from lmforge.nn.init import embedding, normal_
+from lmforge.nn.attention import ScoreRecord
 from lmforge.nn.block import Block
+from lmforge.nn.fixup import fixup_init, residual_branches
 from lmforge.nn.kv_cache import KVCache
 from lmforge.nn.labels import IGNORE_INDEX, shift_right
+from lmforge.nn.evolved import SeparableConv
+from lmforge.nn.lightconv import LightweightConv
 from lmforge.nn.linformer import LinformerProjection
 from lmforge.nn.loss import cross_entropy
+from lmforge.nn.mixture_of_softmaxes import MixtureOfSoftmaxes
 from lmforge.nn.moe import Experts, clear_router_losses, moe_layers, moe_stats, router_loss
+from lmforge.nn.product_key_memory import ProductKeyMemory
 from lmforge.nn.row_buckets import with_spare_rows
+from lmforge.nn.synthesizer import SynthesizerAttention
+from lmforge.nn.weighted import WeightedBranches
+from lmforge.nn.transparent_attention import stack_states
 from lmforge.nn.weight_only import WeightOnlyEmbedding
 from lmforge.errors import UserInputError
 
@@ -122,21 +136,23 @@ class Transformer(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         cfg = self.config = config.validate()
-        self.embed_tokens = embedding(cfg.vocab_size, cfg.embed_dim)
+        self.embed_tokens = token_table(cfg)
         self.encoder = self.decoder = None
         self.decoder_embed_tokens = None
         if cfg.arch in ("encoder", "encoder-decoder"):
-            self.encoder = TransformerStack(cfg, cfg.n_layers, causal=False)
+            self.encoder = FunnelStack(cfg) if cfg.funnel_blocks else TransformerStack(cfg, cfg.n_layers, causal=False)
         if cfg.arch == "decoder":
             self.decoder = TransformerStack(cfg, cfg.n_layers, causal=True)
         elif cfg.arch == "encoder-decoder":
             self.decoder = TransformerStack(cfg, cfg.decoder_layers, causal=True, cross=True)
             if not cfg.share_embeddings:
-                self.decoder_embed_tokens = embedding(cfg.vocab_size, cfg.embed_dim)
+                self.decoder_embed_tokens = token_table(cfg)
             if cfg.share_encoder_decoder:
                 share_blocks(self.encoder, self.decoder)
         self.lm_head = self.mlm_head = self.rtd_head = self.pooler = None
-        if cfg.head == "lm":
+        if cfg.head == "lm" and (cfg.adaptive_softmax_cutoffs or cfg.mos_experts):
+            self.lm_head = softmax_layer(cfg)  # Narang et al.'s rows: adaptive softmax, mixture of softmaxes
+        elif cfg.head == "lm":
             self.lm_head = LMHead(
                 cfg.d_model, cfg.vocab_size, cfg.embed_dim, cfg.tie_embeddings, cfg.lm_head_bias, cfg.lm_head_scale
             )
@@ -181,10 +197,15 @@ class Transformer(nn.Module):
                     nn.init.ones_(module.weight)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
-            elif isinstance(module, LinformerProjection):
+            elif isinstance(module, (LinformerProjection, ProductKeyMemory, SynthesizerAttention, WeightedBranches)):
+                module.reset_parameters()
+            elif isinstance(module, (LightweightConv, SeparableConv)):  # convolution kernels' own init (C1)
                 module.reset_parameters()
             elif isinstance(module, Block) and module.rezero is not None:
                 nn.init.zeros_(module.rezero)  # ReZero: every layer starts as the identity
+        cfg = self.config
+        if cfg.fixup:  # Fixup rescales the init just drawn (lmforge.nn.fixup)
+            fixup_init(self, residual_branches(cfg.arch, cfg.n_layers, cfg.decoder_layers))
 
     def _embedding_std(self, name: str, t5: bool) -> float:
         """N(0, 1) for T5; with ``scale_embeddings`` the token table of Vaswani et al. (and fairseq): N(0, 1/d),
@@ -228,7 +249,7 @@ class Transformer(nn.Module):
     def output_embedding(self) -> torch.Tensor | WeightOnlyEmbedding:
         """The (V, E) matrix a tied head multiplies by (the table itself once it is quantised)."""
         emb = self.decoder_embed_tokens if self.decoder_embed_tokens is not None else self.embed_tokens
-        return emb if isinstance(emb, WeightOnlyEmbedding) else emb.weight
+        return emb if isinstance(emb, WeightOnlyEmbedding) else getattr(emb, "weight", None)  # None: banded (adaptive)
 
     def _head(self, h: torch.Tensor) -> torch.Tensor:
         if self.mlm_head is not None:
@@ -250,12 +271,17 @@ class Transformer(nn.Module):
         attentions: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
         """Run the encoder stack: (B, S) ids -> (B, S, D) states (and all layers when asked; each layer's attention
-        weights appended to ``attentions`` when given)."""
+        weights appended to ``attentions`` when given). With ``transparent_attention`` the states are all N + 1
+        of them, (B, S, N + 1, D): the memory the decoder reads (:mod:`lmforge.nn.transparent_attention`)."""
         if self.encoder is None:
             raise UserInputError(f"model {self.config.name!r} (arch={self.config.arch}) has no encoder")
         if self.config.moe_experts:
             clear_router_losses(self.encoder)
         tokens = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        if self.config.transparent_attention:
+            _, hidden = self.encoder(tokens, attention_mask, token_type_ids, position_ids,
+                                     output_hidden_states=True, attentions=attentions)
+            return stack_states(hidden), (hidden if output_hidden_states else None)
         return self.encoder(tokens, attention_mask, token_type_ids, position_ids,
                             output_hidden_states=output_hidden_states, attentions=attentions)
 
@@ -277,7 +303,7 @@ class Transformer(nn.Module):
         output_hidden_states: bool = False,
         label_weights: torch.Tensor | None = None,
         next_sentence_label: torch.Tensor | None = None,
-        output_attentions: bool = False,
+        output_attentions: bool | str = False,
         return_attentions: bool = False,
         logits_to_keep: int = 0,
     ) -> ModelOutput:
@@ -295,9 +321,11 @@ class Transformer(nn.Module):
         cache = past_key_values if past_key_values is not None else (KVCache(window=cfg.sliding_window) if use_cache else None)
         maps = output_attentions or return_attentions
         if maps:
-            out.attentions = []
+            record = ScoreRecord if output_attentions == "scores" else list
+            out.attentions = record()
             if cfg.arch == "encoder-decoder":
-                out.encoder_attentions, out.cross_attentions = ([] if encoder_hidden_states is None else None), []
+                out.encoder_attentions = record() if encoder_hidden_states is None else None
+                out.cross_attentions = record()
         if cfg.arch == "encoder":
             h, out.hidden_states = self.encode(
                 input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_hidden_states,
@@ -318,7 +346,7 @@ class Transformer(nn.Module):
                     input_ids, attention_mask, token_type_ids, None, inputs_embeds, output_hidden_states,
                     out.encoder_attentions,
                 )
-            out.encoder_last_hidden_state = memory
+            out.encoder_last_hidden_state = memory[:, :, -1] if memory.dim() == 4 else memory  # transparent: all
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 if labels is None:
                     raise ValueError("an encoder-decoder forward needs decoder_input_ids (or labels to shift)")
@@ -492,9 +520,15 @@ class Transformer(nn.Module):
         cfg = self.config
         d_attn = cfg.n_heads * cfg.dim_per_head
         head = cfg.vocab_size * cfg.embed_dim if cfg.head in ("lm", "mlm") and cfg.tie_embeddings else 0
+        if cfg.mos_experts:  # each of the K softmaxes multiplies the (V, E) output embedding (counted once if untied)
+            head = (cfg.mos_experts - (not cfg.tie_embeddings)) * cfg.vocab_size * cfg.embed_dim
         if cfg.arch != "encoder-decoder":
             n = (self.active_parameters(exclude_embeddings=True) + head - _linformer_weights(self)
+                 - _synthesizer_tables(self)
                  + _repeated_weights(self.encoder or self.decoder, cfg.n_layers))
+            if isinstance(self.encoder, FunnelStack):  # its layers run on pooled lengths: counted layer by layer
+                n -= sum(p.numel() for p in self.encoder.layers.parameters())
+                return int(6 * n * seq_len + self.encoder.train_flops(seq_len))
             return int((6 * n + cfg.n_layers * _attention_flops(cfg, seq_len)) * seq_len)
         S, T = seq_len, target_len or seq_len
         n_enc = (_stack_weights(self.encoder) - _inactive_expert_weights(self.encoder)
@@ -511,6 +545,9 @@ class Transformer(nn.Module):
                  + _inactive_expert_weights(self.encoder) - n_mem + head + reused
                  + _repeated_weights(self.decoder, cfg.decoder_layers))
         enc = 6 * (n_enc + n_mem) * S + 12 * cfg.n_layers * d_attn * S * S
+        if isinstance(self.encoder, FunnelStack):  # its layers run on pooled lengths: counted layer by layer
+            layers = sum(p.numel() for p in self.encoder.layers.parameters())
+            enc = 6 * (n_enc - layers + n_mem) * S + self.encoder.train_flops(S)
         dec = 6 * n_dec * T + 12 * cfg.decoder_layers * d_attn * T * (T + S)  # self- then cross-attention
         return int(enc + dec)
 
@@ -533,6 +570,25 @@ def share_blocks(encoder: TransformerStack, decoder: TransformerStack) -> None:
         dec.attn_norm, dec.attn, dec.ffn_norm, dec.ffn = enc.attn_norm, enc.attn, enc.ffn_norm, enc.ffn
         if enc.rezero is not None:
             dec.rezero = enc.rezero
+        if enc.fixup is not None:  # Fixup's scalars go with the branches they gate
+            dec.fixup["attn"], dec.fixup["ffn"] = enc.fixup["attn"], enc.fixup["ffn"]
+
+
+def token_table(cfg: ModelConfig) -> nn.Module:
+    """The token table: one (V, E) embedding, or Baevski & Auli's banded one (``adaptive_input_cutoffs``)."""
+    if cfg.adaptive_input_cutoffs:
+        return AdaptiveInput(cfg.vocab_size, cfg.d_model, cfg.adaptive_input_cutoffs, cfg.adaptive_factor)
+    return embedding(cfg.vocab_size, cfg.embed_dim)
+
+
+def softmax_layer(cfg: ModelConfig) -> nn.Module:
+    """The LM head that replaces the one softmax: an adaptive softmax, or a mixture of ``mos_experts`` softmaxes.
+    Both return log-probabilities over the vocabulary as their logits."""
+    if cfg.adaptive_softmax_cutoffs:
+        return AdaptiveSoftmax(cfg.d_model, cfg.vocab_size, cfg.adaptive_softmax_cutoffs, cfg.adaptive_factor,
+                               head_bias=cfg.lm_head_bias)
+    return MixtureOfSoftmaxes(cfg.d_model, cfg.vocab_size, cfg.mos_experts, cfg.embed_dim, cfg.tie_embeddings,
+                              bias=cfg.lm_head_bias)
 
 
 def set_label_smoothing(model: nn.Module, eps: float) -> None:
@@ -567,6 +623,12 @@ def _attention_flops(cfg: ModelConfig, seq_len: int) -> int:
     d_attn, d_kv = cfg.n_heads * cfg.dim_per_head, cfg.kv_heads * cfg.dim_per_head
     if cfg.attention == "linformer":
         return 12 * cfg.linformer_k * (d_attn + d_kv)
+    if cfg.attention.startswith("synthesizer-") and cfg.synthesizer_mix == "none":
+        return 6 * d_attn * seq_len  # the weighted sum only: no query-key scores
+    if cfg.attention in ("lightconv", "dynamicconv"):  # a width-k window per channel, no keys: 2 d k forward
+        return 6 * cfg.d_model * cfg.conv_kernel
+    if cfg.block == "evolved" and cfg.arch == "decoder":  # the decoder layer's wide self-attention too (d wide)
+        return 12 * (d_attn + cfg.d_model) * seq_len
     return 12 * d_attn * (seq_len if cfg.sliding_window is None else min(seq_len, cfg.sliding_window))
 
 
@@ -575,12 +637,21 @@ def _linformer_weights(model: nn.Module) -> int:
     return sum(p.numel() for name, p in model.named_parameters() if ".linformer." in name)
 
 
+def _synthesizer_tables(model: nn.Module) -> int:
+    """A random synthesizer's (H, L, L) logits (or its R1, R2): read, never multiplied by a token."""
+    return sum(p.numel() for m in model.modules() if isinstance(m, SynthesizerAttention) and m.kind.endswith("random")
+               for name, p in m.named_parameters(recurse=False) if name.startswith("R"))
+
+
 def _inactive_expert_weights(module: nn.Module) -> int:
-    """Expert weights of ``module``'s MoE layers that a token is not routed to: (E - k) / E of each layer's."""
+    """Expert weights of ``module``'s MoE layers that a token is not routed to: (E - k) / E of each layer's; and
+    the product-key memory slots it does not read (all but heads x top-k of each memory's values)."""
     total = 0
     for layer in moe_layers(module):
         per_expert = sum(p.numel() for p in layer.experts.parameters()) // layer.n_experts
         total += (layer.n_experts - layer.top_k) * per_expert
+    for memory in (m for m in module.modules() if isinstance(m, ProductKeyMemory)):
+        total += memory.values.weight.numel() - memory.heads * memory.topk * memory.values.weight.shape[1]
     return total
 
 

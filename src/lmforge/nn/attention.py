@@ -58,6 +58,7 @@ class AttentionContext:
         cross_mask: bool (B, 1, 1, S_src) for cross-attention, or None.
         attentions, cross_attentions: lists each layer appends its self- / cross-attention weights (B, H, T, S)
             to, when attention maps are asked for; None (the fast path: SDPA never writes the weights out).
+            A :class:`ScoreRecord` asks for the scores before the softmax instead (TinyBERT's targets).
         unpadded: where the real tokens sit when the layers run padding-free (:mod:`lmforge.nn.unpadding`):
             the layer input is then (N, D), and attention lays it out as (B, T, ...) itself; None: (B, T, D).
     """
@@ -77,6 +78,13 @@ class AttentionContext:
     def padded(self, x: torch.Tensor) -> torch.Tensor:
         """A per-token projection's output as (B, T, C): unpacked when the layers run padding-free."""
         return x if self.unpadded is None else self.unpadded.unpack(x)
+
+
+class ScoreRecord(list):
+    """A list for ``AttentionContext.attentions`` that records each layer's attention *scores*
+    ``Q K^T * scale + bias + mask`` (B, H, T, S), before the softmax, instead of its weights: TinyBERT's
+    attention loss matches these (Jiao et al. 2020, eq. 3). Masked entries hold the mask's value (half the
+    dtype's lowest), so a consumer zeroes them before comparing."""
 
 
 class Attention(nn.Module):
@@ -177,11 +185,12 @@ class Attention(nn.Module):
         record = ctx.cross_attentions if self.cross else ctx.attentions
         shaw_values = self.relative is not None and self.relative.value_table is not None
         if shaw_values or record is not None:  # the weights themselves are needed: written out
-            probs = self._probs(q, k, attn_mask, is_causal and attn_mask is None, dropout)  # (B, H, T, S)
+            scores = record if isinstance(record, ScoreRecord) else None
+            probs = self._probs(q, k, attn_mask, is_causal and attn_mask is None, dropout, scores)  # (B, H, T, S)
             out = self._weigh(probs, v)  # (B, H, T, hd)
             if shaw_values:
                 out = out + self.relative.value_term(probs, ctx.rel_index)
-            if record is not None:
+            if record is not None and scores is None:
                 record.append(probs)
         elif one_compiled_row(q):
             out = self._one_row(q, k, v, attn_mask)
@@ -207,8 +216,10 @@ class Attention(nn.Module):
             kv = kv.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
         return kv.reshape(-1, *kv.shape[2:])
 
-    def _probs(self, q, k, attn_mask, is_causal: bool, dropout: float) -> torch.Tensor:
-        """Attention weights written out: softmax(q k^T * scale + mask) (B, H, T, S), dropout applied.
+    def _probs(self, q, k, attn_mask, is_causal: bool, dropout: float,
+               scores_out: list | None = None) -> torch.Tensor:
+        """Attention weights written out: softmax(q k^T * scale + mask) (B, H, T, S), dropout applied; the
+        scores before the softmax are appended to ``scores_out`` when given.
 
         The mask enters as an additive bias of one ``baddbmm`` that also scales (one pass over the
         scores instead of three). Masked logits get half the dtype's lowest value, not -inf, so a query
@@ -232,6 +243,8 @@ class Attention(nn.Module):
             beta = 1.0
         scores = torch.baddbmm(bias, q.reshape(B * H, T, hd), self._expand(k).transpose(1, 2),
                                beta=beta, alpha=self.scale)  # (B*H, T, S)
+        if scores_out is not None:
+            scores_out.append(scores.view(B, H, T, S))
         probs = scores.softmax(-1).view(B, H, T, S)  # a bf16 softmax accumulates in fp32 internally on CPU
         return apply_dropout(probs, dropout) if dropout else probs
 

@@ -225,7 +225,8 @@ def score_seq2seq(model, source: Sequence[int], answers: Sequence[Sequence[int]]
     start = model._decoder_start_id()
     dec_in = _pad([[start] + list(a[:-1]) for a in answers], longest).to(device)  # (C, L)
     if share_encoder:
-        memory = model.encode(src)[0].expand(C, -1, -1)  # (C, S, D)
+        memory = model.encode(src)[0]
+        memory = memory.expand(C, *memory.shape[1:])  # (C, S, D); (C, S, N + 1, D) under transparent attention
         logits = model(decoder_input_ids=dec_in, encoder_hidden_states=memory).logits
     else:
         logits = model(src.expand(C, -1), decoder_input_ids=dec_in).logits  # (C, L, V)

@@ -56,6 +56,7 @@ from lmforge.interop.hf import TaskHead, hf_config_for
 from lmforge.models.transformer import Transformer, shift_right
 from lmforge.objectives.base import IGNORE_INDEX
 from lmforge.peft.model import load_adapter
+from lmforge.tasks.bilstm_head import BiLSTMFeatures, BiLSTMHead
 from lmforge.tasks.heads import SequenceHead, SpanHead, TokenHead, pool
 from lmforge.tasks.spec import TaskSpec
 from lmforge.utils.io import atomic_dir
@@ -89,9 +90,25 @@ def strip_lm_head(body: Transformer) -> Transformer:
 
 
 def build_head(spec: TaskSpec, body: Transformer) -> nn.Module | None:
-    """The head module for ``spec`` on ``body`` (None for generative tasks)."""
+    """The head module for ``spec`` on ``body`` (None for generative tasks); with ``spec.head_bilstm``, wrapped
+    under a BiLSTM (:mod:`lmforge.tasks.bilstm_head`)."""
+    if not spec.head_bilstm:
+        return _build_head(spec, body, body.config.d_model)
+    check_bilstm(spec, body.config.arch)
+    bilstm = BiLSTMFeatures(body.config.d_model, spec.head_bilstm, spec.head_bilstm_hidden)
+    return BiLSTMHead(bilstm, _build_head(spec, body, bilstm.width))
+
+
+def check_bilstm(spec: TaskSpec, arch: str) -> None:
+    """Refuse ``head_bilstm`` on a decoder or encoder-decoder body: BERT's ablation reads an encoder's states."""
+    if spec.head_bilstm and arch != "encoder":
+        raise UserInputError(f"TaskSpec.head_bilstm={spec.head_bilstm}: the BiLSTM head (BERT's feature-based "
+                             f"ablation) reads an encoder's states; this model is arch={arch!r}")
+
+
+def _build_head(spec: TaskSpec, body: Transformer, d: int) -> nn.Module | None:
     cfg = body.config
-    d, n = cfg.d_model, len(spec.labels)
+    n = len(spec.labels)
     if spec.task in ("classify", "multilabel", "tag") and n < 1:
         raise ValueError(f"task {spec.task!r} needs its labels (TaskSpec.labels); they come from the training data")
     if spec.task in ("classify", "regress", "multilabel", "multiple-choice", "reward"):
@@ -202,6 +219,7 @@ def build_task_model(body: Transformer, spec: TaskSpec) -> TaskModel:
     if spec.generative and body.config.arch == "encoder":
         raise UserInputError(f"task {spec.task!r} generates text; an encoder-only model cannot (use a decoder or "
                              "an encoder-decoder model)")
+    check_bilstm(spec, body.config.arch)  # before the body loses its LM head
     if spec.task in ("tag", "qa", "classify", "regress", "multilabel", "multiple-choice", "reward"):
         strip_lm_head(body)
     return TaskModel(body, build_head(spec, body), spec)
@@ -280,6 +298,8 @@ def to_hf_head(model: TaskModel) -> TaskHead:
     of :func:`hf_head` for classify / regress / multilabel (``*ForSequenceClassification``) and
     multiple-choice (``*ForMultipleChoice``) heads of BERT and RoBERTa bodies."""
     spec, head, cfg = model.spec, model.head, model.config
+    if isinstance(head, BiLSTMHead):
+        raise UserInputError("a task head with a BiLSTM (head_bilstm) has no Hugging Face class that lmforge writes")
     if not isinstance(head, SequenceHead) or spec.task not in ("classify", "regress", "multilabel", "multiple-choice"):
         raise UserInputError(f"task {spec.task!r} has no Hugging Face head that lmforge writes")
     model_type = hf_config_for(cfg)[0].model_type

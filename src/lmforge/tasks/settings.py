@@ -53,8 +53,8 @@ FINETUNE_DEFAULTS = {"lr": 5e-5, "schedule": "linear", "max_steps": 1000, "batch
                      "save_every": 500, "weight_decay": 0.01}
 # TaskSpec fields that are flags of their own (label_map and mixture are parsed from text or a file).
 TASK_KEYS = ("text_column", "text_pair_column", "label_column", "target_column", "task_prefix", "pair_prefix",
-             "label_separator", "pooling", "classifier_dropout", "max_length", "max_target_length",
-             "max_answer_length", "null_threshold", "mixing_cap", "mixing_temperature", "loss_average",
+             "label_separator", "pooling", "classifier_dropout", "head_bilstm", "head_bilstm_hidden", "max_length",
+             "max_target_length", "max_answer_length", "null_threshold", "mixing_cap", "mixing_temperature", "loss_average",
              "input_transform")
 RECIPE_KEYS = ("layer_decay", "unfreeze_every", "freeze_body", "metric", "eval_limit", "eval_batch_size", "epochs",
                "warmup_ratio", "bucket")

@@ -88,7 +88,10 @@ class TaskSpec(ConfigBase):
             the pair in both orders and adds the two states; see :mod:`lmforge.tasks.gpt1_transforms`).
         head: ``pooling`` (cls | mean | last | max; None = by family: cls for encoders, last for decoders
             and encoder-decoders, i.e. the extract / eos token), ``head_hidden`` (a tanh dense layer before
-            the classifier as in BART/RoBERTa; None = by family), ``classifier_dropout``.
+            the classifier as in BART/RoBERTa; None = by family), ``classifier_dropout``, ``head_bilstm`` (a
+            randomly initialised BiLSTM of this many layers under the head, encoders only: BERT's feature-based
+            Table 7; 0 = none) and ``head_bilstm_hidden`` (its units per direction; None = d_model / 2), see
+            :mod:`lmforge.tasks.bilstm_head`.
         lengths: ``max_length`` input tokens, ``max_target_length`` target tokens (generation stops there too),
             ``max_answer_length`` (QA span decoding, in tokens).
         no answer: ``null_threshold`` (qa, SQuAD 2.0): answer "no answer" when the [CLS] span's score beats the
@@ -113,6 +116,8 @@ class TaskSpec(ConfigBase):
     pooling: str | None = None
     head_hidden: bool | None = None
     classifier_dropout: float = 0.1
+    head_bilstm: int = 0
+    head_bilstm_hidden: int | None = None
     max_length: int = 256
     max_target_length: int = 128
     max_answer_length: int = 30
@@ -166,6 +171,12 @@ class TaskSpec(ConfigBase):
                 raise bad(key, "must be >= 1")
         if not 0.0 <= self.classifier_dropout < 1.0:
             raise bad("classifier_dropout", "must be in [0, 1)")
+        if self.head_bilstm < 0:
+            raise bad("head_bilstm", "must be >= 0 (BiLSTM layers under the head; 0 = none)")
+        if self.head_bilstm and self.task not in HEAD_TASKS:
+            raise bad("head_bilstm", f"needs a task with a head ({', '.join(HEAD_TASKS)})")
+        if self.head_bilstm_hidden is not None and (self.head_bilstm_hidden < 1 or not self.head_bilstm):
+            raise bad("head_bilstm_hidden", "must be >= 1 and needs head_bilstm >= 1")
         if self.mixing_temperature <= 0:
             raise bad("mixing_temperature", "must be > 0")
         if self.mixing_cap is not None and self.mixing_cap < 1:

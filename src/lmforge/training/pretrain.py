@@ -410,12 +410,15 @@ def plan_pretraining(config: TrainConfig, rank: int = 0, tokenizer: Tokenizer | 
 
 
 def build_pretraining(config: TrainConfig, *, loss=None, init: Callable[[Transformer], None] | None = None,
-                      run_files: dict[str, str] | None = None) -> PretrainRun:
+                      run_files: dict[str, str] | None = None,
+                      wrap: Callable[[Transformer], torch.nn.Module] | None = None) -> PretrainRun:
     """Check ``config`` and assemble tokenizer, model, objective, data and Trainer (nothing is trained).
 
     Other recipes on the same data and objective (distillation, :mod:`lmforge.distillation`) pass the Trainer's
     ``loss``; ``init(model)`` initialises a model that has no weights of its own (a preset or config file);
-    ``run_files`` (name -> text) are written into the run folder beside ``config.yaml`` when the run starts.
+    ``run_files`` (name -> text) are written into the run folder beside ``config.yaml`` when the run starts;
+    ``wrap(model)`` is the module the Trainer trains instead (a training-only wrapper, e.g. with TinyBERT's
+    width projections, whose ``saved_model`` is the model: it is what ``OUT/model`` holds).
     """
     config.require("model", "objective", "data", "out")
     refuse_training(config.model, "pre-training")
@@ -449,6 +452,8 @@ def build_pretraining(config: TrainConfig, *, loss=None, init: Callable[[Transfo
                                       strict=not electra or model_config.head == "rtd")
     elif init is not None:
         init(model)
+    if wrap is not None:
+        model = wrap(model)
 
     config = _absolute(config)
     out = Path(config.out)

@@ -77,7 +77,8 @@ KINDS: dict[str, Kind] = {
     "hf": Kind("a Hugging Face model folder", "`lmforge convert from-hf`, or any command's --model"),
     "quantized": Kind("a quantised model folder (inference only)", "`lmforge generate`, `embed`, `serve`, `attention` "
                                                                    "or `fill-mask`; train from the full-precision folder"),
-    "bilm": Kind("an ELMo biLM folder", "`lmforge probe`, `embed`, `neighbors` or `index build`"),
+    "bilm": Kind("an ELMo biLM folder", "`lmforge probe`, `embed`, `neighbors`, `index build` or `finetune "
+                                        "--baseline bilstm --features elmo=DIR`"),
     "task": Kind("a fine-tuned task folder", "`lmforge evaluate`, `predict` or `serve`"),
     "baseline": Kind("a baseline classifier folder (finetune --baseline)", "`lmforge evaluate` or `predict`"),
     "adapter": Kind("a PEFT adapter folder", "`lmforge peft info|merge|export-hf --adapter`"),
@@ -186,7 +187,7 @@ def require_kind(path: str | Path, accepted: Iterable[str], command: str | None 
 
     Raises:
         WrongFolderKind: e.g. ``runs/bilm/model is an ELMo biLM folder, which `lmforge generate` does not take; use
-            it with `lmforge probe`, `embed`, `neighbors` or `index build```.
+            it with `lmforge probe`, `embed`, `neighbors`, `index build` or ...``.
     """
     kind = folder_kind(path)
     accepted = tuple(accepted)
