@@ -175,12 +175,8 @@ def _tinybert_general(config: TrainConfig, distill: DistillConfig) -> int:
 
 
 def _tinybert_task(config: TrainConfig, distill: DistillConfig) -> int:
-    result = distill_task_tinybert(config, distill, log=lambda line: print(line, file=sys.stderr))
-    train = result.train
-    if result.best:
-        b = result.best
-        print(f"best: {b['metric']} {b['value']:.4f} at step {b['step']} -> {Path(config.out) / 'best'}")
-    return _report(train.stopped_by, train.step, train.model_dir, train.metrics.get("loss"), config.out, True)
+    return _task_report(distill_task_tinybert(config, distill, log=lambda line: print(line, file=sys.stderr)),
+                        config)
 
 
 def _pretraining(config: TrainConfig, distill: DistillConfig) -> int:
@@ -202,7 +198,11 @@ def _pretraining(config: TrainConfig, distill: DistillConfig) -> int:
 
 
 def _task(config: TrainConfig, distill: DistillConfig) -> int:
-    result, _ = distill_task(config, distill, log=lambda line: print(line, file=sys.stderr))
+    return _task_report(distill_task(config, distill, log=lambda line: print(line, file=sys.stderr))[0], config)
+
+
+def _task_report(result, config: TrainConfig) -> int:
+    """A task distillation's best checkpoint and end, as ``lmforge finetune`` prints them."""
     train = result.train
     if result.best:
         b = result.best

@@ -113,17 +113,10 @@ def _student(distill: DistillConfig, teacher_config, tokenizer: Tokenizer, overr
     return strip_lm_head(Transformer(cfg))
 
 
-def distill_task(config: TrainConfig, distill: DistillConfig, *, log: Callable[[str], None] | None = None,
-                 ) -> tuple[FinetuneResult, list[int] | None]:
-    """Distil the task folder ``distill.teacher`` into a student on ``distill.train`` (see the module docstring).
-
-    ``config.out`` is the run folder, ``config.overrides`` the student's ModelConfig overrides; the other
-    TrainConfig settings drive the Trainer as in ``lmforge finetune``.
-
-    Returns:
-        ``(result, layers)``: finetune's result (``result.train.model_dir`` is the student's task folder) and
-        the teacher layers the student was initialised from (None: not initialised from the teacher).
-    """
+def task_pair(config: TrainConfig, distill: DistillConfig) -> tuple[Path, Path, Any, TaskSpec, Tokenizer,
+                                                                          torch.nn.Module]:
+    """The checked start of a task distillation: ``(out, teacher folder, teacher, its task spec, tokenizer,
+    student body)``; the run folder is checked fresh (or resumable) before anything is built."""
     if not distill.teacher:
         raise ConfigError("missing the teacher: pass --teacher DIR")
     if not distill.train:
@@ -135,6 +128,21 @@ def distill_task(config: TrainConfig, distill: DistillConfig, *, log: Callable[[
     teacher, spec, tokenizer = _teacher_task(folder)
     seed_all(config.seed)  # a student built from a preset: the same weights in a run and in its resumption
     body = _student(distill, teacher.body.config, tokenizer, config.overrides, folder)
+    return out, folder, teacher, spec, tokenizer, body
+
+
+def distill_task(config: TrainConfig, distill: DistillConfig, *, log: Callable[[str], None] | None = None,
+                 ) -> tuple[FinetuneResult, list[int] | None]:
+    """Distil the task folder ``distill.teacher`` into a student on ``distill.train`` (see the module docstring).
+
+    ``config.out`` is the run folder, ``config.overrides`` the student's ModelConfig overrides; the other
+    TrainConfig settings drive the Trainer as in ``lmforge finetune``.
+
+    Returns:
+        ``(result, layers)``: finetune's result (``result.train.model_dir`` is the student's task folder) and
+        the teacher layers the student was initialised from (None: not initialised from the teacher).
+    """
+    out, folder, teacher, spec, tokenizer, body = task_pair(config, distill)
     check_pairing(teacher.body.config, body.config)
     layers = None if is_folder(distill.student) else init_from_teacher(body, teacher.body)
     if log is not None:

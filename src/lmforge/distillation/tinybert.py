@@ -56,7 +56,7 @@ from lmforge.distillation.student import (
     init_from_teacher,
     teacher_folder,
 )
-from lmforge.distillation.task import _student, _teacher_task
+from lmforge.distillation.task import task_pair
 from lmforge.distillation.tinybert_losses import (
     WidthProjections,
     attention_score_mse,
@@ -74,8 +74,6 @@ from lmforge.tasks.model import TaskModel, load_task_model
 from lmforge.training import distributed
 from lmforge.training.config import TrainConfig
 from lmforge.training.pretrain import PretrainRun, build_pretraining
-from lmforge.training.state import seed_all
-from lmforge.training.trainer import check_fresh_run
 from lmforge.utils.io import atomic_write_text
 
 INTERMEDIATE_DIR = "intermediate"  # the task stage's first phase, a run folder inside the task run's
@@ -261,10 +259,11 @@ def augmented_training_data(distill: DistillConfig, spec, tokenizer, out: Path, 
     if not distill.augment_model:
         raise ConfigError("augment > 0 needs --augment-model DIR: a pre-trained MLM model folder (the teacher's "
                           "tokenizer) that proposes the replacement words")
-    mlm = checkpoint.load(teacher_folder(distill.augment_model))
+    mlm_folder = teacher_folder(distill.augment_model)
+    mlm = checkpoint.load(mlm_folder)
     if getattr(mlm.config, "head", "none") not in ("mlm", "lm"):
         raise UserInputError(f"--augment-model {distill.augment_model}: the model has no MLM head to propose words")
-    checkpoint.check_tokenizer(teacher_folder(distill.augment_model), tokenizer, "the teacher's tokenizer")
+    checkpoint.check_tokenizer(mlm_folder, tokenizer, "the teacher's tokenizer")
     table = read_table(distill.train)
     columns = [c for role, c in spec.columns().items() if role in ("text", "text_pair") and c in table.columns]
     sentences = [words(str(row[c])) for row in table.rows for c in columns if row.get(c) is not None]
@@ -283,17 +282,7 @@ def distill_task_tinybert(config: TrainConfig, distill: DistillConfig, *, log: C
     Returns the prediction phase's result (``OUT/best``, ``OUT/model``), or the intermediate phase's when a
     signal stopped it (its ``train.stopped_by``; resume with the same ``OUT``).
     """
-    if not distill.teacher:
-        raise ConfigError("missing the teacher: pass --teacher DIR")
-    if not distill.train:
-        raise ConfigError("task distillation needs training texts: pass --train FILE (or NAME:SPLIT)")
-    config.require("out")
-    out = Path(config.out)
-    check_fresh_run(out, config.resume)
-    folder = teacher_folder(distill.teacher)
-    teacher, spec, tokenizer = _teacher_task(folder)
-    seed_all(config.seed)
-    body = _student(distill, teacher.body.config, tokenizer, config.overrides, folder)
+    out, folder, teacher, spec, tokenizer, body = task_pair(config, distill)
     check_tinybert_pairing(teacher.body.config, body.config)
     mapping = layer_map(distill, teacher.body.config.n_layers, body.config.n_layers)
     spec = spec.replace(max_length=min(spec.max_length, teacher.body.config.max_seq_len))

@@ -68,17 +68,19 @@ class Block(nn.Module):
             self.attn = CONVOLUTIONS[cfg.attention](cfg, causal)  # in a decoder (lmforge.nn.lightconv)
         self.cross_norm, self.cross_attn = (norm(), Attention(cfg, cross=True)) if cross else (None, None)
         self.ffn_norm = norm()
-        self.ffn = MoEFeedForward(
-            cfg.d_model, cfg.d_ff, cfg.activation, cfg.moe_experts, cfg.moe_top_k, renormalize=cfg.moe_renormalizes,
-            capacity_factor=cfg.moe_capacity_factor, expert_capacity=cfg.moe_expert_capacity, jitter=cfg.moe_jitter,
-            shared_experts=cfg.moe_shared_experts, bias=cfg.bias, dropout=cfg.ffn_dropout,
-        ) if moe else FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias, cfg.ffn_dropout)
-        if pkm:  # Lample et al. 2019: a product-key memory takes this layer's FFN place (pkm_layers)
+        self.weighted = cfg.weighted_branches  # Ahmed et al. 2017: per-head W^O + FFN branches (lmforge.nn.weighted)
+        if self.weighted:  # one sublayer: no norm between the attention and its branches
+            self.attn.o, self.ffn_norm, self.ffn = nn.Identity(), nn.Identity(), WeightedBranches(cfg)
+        elif pkm:  # Lample et al. 2019: a product-key memory takes this layer's FFN place (pkm_layers)
             self.ffn = ProductKeyMemory(cfg.d_model, cfg.pkm_keys, cfg.pkm_topk, cfg.pkm_heads,
                                         cfg.pkm_key_dim or cfg.d_model, cfg.initializer_range)
-        self.weighted = cfg.weighted_branches  # Ahmed et al. 2017: per-head W^O + FFN branches (lmforge.nn.weighted)
-        if self.weighted:
-            self.attn.o, self.ffn_norm, self.ffn = nn.Identity(), nn.Identity(), WeightedBranches(cfg)
+        else:
+            self.ffn = MoEFeedForward(
+                cfg.d_model, cfg.d_ff, cfg.activation, cfg.moe_experts, cfg.moe_top_k,
+                renormalize=cfg.moe_renormalizes, capacity_factor=cfg.moe_capacity_factor,
+                expert_capacity=cfg.moe_expert_capacity, jitter=cfg.moe_jitter,
+                shared_experts=cfg.moe_shared_experts, bias=cfg.bias, dropout=cfg.ffn_dropout,
+            ) if moe else FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias, cfg.ffn_dropout)
 
     def _residual(self, x: torch.Tensor, norm: nn.Module, sublayer, branch: str | None = None) -> torch.Tensor:
         """One residual branch; ``branch`` (attn | cross | ffn) names Fixup's scalars (default: ffn or attn)."""
